@@ -1,0 +1,1 @@
+"""gridtune's REST service (FastAPI). Built under issue 4."""

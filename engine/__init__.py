@@ -1,0 +1,1 @@
+"""gridtune's training engine (torch.distributed). Built under issue 5."""

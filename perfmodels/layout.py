@@ -1,0 +1,147 @@
+"""Where every rank sits in the grid, which links each group crosses, and how layers split into stages.
+
+The engine builds its DeviceMesh from the same functions, so model and engine agree on which
+ranks talk to which. Placement is an axis order, innermost (consecutive ranks) first; the
+default puts column innermost and data outermost, as AxoNN does.
+
+Group geometry, for a group along one axis with stride `s` (product of the degrees placed inside
+it) and size `p`, on nodes of `n` GPUs:
+- all members on one node when `s * p <= n` and `n % (s * p) == 0`: level "intra";
+- otherwise the group crosses the network with `q = clip(n // s, 1, p)` members per node. Every
+  GPU of a node belongs to exactly one group of each axis, so `n / q` groups share the node's NICs
+  when they all communicate at once; each group's ring then gets `q` GPUs' worth of NIC bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from perfmodels.specs import AXES, AXIS_FIELDS, Plan
+
+MESH_ORDER = ("data", "inter", "depth", "row", "col")
+"""Outermost-first axis names, as torch's DeviceMesh wants them (last name = contiguous ranks)."""
+
+
+def degrees_of(plan: Plan) -> dict[str, int]:
+    return {axis: plan.degree(axis) for axis in AXES}
+
+
+def strides(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str, int]:
+    """Rank stride of each axis: 1 for the innermost, then the running product of inner degrees."""
+    out: dict[str, int] = {}
+    running = 1
+    for axis in order:
+        out[axis] = running
+        running *= int(degrees[axis])
+    return out
+
+
+def rank_coords(rank: int, degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str, int]:
+    """Coordinates of a world rank on each axis."""
+    world = int(np.prod([int(degrees[a]) for a in order]))
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is outside the grid of {world} ranks")
+    st = strides(degrees, order)
+    return {axis: (rank // st[axis]) % int(degrees[axis]) for axis in order}
+
+
+def rank_of(coords: Mapping[str, int], degrees: Mapping[str, int], order: Sequence[str] = AXES) -> int:
+    st = strides(degrees, order)
+    return int(sum(int(coords[a]) * st[a] for a in order))
+
+
+def group_ranks(rank: int, axis: str, degrees: Mapping[str, int], order: Sequence[str] = AXES) -> list[int]:
+    """World ranks of the group along `axis` that contains `rank`, in axis-coordinate order."""
+    coords = rank_coords(rank, degrees, order)
+    members = []
+    for i in range(int(degrees[axis])):
+        c = dict(coords)
+        c[axis] = i
+        members.append(rank_of(c, degrees, order))
+    return members
+
+
+def all_groups(axis: str, degrees: Mapping[str, int], order: Sequence[str] = AXES) -> list[list[int]]:
+    """Every group along `axis`, each as its ranks; the list DeviceMesh-independent launchers need."""
+    world = int(np.prod([int(degrees[a]) for a in order]))
+    seen: set[int] = set()
+    groups = []
+    for r in range(world):
+        if r in seen:
+            continue
+        g = group_ranks(r, axis, degrees, order)
+        seen.update(g)
+        groups.append(g)
+    return groups
+
+
+def mesh_tensor_shape(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> tuple[list[int], list[str]]:
+    """Shape and dim names (outermost first) of a rank tensor whose flat index is the world rank."""
+    names = list(reversed(list(order)))
+    return [int(degrees[a]) for a in names], names
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorized group geometry (arrays of plans)
+# --------------------------------------------------------------------------------------------
+
+
+def group_geometry(
+    degrees: Mapping[str, np.ndarray], order: Sequence[str], gpus_per_node: int
+) -> dict[str, dict[str, np.ndarray]]:
+    """For each axis: size, stride, members per node and whether the group crosses nodes.
+
+    `degrees[axis]` are integer arrays of equal length (one entry per plan); `order` is the
+    placement shared by those plans.
+    """
+    n = int(gpus_per_node)
+    running = np.ones_like(np.asarray(degrees[order[0]]), dtype=np.int64)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for axis in order:
+        p = np.asarray(degrees[axis], dtype=np.int64)
+        s = running
+        span = s * p
+        intra = (span <= n) & (n % np.maximum(span, 1) == 0)
+        q = np.clip(n // np.maximum(s, 1), 1, None)
+        q = np.minimum(q, p)
+        q = np.where(intra, p, q)
+        out[axis] = {"size": p, "stride": s.copy(), "members_per_node": q, "intra": intra | (p == 1)}
+        running = s * p
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline stage partition (shared by engine and model)
+# --------------------------------------------------------------------------------------------
+
+
+def partition_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """Split `num_layers` blocks into `num_stages` contiguous [start, end) ranges.
+
+    Balanced; when the split is uneven the extra blocks go to the stages after the first (the
+    first stage also holds the embedding, the last the LM head and loss), so the busiest stage
+    has ceil(num_layers / num_stages) blocks.
+    """
+    if num_stages < 1 or num_layers < num_stages:
+        raise ValueError(f"cannot split num_layers={num_layers} into num_stages={num_stages} non-empty stages")
+    base, extra = divmod(num_layers, num_stages)
+    start_with_extra = 1 if extra < num_stages else 0
+    sizes = [base + (1 if start_with_extra <= s < start_with_extra + extra else 0) for s in range(num_stages)]
+    bounds = []
+    start = 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def partition_chunks(num_layers: int, num_stages: int, virtual_stages: int = 1) -> list[list[tuple[int, int]]]:
+    """Interleaved placement: `num_stages * virtual_stages` chunks; stage s holds chunks s, s+S, ..."""
+    chunks = partition_layers(num_layers, num_stages * virtual_stages)
+    return [[chunks[v * num_stages + s] for v in range(virtual_stages)] for s in range(num_stages)]
+
+
+def axis_field(axis: str) -> str:
+    return AXIS_FIELDS[axis]

@@ -1,0 +1,121 @@
+"""Plans as columns of numpy arrays, so thousands of layouts are scored in one pass.
+
+`PlanArrays` holds one int array per plan field (schedules and recompute as small integer codes);
+all plans in one `PlanArrays` share a placement, because group geometry depends on it (the tuner
+makes one batch per placement). `from_plans` / `to_plan` convert to and from `Plan` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels.specs import AXES, RECOMPUTE, SCHEDULES, Plan, Training
+
+SCHEDULE_CODE = {name: i for i, name in enumerate(SCHEDULES)}
+RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanArrays:
+    G_data: np.ndarray
+    G_inter: np.ndarray
+    G_intra_d: np.ndarray
+    G_intra_r: np.ndarray
+    G_intra_c: np.ndarray
+    micro_batch_size: np.ndarray
+    schedule: np.ndarray
+    virtual_stages: np.ndarray
+    recompute: np.ndarray
+    zero_stage: np.ndarray
+    sequence_parallel: np.ndarray
+    placement: tuple[str, ...] = AXES
+
+    def __len__(self) -> int:
+        return int(self.G_data.shape[0])
+
+    def degrees(self) -> dict[str, np.ndarray]:
+        return {
+            "data": self.G_data,
+            "inter": self.G_inter,
+            "depth": self.G_intra_d,
+            "row": self.G_intra_r,
+            "col": self.G_intra_c,
+        }
+
+    def num_microbatches(self, training: Training) -> np.ndarray:
+        """Micro-batches per optimizer step on each (data, depth) replica."""
+        per_replica = training.global_batch_size // (self.G_data * self.G_intra_d)
+        return np.maximum(per_replica // self.micro_batch_size, 1)
+
+    def take(self, index: np.ndarray) -> PlanArrays:
+        fields = {name: getattr(self, name)[index] for name in _ARRAY_FIELDS}
+        return PlanArrays(**fields, placement=self.placement)
+
+    def to_plan(self, i: int) -> Plan:
+        return Plan(
+            G_data=int(self.G_data[i]),
+            G_inter=int(self.G_inter[i]),
+            G_intra_d=int(self.G_intra_d[i]),
+            G_intra_r=int(self.G_intra_r[i]),
+            G_intra_c=int(self.G_intra_c[i]),
+            micro_batch_size=int(self.micro_batch_size[i]),
+            schedule=SCHEDULES[int(self.schedule[i])],  # type: ignore[arg-type]
+            virtual_stages=int(self.virtual_stages[i]),
+            recompute=RECOMPUTE[int(self.recompute[i])],  # type: ignore[arg-type]
+            zero_stage=int(self.zero_stage[i]),
+            placement=None if self.placement == AXES else self.placement,
+            sequence_parallel=bool(self.sequence_parallel[i]),
+        )
+
+
+_ARRAY_FIELDS = (
+    "G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "schedule",
+    "virtual_stages", "recompute", "zero_stage", "sequence_parallel",
+)
+
+
+def from_plans(plans: Sequence[Plan]) -> PlanArrays:
+    if not plans:
+        raise ValueError("from_plans needs at least one plan")
+    order = plans[0].order
+    if any(p.order != order for p in plans):
+        raise ValueError("all plans of one PlanArrays must share a placement")
+
+    def col(values: list[int]) -> np.ndarray:
+        return np.asarray(values, dtype=np.int64)
+
+    return PlanArrays(
+        G_data=col([p.G_data for p in plans]),
+        G_inter=col([p.G_inter for p in plans]),
+        G_intra_d=col([p.G_intra_d for p in plans]),
+        G_intra_r=col([p.G_intra_r for p in plans]),
+        G_intra_c=col([p.G_intra_c for p in plans]),
+        micro_batch_size=col([p.micro_batch_size for p in plans]),
+        schedule=col([SCHEDULE_CODE[p.schedule] for p in plans]),
+        virtual_stages=col([p.virtual_stages for p in plans]),
+        recompute=col([RECOMPUTE_CODE[p.recompute] for p in plans]),
+        zero_stage=col([p.zero_stage for p in plans]),
+        sequence_parallel=np.asarray([p.sequence_parallel for p in plans], dtype=bool),
+        placement=order,
+    )
+
+
+def from_columns(placement: tuple[str, ...] = AXES, **columns: np.ndarray) -> PlanArrays:
+    """Build from raw columns; missing options take the Plan defaults."""
+    n = len(next(iter(columns.values())))
+    defaults = {
+        "G_data": 1, "G_inter": 1, "G_intra_d": 1, "G_intra_r": 1, "G_intra_c": 1, "micro_batch_size": 1,
+        "schedule": SCHEDULE_CODE["1f1b"], "virtual_stages": 1, "recompute": RECOMPUTE_CODE["none"],
+        "zero_stage": 0, "sequence_parallel": False,
+    }
+    fields = {}
+    for name in _ARRAY_FIELDS:
+        if name in columns:
+            value = np.asarray(columns[name])
+        else:
+            value = np.full(n, defaults[name])
+        fields[name] = value.astype(bool if name == "sequence_parallel" else np.int64)
+    return PlanArrays(**fields, placement=tuple(placement))

@@ -1,0 +1,203 @@
+"""Named GPUs, clusters and models, from vendor data sheets and the papers that trained them.
+
+Peak numbers are dense (no sparsity). Bandwidths are per GPU per direction in GB/s: NVLink/xGMI
+for `intra`, the node's network bandwidth divided by its GPUs for `inter`. Look-ups are
+case-insensitive and accept `_` for `-`; unknown names raise `ValueError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from perfmodels.specs import GPU, Cluster, Model
+
+# --------------------------------------------------------------------------------------------
+# GPUs (dense peak TFLOP/s; memory as sold; HBM bandwidth GB/s)
+# --------------------------------------------------------------------------------------------
+
+_GPUS: dict[str, GPU] = {
+    g.name.lower(): g
+    for g in (
+        GPU(name="V100-16GB", peak_tflops_fp32=15.7, peak_tflops_tf32=0.0, peak_tflops_bf16=15.7,
+            peak_tflops_fp16=125.0, memory_gib=16.0, hbm_bandwidth_GBps=900.0, gemm_efficiency_max=0.80),
+        GPU(name="V100-32GB", peak_tflops_fp32=15.7, peak_tflops_tf32=0.0, peak_tflops_bf16=15.7,
+            peak_tflops_fp16=125.0, memory_gib=32.0, hbm_bandwidth_GBps=900.0, gemm_efficiency_max=0.80),
+        GPU(name="A100-40GB", peak_tflops_fp32=19.5, peak_tflops_tf32=156.0, peak_tflops_bf16=312.0,
+            peak_tflops_fp16=312.0, memory_gib=40.0, hbm_bandwidth_GBps=1555.0, gemm_efficiency_max=0.85),
+        GPU(name="A100-80GB", peak_tflops_fp32=19.5, peak_tflops_tf32=156.0, peak_tflops_bf16=312.0,
+            peak_tflops_fp16=312.0, memory_gib=80.0, hbm_bandwidth_GBps=2039.0, gemm_efficiency_max=0.85),
+        GPU(name="H100-SXM", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
+            peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=80.0, hbm_bandwidth_GBps=3350.0,
+            gemm_efficiency_max=0.80),
+        GPU(name="H100-PCIe", peak_tflops_fp32=51.0, peak_tflops_tf32=378.0, peak_tflops_bf16=756.0,
+            peak_tflops_fp16=756.0, peak_tflops_fp8=1513.0, memory_gib=80.0, hbm_bandwidth_GBps=2000.0,
+            gemm_efficiency_max=0.80),
+        GPU(name="H200", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
+            peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=141.0, hbm_bandwidth_GBps=4800.0,
+            gemm_efficiency_max=0.80),
+        GPU(name="GH200", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
+            peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=96.0, hbm_bandwidth_GBps=4000.0,
+            gemm_efficiency_max=0.80),
+        GPU(name="MI250X-GCD", peak_tflops_fp32=47.9, peak_tflops_tf32=0.0, peak_tflops_bf16=191.5,
+            peak_tflops_fp16=191.5, memory_gib=64.0, hbm_bandwidth_GBps=1638.0, gemm_efficiency_max=0.70,
+            vendor="amd"),
+        GPU(name="MI300X", peak_tflops_fp32=163.4, peak_tflops_tf32=653.7, peak_tflops_bf16=1307.0,
+            peak_tflops_fp16=1307.0, peak_tflops_fp8=2615.0, memory_gib=192.0, hbm_bandwidth_GBps=5300.0,
+            gemm_efficiency_max=0.65, vendor="amd"),
+        GPU(name="B200", peak_tflops_fp32=80.0, peak_tflops_tf32=1100.0, peak_tflops_bf16=2250.0,
+            peak_tflops_fp16=2250.0, peak_tflops_fp8=4500.0, memory_gib=180.0, hbm_bandwidth_GBps=8000.0,
+            gemm_efficiency_max=0.75),
+        # A CPU "device" for the local closed loop: numbers of the order of this 2-core machine;
+        # `gridtune profile` replaces them with measured ones.
+        GPU(name="cpu", peak_tflops_fp32=0.1, peak_tflops_tf32=0.0, peak_tflops_bf16=0.05,
+            peak_tflops_fp16=0.05, memory_gib=24.0, hbm_bandwidth_GBps=20.0, gemm_efficiency_max=0.6,
+            memory_efficiency=0.5, vendor="cpu"),
+    )
+}
+_GPU_ALIASES = {
+    "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb", "h100": "h100-sxm",
+    "h100-80gb": "h100-sxm", "v100": "v100-32gb", "mi250x": "mi250x-gcd", "mi250x-gcd": "mi250x-gcd",
+}
+
+
+def _key(name: str) -> str:
+    return str(name).strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def gpu(name: str) -> GPU:
+    key = _key(name)
+    key = _GPU_ALIASES.get(key, key)
+    if key not in _GPUS:
+        raise ValueError(f"unknown GPU preset {name!r}; known: {sorted(g.name for g in _GPUS.values())}")
+    return _GPUS[key]
+
+
+def gpu_names() -> list[str]:
+    return sorted(g.name for g in _GPUS.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Clusters (num_gpus is a default; callers replace it with the size they plan for)
+# --------------------------------------------------------------------------------------------
+
+
+def _cluster(name: str, gpu_name: str, gpus_per_node: int, intra: float, inter: float, num_gpus: int,
+             **extra: object) -> Cluster:
+    return Cluster(name=name, num_gpus=num_gpus, gpus_per_node=gpus_per_node, gpu=gpu(gpu_name),
+                   intra_node_bandwidth_GBps=intra, inter_node_bandwidth_GBps=inter, **extra)  # type: ignore[arg-type]
+
+
+_CLUSTERS: dict[str, Cluster] = {
+    c.name: c
+    for c in (
+        # NVIDIA Selene: DGX A100 (8x A100-80GB, NVLink3 300 GB/s per direction, 8x HDR 200 Gb/s).
+        _cluster("selene", "A100-80GB", 8, 300.0, 25.0, 4480),
+        # NVIDIA Eos: DGX H100 (8x H100, NVLink4 450 GB/s per direction, 8x NDR 400 Gb/s).
+        _cluster("eos", "H100-SXM", 8, 450.0, 50.0, 4608),
+        # NERSC Perlmutter GPU nodes: 4x A100-40GB, NVLink3, 4x Slingshot-11 (25 GB/s each).
+        _cluster("perlmutter", "A100-40GB", 4, 300.0, 25.0, 6144),
+        # OLCF Frontier: 4x MI250X = 8 GCDs per node, Infinity Fabric, 4x Slingshot (25 GB/s each).
+        _cluster("frontier", "MI250X-GCD", 8, 100.0, 12.5, 75264, backend="rccl"),
+        # CSCS Alps: 4x GH200 per node, NVLink4, 4x Slingshot-11 (25 GB/s each).
+        _cluster("alps", "GH200", 4, 450.0, 25.0, 10752),
+        # The A100 cluster of the vTrain paper (MICRO'24): 8 GPUs per node, NVLink, 800 Gb/s per
+        # node of InfiniBand (its configs: intra 150 GB/s, inter 800 Gb/s, node size 8).
+        _cluster("vtrain-a100", "A100-80GB", 8, 150.0, 12.5, 512),
+        # DGX-2 (16x V100-32GB, NVSwitch 150 GB/s per direction, 8x EDR 100 Gb/s).
+        _cluster("dgx2-v100", "V100-32GB", 16, 150.0, 6.25, 512),
+        # A DGX-1-like V100-16GB cluster on 100 Gb/s InfiniBand per node (OneFlow DLPerf's).
+        _cluster("dgx1-v100", "V100-16GB", 8, 150.0, 1.5625, 32),
+        # DGX H200 / B200 nodes on NDR.
+        _cluster("dgx-h200", "H200", 8, 450.0, 50.0, 1024),
+        _cluster("dgx-b200", "B200", 8, 900.0, 50.0, 1024),
+        _cluster("mi300x-node", "MI300X", 8, 448.0, 50.0, 1024, backend="rccl"),
+        # This machine kind: one node, CPU "devices", gloo over shared memory/loopback.
+        _cluster("local-cpu", "cpu", 8, 2.0, 2.0, 4, backend="gloo", intra_node_latency_us=100.0,
+                 inter_node_latency_us=100.0, link_efficiency_intra=1.0, link_efficiency_inter=1.0),
+    )
+}
+
+
+def cluster(name: str, num_gpus: int | None = None) -> Cluster:
+    key = _key(name)
+    if key not in _CLUSTERS:
+        raise ValueError(f"unknown cluster preset {name!r}; known: {sorted(_CLUSTERS)}")
+    c = _CLUSTERS[key]
+    return c if num_gpus is None else replace(c, num_gpus=num_gpus)
+
+
+def cluster_names() -> list[str]:
+    return sorted(_CLUSTERS)
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> Model:
+    return Model(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                 seq_length=2048, vocab_size=51200)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> Model:
+    return Model(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                 num_query_groups=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, gated_mlp=True)
+
+
+_MODELS: dict[str, Model] = {
+    m.name: m
+    for m in (
+        # Megatron-LM SC'21 (Narayanan et al.), Table 1, and GPT-3 175B (Brown et al. 2020).
+        _gpt3("gpt3-1.7b", 24, 2304, 24),
+        _gpt3("gpt3-3.6b", 30, 3072, 32),
+        _gpt3("gpt3-7.5b", 36, 4096, 32),
+        _gpt3("gpt3-18b", 40, 6144, 48),
+        _gpt3("gpt3-39b", 48, 8192, 64),
+        _gpt3("gpt3-76b", 60, 10240, 80),
+        _gpt3("gpt3-145b", 80, 12288, 96),
+        _gpt3("gpt3-175b", 96, 12288, 96),
+        _gpt3("gpt3-310b", 96, 16384, 128),
+        _gpt3("gpt3-530b", 105, 20480, 128),
+        _gpt3("gpt3-1t", 128, 25600, 160),
+        # Llama 2 (Touvron et al. 2023) and Llama 3 (Dubey et al. 2024).
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # BLOOM (BigScience 2022).
+        Model(name="bloom-176b", num_layers=70, hidden_size=14336, num_attention_heads=112,
+              seq_length=2048, vocab_size=250880, tied_embeddings=True),
+        # GPT-2 (Radford et al. 2019).
+        Model(name="gpt2-small", num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=1024,
+              vocab_size=50257, tied_embeddings=True),
+        Model(name="gpt2-medium", num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024,
+              vocab_size=50257, tied_embeddings=True),
+        Model(name="gpt2-large", num_layers=36, hidden_size=1280, num_attention_heads=20, seq_length=1024,
+              vocab_size=50257, tied_embeddings=True),
+        Model(name="gpt2-xl", num_layers=48, hidden_size=1600, num_attention_heads=25, seq_length=1024,
+              vocab_size=50257, tied_embeddings=True),
+        # A model the engine trains in seconds on CPU ranks (local closed loop, tests).
+        Model(name="tiny-gpt", num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
+              vocab_size=256),
+    )
+}
+_MODEL_ALIASES = {
+    "gpt3": "gpt3-175b", "gpt-3": "gpt3-175b", "llama-3-405b": "llama3-405b", "llama-2-70b": "llama2-70b",
+    "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b", "llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b",
+    "gpt2": "gpt2-small", "bloom": "bloom-176b",
+}
+
+
+def model(name: str) -> Model:
+    key = _key(name)
+    key = _MODEL_ALIASES.get(key, key)
+    if key not in _MODELS:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(_MODELS)}")
+    return _MODELS[key]
+
+
+def model_names() -> list[str]:
+    return sorted(_MODELS)

@@ -1,0 +1,516 @@
+"""The nouns of the performance model: what is trained, on what, how, and with which layout.
+
+Every spec is a frozen, keyword-only dataclass with units in its field names. Construction
+validates each field on its own; `validate_combination` checks what only the combination can
+violate (grid product vs GPU count, divisibility, batch splits). Both raise `ValueError` whose
+message names the field and the value, so the CLI, the REST service and the engine can pass it on
+to the user unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+RECOMPUTE = ("none", "selective", "full")
+AXES = ("col", "row", "depth", "inter", "data")
+"""Grid axis names, in the default placement order: innermost (consecutive ranks) first."""
+AXIS_FIELDS = {"data": "G_data", "inter": "G_inter", "depth": "G_intra_d", "row": "G_intra_r", "col": "G_intra_c"}
+BACKENDS = ("nccl", "rccl", "gloo")
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+def _positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}.{name} must be a non-negative integer, got {value!r}")
+
+
+def _positive_float(owner: str, name: str, value: object, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = value >= 0 if allow_zero else value > 0
+        ok = ok and value == value and value != float("inf")
+    if not ok:
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{owner}.{name} must be {kind} finite number, got {value!r}")
+
+
+def _choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}.{name} must be one of {list(choices)}, got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec:
+    """One layer of an arbitrary network, as the engine extracts it from an `nn.Module`.
+
+    kind "linear": a Linear(in_features -> out_features) applied to `rows_per_sample` rows of
+    every sample (the sequence length for token models, 1 for an MLP on vectors); `parallel` says
+    whether auto_parallelize turned it into a 3D-parallel Linear (shapes divide) or kept it plain
+    (replicated on every rank). kind "other": parameters and per-sample FLOPs of anything else
+    (norms, embeddings, convolutions treated as replicated), with the activation elements it keeps.
+    """
+
+    name: str = "layer"
+    kind: Literal["linear", "other"] = "linear"
+    in_features: int = 0
+    out_features: int = 0
+    bias: bool = True
+    rows_per_sample: int = 1
+    transpose: bool = False
+    parallel: bool = True
+    params: int = 0
+    flops_per_sample: float = 0.0
+    activation_elements_per_sample: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("layer", "kind", self.kind, ("linear", "other"))
+        if self.kind == "linear":
+            _positive_int(f"layer[{self.name}]", "in_features", self.in_features)
+            _positive_int(f"layer[{self.name}]", "out_features", self.out_features)
+            _positive_int(f"layer[{self.name}]", "rows_per_sample", self.rows_per_sample)
+        else:
+            _non_negative_int(f"layer[{self.name}]", "params", self.params)
+            _positive_float(f"layer[{self.name}]", "flops_per_sample", self.flops_per_sample, allow_zero=True)
+
+    @property
+    def num_params(self) -> int:
+        if self.kind == "linear":
+            return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+        return self.params
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    """A decoder-only transformer (GPT/Llama family) or, with `layers`, an arbitrary network.
+
+    `ffn_hidden_size` defaults to 4 * hidden_size; `num_query_groups` (GQA) defaults to the
+    number of heads; `gated_mlp` means SwiGLU (three FFN matrices instead of two).
+    """
+
+    name: str = "custom"
+    num_layers: int = 0
+    hidden_size: int = 0
+    num_attention_heads: int = 0
+    ffn_hidden_size: int | None = None
+    seq_length: int = 0
+    vocab_size: int = 0
+    num_query_groups: int | None = None
+    gated_mlp: bool = False
+    tied_embeddings: bool = False
+    layers: tuple[LayerSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layers:
+            object.__setattr__(self, "layers", tuple(self.layers))
+            if self.num_layers == 0:
+                object.__setattr__(self, "num_layers", len(self.layers))
+            return
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+            _positive_int("model", name, getattr(self, name))
+        if self.ffn_hidden_size is None:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        _positive_int("model", "ffn_hidden_size", self.ffn_hidden_size)
+        if self.num_query_groups is None:
+            object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        _positive_int("model", "num_query_groups", self.num_query_groups)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by "
+                f"model.num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"model.num_attention_heads={self.num_attention_heads} is not divisible by "
+                f"model.num_query_groups={self.num_query_groups}"
+            )
+
+    @property
+    def is_transformer(self) -> bool:
+        return not self.layers
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        return int(self.num_query_groups) * self.head_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights (+biases and two norms) of one transformer block."""
+        h, f = self.hidden_size, int(self.ffn_hidden_size)
+        attn = h * (h + 2 * self.kv_hidden_size) + h * h
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        return attn + mlp + 4 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        if self.layers:
+            return sum(layer.num_params for layer in self.layers)
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return self.num_layers * self.params_per_layer + self.embedding_params + head + 2 * self.hidden_size
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPU:
+    """One accelerator: dense peak TFLOP/s per dtype, memory, HBM bandwidth.
+
+    `gemm_efficiency_max` is the fraction of peak that a large, well-shaped GEMM reaches on this
+    family (cuBLAS/hipBLASLt); the efficiency curve in `perfmodels.compute` falls from it for small
+    or skinny shards. `memory_efficiency` is the fraction of HBM bandwidth that streaming kernels
+    (norms, softmax, element-wise) reach.
+    """
+
+    name: str
+    peak_tflops_fp32: float
+    peak_tflops_tf32: float
+    peak_tflops_bf16: float
+    peak_tflops_fp16: float
+    peak_tflops_fp8: float = 0.0
+    memory_gib: float
+    hbm_bandwidth_GBps: float
+    gemm_efficiency_max: float = 0.85
+    memory_efficiency: float = 0.8
+    vendor: str = "nvidia"
+
+    def __post_init__(self) -> None:
+        for name in ("peak_tflops_fp32", "peak_tflops_bf16", "peak_tflops_fp16", "memory_gib", "hbm_bandwidth_GBps"):
+            _positive_float("gpu", name, getattr(self, name))
+        _positive_float("gpu", "peak_tflops_fp8", self.peak_tflops_fp8, allow_zero=True)
+        _positive_float("gpu", "peak_tflops_tf32", self.peak_tflops_tf32, allow_zero=True)
+        for name in ("gemm_efficiency_max", "memory_efficiency"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"gpu.{name} must be in (0, 1], got {value!r}")
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense peak for `dtype`; fp8 falls back to bf16 on parts without fp8 units."""
+        _choice("training", "dtype", dtype, DTYPES)
+        value = getattr(self, f"peak_tflops_{dtype}")
+        if dtype == "fp8" and value == 0:
+            return self.peak_tflops_bf16
+        if dtype == "tf32" and value == 0:
+            return self.peak_tflops_fp32
+        return float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveFit:
+    """Fitted alpha-beta constants for one collective at one link level and group size.
+
+    time = latency_steps(op, p) * alpha_us + bytes_factor(op, p) * bytes / (busbw_GBps * 1e9)
+    """
+
+    op: str
+    level: Literal["intra", "inter"]
+    group_size: int
+    alpha_us: float
+    busbw_GBps: float
+    r2: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Constants measured on a real cluster by `gridtune profile` (or imported from nccl-tests).
+
+    `gemm_efficiency_max` and `gemm_half_size` replace the GPU family's efficiency curve;
+    `corrections` are per-component multipliers from calibration against measured steps.
+    """
+
+    profile_id: str = ""
+    collectives: tuple[CollectiveFit, ...] = ()
+    gemm_efficiency_max: float | None = None
+    gemm_half_size: float | None = None
+    gemm_overhead_us: float | None = None
+    hbm_bandwidth_GBps: float | None = None
+    corrections: tuple[tuple[str, float], ...] = ()
+    source: Literal["profile", "calibrated"] = "profile"
+
+    def correction(self, component: str) -> float:
+        return dict(self.corrections).get(component, 1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """A homogeneous GPU cluster.
+
+    Bandwidths are per GPU per direction (GB/s): `intra_node_bandwidth_GBps` is the NVLink/xGMI
+    bandwidth of one GPU; `inter_node_bandwidth_GBps` is the network bandwidth per GPU (a node's
+    NIC bandwidth divided by its GPUs), so a node sends `gpus_per_node * inter_node_bandwidth_GBps`
+    in all. `link_efficiency_*` is the fraction of that the collective library reaches as bus
+    bandwidth on large messages (a fitted profile replaces both).
+    """
+
+    name: str = "custom"
+    num_gpus: int
+    gpus_per_node: int
+    gpu: GPU
+    intra_node_bandwidth_GBps: float
+    inter_node_bandwidth_GBps: float
+    intra_node_latency_us: float = 5.0
+    inter_node_latency_us: float = 10.0
+    link_efficiency_intra: float = 0.8
+    link_efficiency_inter: float = 0.85
+    backend: Literal["nccl", "rccl", "gloo"] = "nccl"
+    profile: Profile | None = None
+    profile_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("cluster", "num_gpus", self.num_gpus)
+        _positive_int("cluster", "gpus_per_node", self.gpus_per_node)
+        if self.num_gpus > 1 << 22:
+            raise ValueError(f"cluster.num_gpus={self.num_gpus} is absurd (more than 4,194,304 GPUs)")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise ValueError(
+                f"cluster.num_gpus={self.num_gpus} is not a whole number of nodes of "
+                f"cluster.gpus_per_node={self.gpus_per_node}"
+            )
+        for name in ("intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps"):
+            _positive_float("cluster", name, getattr(self, name))
+        for name in ("intra_node_latency_us", "inter_node_latency_us"):
+            _positive_float("cluster", name, getattr(self, name), allow_zero=True)
+        for name in ("link_efficiency_intra", "link_efficiency_inter"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"cluster.{name} must be in (0, 1], got {value!r}")
+        _choice("cluster", "backend", self.backend, BACKENDS)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def gpus_per_node_used(self) -> int:
+        return min(self.gpus_per_node, self.num_gpus)
+
+    def with_gpus(self, num_gpus: int) -> Cluster:
+        return replace(self, num_gpus=num_gpus)
+
+
+# --------------------------------------------------------------------------------------------
+# Training setup and plan
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    """How the model is trained, independent of the layout.
+
+    `overlap_grad_reduce`: data-parallel gradient reduction overlaps the backward pass (bucketed
+    DDP, Megatron's --overlap-grad-reduce); off for frameworks that reduce after backward.
+    `overlap_tp_comm`: tensor-parallel collectives overlap GEMMs (AxoNN's async backward, Megatron's
+    --tp-comm-overlap). `flash_attention`: attention without materialising the s x s scores.
+    """
+
+    global_batch_size: int
+    dtype: Dtype = "bf16"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
+    overlap_grad_reduce: bool = True
+    overlap_tp_comm: bool = False
+    flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int("training", "global_batch_size", self.global_batch_size)
+        _choice("training", "dtype", self.dtype, DTYPES)
+        _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
+
+    @property
+    def bytes_per_element(self) -> int:
+        return {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}[self.dtype]
+        # fp8 training keeps bf16 activations/communication (weights cast per GEMM)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """One parallel layout: the five grid degrees plus the options that change cost.
+
+    `placement`: the axis order, innermost (consecutive ranks, fastest links) first; default
+    ("col", "row", "depth", "inter", "data"). `sequence_parallel`: Megatron-style sequence
+    parallelism for the row-parallel (G_intra_r) case (reduce-scatter/all-gather instead of
+    all-reduce, activations split over the row group).
+    """
+
+    G_data: int = 1
+    G_inter: int = 1
+    G_intra_d: int = 1
+    G_intra_r: int = 1
+    G_intra_c: int = 1
+    micro_batch_size: int = 1
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
+    virtual_stages: int = 1
+    recompute: Literal["none", "selective", "full"] = "none"
+    zero_stage: int = 0
+    placement: tuple[str, ...] | None = None
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "virtual_stages"):
+            _positive_int("plan", name, getattr(self, name))
+        _choice("plan", "schedule", self.schedule, SCHEDULES)
+        _choice("plan", "recompute", self.recompute, RECOMPUTE)
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"plan.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"plan.virtual_stages={self.virtual_stages} needs plan.schedule='interleaved-1f1b', "
+                f"got {self.schedule!r}"
+            )
+        if self.placement is not None:
+            placement = tuple(self.placement)
+            object.__setattr__(self, "placement", placement)
+            if sorted(placement) != sorted(AXES):
+                raise ValueError(f"plan.placement must be an ordering of {list(AXES)}, got {list(placement)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.G_data * self.G_inter * self.G_intra_d * self.G_intra_r * self.G_intra_c
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return self.placement or AXES
+
+    def degree(self, axis: str) -> int:
+        return int(getattr(self, AXIS_FIELDS[axis]))
+
+    def grid_string(self) -> str:
+        return (
+            f"G_data={self.G_data} G_inter={self.G_inter} G_intra_d={self.G_intra_d} "
+            f"G_intra_r={self.G_intra_r} G_intra_c={self.G_intra_c}"
+        )
+
+
+def validate_combination(model: Model, cluster: Cluster, training: Training, plan: Plan) -> None:
+    """Check what no single spec can: every problem at once, each naming its fields and values."""
+    problems = combination_problems(model, cluster, training, plan)
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def combination_problems(model: Model, cluster: Cluster, training: Training, plan: Plan) -> list[str]:
+    problems: list[str] = []
+    if plan.world_size != cluster.num_gpus:
+        problems.append(
+            f"G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = {plan.G_data}*{plan.G_inter}*{plan.G_intra_d}*"
+            f"{plan.G_intra_r}*{plan.G_intra_c} = {plan.world_size} but cluster.num_gpus = {cluster.num_gpus}"
+        )
+    batch_split = plan.G_data * plan.G_intra_d * plan.micro_batch_size
+    if training.global_batch_size % batch_split:
+        problems.append(
+            f"training.global_batch_size={training.global_batch_size} is not divisible by "
+            f"G_data*G_intra_d*micro_batch_size = {plan.G_data}*{plan.G_intra_d}*{plan.micro_batch_size} = {batch_split}"
+        )
+    if model.is_transformer:
+        if model.num_attention_heads % plan.G_intra_r:
+            problems.append(
+                f"G_intra_r={plan.G_intra_r} does not divide model.num_attention_heads={model.num_attention_heads}"
+            )
+        elif int(model.num_query_groups) % plan.G_intra_r and plan.G_intra_r % int(model.num_query_groups):
+            problems.append(
+                f"G_intra_r={plan.G_intra_r} and model.num_query_groups={model.num_query_groups}: "
+                "neither divides the other"
+            )
+        tp = plan.G_intra_r * plan.G_intra_c
+        if model.hidden_size % (plan.G_intra_r * plan.G_intra_c):
+            problems.append(f"G_intra_r*G_intra_c={tp} does not divide model.hidden_size={model.hidden_size}")
+        if int(model.ffn_hidden_size) % tp:
+            problems.append(f"G_intra_r*G_intra_c={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}")
+        chunks = plan.G_inter * plan.virtual_stages
+        if model.num_layers < chunks:
+            problems.append(
+                f"model.num_layers={model.num_layers} is fewer than G_inter*virtual_stages = "
+                f"{plan.G_inter}*{plan.virtual_stages} = {chunks} pipeline chunks"
+            )
+    else:
+        if len(model.layers) < plan.G_inter * plan.virtual_stages:
+            problems.append(
+                f"model has {len(model.layers)} layers, fewer than G_inter*virtual_stages = "
+                f"{plan.G_inter * plan.virtual_stages}"
+            )
+    if plan.schedule == "interleaved-1f1b" and plan.G_inter > 1:
+        per_replica = training.global_batch_size // max(1, plan.G_data * plan.G_intra_d * plan.micro_batch_size)
+        if per_replica % plan.G_inter:
+            problems.append(
+                f"interleaved-1f1b needs the number of micro-batches ({per_replica}) to be a multiple of "
+                f"G_inter={plan.G_inter}"
+            )
+    if plan.sequence_parallel and plan.G_intra_c * plan.G_intra_d != 1:
+        problems.append("plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)")
+    if plan.G_intra_d > 1 and plan.zero_stage == 3:
+        pass  # allowed: ZeRO-3 over data on top of depth sharding
+    return problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Per-GPU memory of the busiest pipeline stage, in GiB."""
+
+    per_gpu_gib: float
+    capacity_gib: float
+    fits: bool
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    comm_buffers_gib: float
+    overhead_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeBreakdown:
+    """Where one optimizer step's time goes (seconds, busiest stage, per GPU)."""
+
+    compute_s: float
+    gemm_s: float
+    attention_s: float
+    memory_bound_s: float
+    recompute_s: float
+    tp_comm_s: float
+    tp_comm_row_s: float
+    tp_comm_col_s: float
+    tp_comm_depth_s: float
+    dp_comm_s: float
+    pp_bubble_s: float
+    pp_p2p_s: float
+    optimizer_s: float
+    exposed_comm_s: float
+    hidden_comm_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The model's answer for one plan."""
+
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    memory: MemoryBreakdown
+    breakdown: TimeBreakdown
+    bytes_per_group: dict[str, float] = field(default_factory=dict)
+    calls_per_group: dict[str, float] = field(default_factory=dict)
+    constants_source: str = "preset"
+    uncertainty_rel: float = 0.15

@@ -1,0 +1,274 @@
+"""Every collective one rank issues in one optimizer step, as vectorized events.
+
+This module is the byte contract between the model and the engine: for a plan, the engine's
+communication recorder must count, per group and per steady-state step, exactly the bytes that
+`bytes_per_group` returns (tests/engine/test_traffic.py checks it). The time model turns the same
+events into seconds, so what is counted is what is costed.
+
+Conventions (those of the engine's recorder): the payload of a call is the logical size of the
+full buffer (all-reduce: the tensor; all-gather: the gathered output; reduce-scatter: the input;
+send/recv: the tensor). Groups of size one issue nothing. Counts are per rank, for the busiest
+pipeline stage unless a stage index is given.
+
+3D-parallel Linear(k -> n) (DESIGN.md section 1), per micro-batch of T = micro_batch_size * seq
+local tokens, e = bytes per element; "normal" splits input features over col and output over row,
+"transposed" swaps them:
+  fwd  all-gather weight (depth)            n*k/(G_r*G_c) * e
+  fwd  all-reduce partial output            normal: col, T*n/G_r ; transposed: row, T*n/G_c
+  bwd  all-gather weight again (depth)      n*k/(G_r*G_c) * e
+  bwd  all-reduce input grad                normal: row, T*k/G_c ; transposed: col, T*k/G_r
+  bwd  reduce-scatter weight grad (depth)   n*k/(G_r*G_c) * e
+  step data-parallel gradient reduction     (all local parameters) once per step
+Full recomputation repeats the forward collectives during backward.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels.layout import partition_layers
+from perfmodels.plans import RECOMPUTE_CODE, PlanArrays
+from perfmodels.specs import Model, Training
+
+STAT_BYTES = 4  # norm statistics and loss reductions travel in fp32
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    """One kind of collective call: `calls` times per step, each moving `payload_bytes`.
+
+    `phase` is where it sits in the step (fwd, bwd, recompute, step); `tag` tells the time model
+    what it may hide behind (see perfmodels.steptime).
+    """
+
+    axis: str
+    op: str
+    phase: str
+    tag: str
+    payload_bytes: np.ndarray
+    calls: np.ndarray
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What the rank's pipeline stage holds: blocks, embedding, head (arrays over plans)."""
+
+    blocks: np.ndarray
+    has_embedding: np.ndarray
+    has_head: np.ndarray
+    is_first: np.ndarray
+    is_last: np.ndarray
+
+
+def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str = "busiest") -> StageShape:
+    S = arrays.G_inter
+    v = arrays.virtual_stages
+    n = len(arrays)
+    if stage == "busiest":
+        chunks = S * v
+        per_chunk = -(-num_layers // chunks)
+        blocks = per_chunk * v
+        one = S == 1
+        return StageShape(blocks=blocks, has_embedding=one, has_head=np.ones(n, bool), is_first=one,
+                          is_last=np.ones(n, bool))
+    s = int(stage)
+    blocks = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        Si, vi = int(S[i]), int(v[i])
+        if not 0 <= s < Si:
+            raise ValueError(f"stage={s} is outside G_inter={Si}")
+        parts = partition_layers(num_layers, Si * vi)
+        blocks[i] = sum(parts[c * Si + s][1] - parts[c * Si + s][0] for c in range(vi))
+    first = np.full(n, s == 0)
+    last = S - 1 == s
+    return StageShape(blocks=blocks, has_embedding=first, has_head=last, is_first=first, is_last=last)
+
+
+def padded_vocab(vocab_size: int, G_r: np.ndarray, G_d: np.ndarray) -> np.ndarray:
+    """Vocabulary padded so the LM head's rows split evenly over row and its shards over depth."""
+    m = G_r * G_d
+    return -(-vocab_size // m) * m
+
+
+class _Events:
+    def __init__(self, arrays: PlanArrays) -> None:
+        self.items: list[CommEvent] = []
+        self.deg = arrays.degrees()
+        self.n = len(arrays)
+
+    def add(self, axis: str, op: str, phase: str, tag: str, payload: np.ndarray | float,
+            calls: np.ndarray | float) -> None:
+        p = np.broadcast_to(np.asarray(payload, dtype=np.float64), (self.n,)).copy()
+        c = np.broadcast_to(np.asarray(calls, dtype=np.float64), (self.n,)) * (self.deg[axis] > 1)
+        self.items.append(CommEvent(axis, op, phase, tag, p, c))
+
+
+def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest") -> list[CommEvent]:
+    """All communication of one rank in one optimizer step (steady state)."""
+    if not model.is_transformer:
+        return _layer_list_events(model, training, arrays, stage)
+    e = training.bytes_per_element
+    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+    S, v = arrays.G_inter, arrays.virtual_stages
+    m = arrays.num_microbatches(training)
+    T = arrays.micro_batch_size * model.seq_length
+    full_rc = arrays.recompute == RECOMPUTE_CODE["full"]
+    st = stage_shape(model.num_layers, arrays, stage)
+    ev = _Events(arrays)
+    h, f = model.hidden_size, int(model.ffn_hidden_size)
+    kv = model.kv_hidden_size
+    gated = model.gated_mlp
+    bias = not gated  # GPT-style blocks carry biases and LayerNorm; Llama-style neither (RMSNorm)
+    norm_params = 2 if bias else 1
+    sp = arrays.sequence_parallel
+
+    # (k, n, transposed) of the four Linear layers of one block
+    linears = [(h, h + 2 * kv, False), (h, h, True), (h, (2 if gated else 1) * f, False), (f, h, True)]
+    blocks = st.blocks.astype(np.float64)
+    per_mb = blocks * m  # calls per step of a per-block, per-micro-batch collective
+
+    local_params = np.zeros(len(arrays))  # parameters this rank holds (for the data-parallel sync)
+    replicated_over_depth = np.zeros(len(arrays))  # of those, replicated over depth (grads need depth AR)
+
+    def linear(k: int | np.ndarray, n: int | np.ndarray, transposed: bool, count: np.ndarray, has_bias: bool) -> None:
+        nonlocal local_params, replicated_over_depth
+        w_block = n * k / (G_r * G_c)
+        out_split, in_split = (G_c, G_r) if transposed else (G_r, G_c)
+        out_axis, in_axis = ("row", "col") if transposed else ("col", "row")
+        ev.add("depth", "all_gather", "fwd", "depth_ag", w_block * e, count * m)
+        if_sp = sp & (out_axis == "row")
+        ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", T * n / out_split * e, count * m * ~if_sp)
+        ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, count * m)
+        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e, count * m * ~(sp & (in_axis == "row")))
+        ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
+        # recomputation repeats the forward communication
+        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, count * m * full_rc)
+        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", T * n / out_split * e, count * m * full_rc * ~if_sp)
+        local_params = local_params + count * w_block / G_d
+        if has_bias:
+            local_params = local_params + count * n / out_split
+            replicated_over_depth = replicated_over_depth + count * n / out_split
+
+    for k, n, tr in linears:
+        linear(k, n, tr, blocks, bias)
+
+    # Megatron sequence parallelism (row-only TP): each all-reduce becomes all-gather + reduce-scatter
+    seq_calls = blocks * m * sp
+    for phase, calls in (("fwd", 2 * seq_calls), ("bwd", 2 * seq_calls), ("recompute", 2 * seq_calls * full_rc)):
+        ev.add("row", "all_gather", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
+        ev.add("row", "reduce_scatter", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
+
+    # norms on the residual stream (features split over col): statistics all-reduced over col
+    stats = 2 if bias else 1
+    norms = 2 * blocks + st.has_head  # two per block, plus the final norm on the last stage
+    ev.add("col", "all_reduce", "fwd", "norm", T * stats * STAT_BYTES, norms * m)
+    ev.add("col", "all_reduce", "bwd", "norm", T * stats * STAT_BYTES, norms * m)
+    ev.add("col", "all_reduce", "recompute", "norm", T * stats * STAT_BYTES, 2 * blocks * m * full_rc)
+    norm_local = norms * norm_params * h / G_c
+    local_params = local_params + norm_local
+    replicated_over_depth = replicated_over_depth + norm_local
+
+    # embedding (first stage): word (+ learned positions for GPT) tables split over col along h
+    emb = st.has_embedding * (model.vocab_size + (model.seq_length if bias else 0)) * h / G_c
+    local_params = local_params + emb
+    replicated_over_depth = replicated_over_depth + emb
+
+    # LM head (last stage): a normal 3D Linear h -> padded vocab, then a cross entropy over the
+    # row-split vocabulary (max, sum of exponentials, target logit: three fp32 all-reduces over row)
+    V = padded_vocab(model.vocab_size, G_r, G_d)
+    head = st.has_head.astype(np.float64)
+    linear(h, V, False, head, False)
+    ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
+
+    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m)
+    _p2p_events(ev, arrays, m, T * h / G_c * e, st)
+    return ev.items
+
+
+def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local_params: np.ndarray,
+                      replicated_over_depth: np.ndarray, m: np.ndarray) -> None:
+    e = training.bytes_per_element
+    z = arrays.zero_stage
+    # replicated parameters see different samples on each depth rank
+    ev.add("depth", "all_reduce", "step", "depth_grad", replicated_over_depth * e, 1.0)
+    grads = local_params * e
+    ev.add("data", "all_reduce", "step", "dp_grad", grads, 1.0 * (z == 0))
+    ev.add("data", "reduce_scatter", "step", "dp_grad", grads, 1.0 * (z >= 1))
+    ev.add("data", "all_gather", "step", "dp_param", grads, 1.0 * ((z == 1) | (z == 2)))
+    # ZeRO-3: parameters gathered for every micro-batch's forward and backward
+    ev.add("data", "all_gather", "fwd", "dp_param", grads, m * (z == 3))
+    ev.add("data", "all_gather", "bwd", "dp_param", grads, m * (z == 3))
+
+
+def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape) -> None:
+    v = arrays.virtual_stages
+    sends_fwd = np.where(st.is_last & (v == 1), 0, v) - (st.is_last & (v > 1))
+    recvs_fwd = np.where(st.is_first & (v == 1), 0, v) - (st.is_first & (v > 1))
+    for op, phase, calls in (("send", "fwd", sends_fwd), ("recv", "fwd", recvs_fwd),
+                             ("send", "bwd", recvs_fwd), ("recv", "bwd", sends_fwd)):
+        ev.add("inter", op, phase, "p2p", act_bytes, calls * m)
+
+
+def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str) -> list[CommEvent]:
+    """Arbitrary networks under auto_parallelize: each parallel Linear takes and returns ordinary
+    activations (local batch, full features), so around it the engine slices its input (free),
+    all-gathers its output over row (fwd) and all-gathers its input grad over col (bwd)."""
+    e = training.bytes_per_element
+    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+    m = arrays.num_microbatches(training)
+    full_rc = arrays.recompute == RECOMPUTE_CODE["full"]
+    ev = _Events(arrays)
+    n_plans = len(arrays)
+    local_params = np.zeros(n_plans)
+    replicated = np.zeros(n_plans)
+    layers = model.layers
+    if stage != "busiest" or np.any(arrays.G_inter > 1):
+        # layers are assigned to stages with the same partition as transformer blocks
+        pass
+    for layer in layers:
+        if layer.kind != "linear":
+            local_params = local_params + layer.params
+            replicated = replicated + layer.params
+            continue
+        k, n = layer.in_features, layer.out_features
+        rows = arrays.micro_batch_size * layer.rows_per_sample
+        ok = layer.parallel & ((n % G_r) == 0) & ((k % G_c) == 0) & (((n // G_r) * (k // G_c)) % G_d == 0)
+        w_block = n * k / (G_r * G_c)
+        out_split, in_split = (G_c, G_r) if layer.transpose else (G_r, G_c)
+        out_axis, in_axis = ("row", "col") if layer.transpose else ("col", "row")
+        c = ok * 1.0
+        ev.add("depth", "all_gather", "fwd", "depth_ag", w_block * e, c * m)
+        ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", rows * n / out_split * e, c * m)
+        ev.add(in_axis, "all_gather", "fwd", "convert", rows * n * e, c * m)
+        ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, c * m)
+        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", rows * k / in_split * e, c * m)
+        ev.add(out_axis, "all_gather", "bwd", "convert", rows * k * e, c * m)
+        ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, c * m)
+        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, c * m * full_rc)
+        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", rows * n / out_split * e, c * m * full_rc)
+        ev.add(in_axis, "all_gather", "recompute", "convert", rows * n * e, c * m * full_rc)
+        b = n / out_split if layer.bias else 0.0
+        local_params = local_params + np.where(ok, w_block / G_d + b, k * n + (n if layer.bias else 0))
+        replicated = replicated + np.where(ok, b, k * n + (n if layer.bias else 0))
+    _grad_sync_events(ev, arrays, training, local_params, replicated, m)
+    return ev.items
+
+
+def bytes_per_group(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest",
+                    ) -> dict[str, np.ndarray]:
+    """Logical bytes per rank per optimizer step, per grid axis (the engine recorder's units)."""
+    out: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(arrays)))
+    for item in comm_events(model, training, arrays, stage):
+        out[item.axis] = out[item.axis] + item.payload_bytes * item.calls
+    return {axis: out[axis] for axis in ("row", "col", "depth", "inter", "data")}
+
+
+def calls_per_group(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest",
+                    ) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(arrays)))
+    for item in comm_events(model, training, arrays, stage):
+        out[item.axis] = out[item.axis] + item.calls
+    return {axis: out[axis] for axis in ("row", "col", "depth", "inter", "data")}

@@ -1,0 +1,49 @@
+"""The `gridtune` command line: recommend, predict, profile, serve, train, validate.
+
+Each subcommand lives in its own module with `register(subparsers)`; heavy imports (torch,
+uvicorn) happen inside the handlers, so `gridtune recommend` starts fast. Errors from bad input
+print one line (`gridtune: error: ...`) and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = ("recommend", "predict", "profile", "serve", "train", "validate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gridtune",
+        description="Find the fastest 4D-parallel layout for training a model on a GPU cluster.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"tuner.cli.{name}")
+        except ModuleNotFoundError as exc:  # a subcommand not built yet
+            if exc.name != f"tuner.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.handler(args)
+    except ValueError as exc:
+        print(f"gridtune: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gridtune: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
