@@ -237,18 +237,21 @@ class CollectiveFit:
 class Profile:
     """Constants measured on a real cluster by `gridtune profile` (or imported from nccl-tests).
 
-    `gemm_efficiency_max` and `gemm_half_size` replace the GPU family's efficiency curve;
-    `corrections` are per-component multipliers from calibration against measured steps.
+    `gemm_tflops_max` (the asymptotic TFLOP/s a large GEMM reaches in the training dtype),
+    `gemm_half_size` and `gemm_overhead_us` replace the GPU family's efficiency curve (see
+    `perfmodels.compute.gemm_time_s`); `corrections` are per-component multipliers from
+    calibration against measured steps.
     """
 
     profile_id: str = ""
     collectives: tuple[CollectiveFit, ...] = ()
-    gemm_efficiency_max: float | None = None
+    gemm_tflops_max: float | None = None
     gemm_half_size: float | None = None
     gemm_overhead_us: float | None = None
     hbm_bandwidth_GBps: float | None = None
     corrections: tuple[tuple[str, float], ...] = ()
     source: Literal["profile", "calibrated"] = "profile"
+    uncertainty_rel: float | None = None
 
     def correction(self, component: str) -> float:
         return dict(self.corrections).get(component, 1.0)
@@ -324,6 +327,8 @@ class Training:
     DDP, Megatron's --overlap-grad-reduce); off for frameworks that reduce after backward.
     `overlap_tp_comm`: tensor-parallel collectives overlap GEMMs (AxoNN's async backward, Megatron's
     --tp-comm-overlap). `flash_attention`: attention without materialising the s x s scores.
+    `p2p_scatter_gather`: pipeline sends carry 1/G_intra_r of the activation and all-gather it over
+    the row group on arrival (Megatron-LM's default), instead of the whole residual-stream slice.
     """
 
     global_batch_size: int
@@ -332,6 +337,7 @@ class Training:
     overlap_grad_reduce: bool = True
     overlap_tp_comm: bool = False
     flash_attention: bool = True
+    p2p_scatter_gather: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)

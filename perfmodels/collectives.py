@@ -1,0 +1,120 @@
+"""What a collective costs: alpha-beta per link level, placement-aware, vectorized over plans.
+
+    t(op, p, N) = latency_steps(op, p) * alpha + bytes_factor(op, p) * N / busbw
+
+N is the full buffer (all-reduce: the tensor; all-gather: the output; reduce-scatter: the input).
+`busbw` is the bus bandwidth nccl-tests reports, comparable to one link's bandwidth. For a group
+inside one node it is the NVLink/xGMI bandwidth times the library's efficiency; for a group that
+crosses nodes with q members on each node, all n/q groups of that axis share the node's NICs at
+once, so each ring gets q GPUs' worth of NIC bandwidth (and never more than NVLink).
+
+Ring latency grows with p; NCCL switches to trees (2 log2 p steps) where that is cheaper, so the
+latency term is the smaller of the two. gloo has no reduce-scatter algorithm of its own: it runs a
+full all-reduce and keeps a slice, so on a gloo cluster reduce-scatter costs an all-reduce.
+A fitted profile (gridtune profile) replaces alpha and busbw per (op, level, group size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodels.specs import Cluster, CollectiveFit
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+
+
+def latency_steps(op: str, p: np.ndarray) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if op == "all_reduce":
+        ring = 2.0 * (p - 1)
+        tree = 2.0 * np.ceil(np.log2(np.maximum(p, 1)))
+        return np.minimum(ring, np.maximum(tree, np.minimum(ring, 2.0)))
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return p - 1
+    if op in ("send_recv", "send", "recv"):
+        return np.ones_like(p)
+    if op == "broadcast":
+        return np.ceil(np.log2(np.maximum(p, 1)))
+    raise ValueError(f"unknown collective op {op!r}; known: {list(OPS)}")
+
+
+def bytes_factor(op: str, p: np.ndarray) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if op == "all_reduce":
+        return 2.0 * (p - 1) / p
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (p - 1) / p
+    if op in ("send_recv", "send", "recv", "broadcast"):
+        return np.ones_like(p)
+    raise ValueError(f"unknown collective op {op!r}; known: {list(OPS)}")
+
+
+def collective_time_s(op: str, nbytes: np.ndarray, p: np.ndarray, alpha_us: np.ndarray,
+                      busbw_GBps: np.ndarray) -> np.ndarray:
+    """Seconds for one call; zero for groups of one rank."""
+    p = np.asarray(p, dtype=np.float64)
+    t = latency_steps(op, p) * np.asarray(alpha_us) * 1e-6 + bytes_factor(op, p) * np.asarray(nbytes) / (
+        np.asarray(busbw_GBps) * 1e9
+    )
+    return np.where(p > 1, t, 0.0)
+
+
+def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node: np.ndarray | int = 1) -> np.ndarray:
+    """What the preset hardware says a group's bus bandwidth should be (GB/s).
+
+    intra: NVLink bandwidth x library efficiency. inter: q GPUs' share of the node's NICs, capped
+    by NVLink (q = members of the group on each node).
+    """
+    intra = cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra
+    q = np.asarray(members_per_node, dtype=np.float64)
+    if level == "intra":
+        return np.full_like(q, intra)
+    inter = q * cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter
+    return np.minimum(intra, inter)
+
+
+def _profile_lookup(fits: tuple[CollectiveFit, ...], op: str, level: str, p: np.ndarray):
+    """Fitted (alpha, busbw) for the nearest measured group size of this op and level, or None."""
+    cands = [f for f in fits if f.op == op and f.level == level]
+    if not cands and op == "reduce_scatter":
+        return None
+    if not cands:
+        return None
+    sizes = np.array([f.group_size for f in cands], dtype=np.float64)
+    alphas = np.array([f.alpha_us for f in cands])
+    bws = np.array([f.busbw_GBps for f in cands])
+    idx = np.abs(np.log2(np.maximum(p, 1))[:, None] - np.log2(sizes)[None, :]).argmin(axis=1)
+    return alphas[idx], bws[idx]
+
+
+def link_constants(cluster: Cluster, op: str, p: np.ndarray, intra: np.ndarray,
+                   members_per_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha_us, busbw_GBps) for groups of size p; from the profile when it measured this op."""
+    p = np.asarray(p, dtype=np.float64)
+    intra = np.asarray(intra, dtype=bool)
+    if op in ("send", "recv"):
+        op = "send_recv"
+    alpha = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us).astype(np.float64)
+    bw_intra = expected_busbw_GBps(cluster, op, "intra", members_per_node)
+    bw_inter = expected_busbw_GBps(cluster, op, "inter", members_per_node)
+    busbw = np.where(intra, bw_intra, bw_inter)
+    if cluster.backend == "gloo" and op == "reduce_scatter":
+        # gloo reduce-scatter = all-reduce + slice: twice the ring traffic of a true reduce-scatter
+        busbw = busbw / 2.0
+        alpha = alpha * 2.0
+    prof = cluster.profile
+    if prof is not None and prof.collectives:
+        for level, mask in (("intra", intra), ("inter", ~intra)):
+            if not mask.any():
+                continue
+            found = _profile_lookup(prof.collectives, op, level, p)
+            if found is None and level == "inter":
+                found = _profile_lookup(prof.collectives, op, "intra", p)
+                if found is not None:  # only intra measured: keep the network share from the preset
+                    a, b = found
+                    found = (np.maximum(a, cluster.inter_node_latency_us), np.minimum(b, bw_inter))
+            if found is not None:
+                a, b = found
+                alpha = np.where(mask, a, alpha)
+                busbw = np.where(mask, b, busbw)
+    return alpha, busbw

@@ -1,0 +1,216 @@
+"""Compute time of one pipeline stage: GEMMs, attention, memory-bound kernels, optimizer step.
+
+GEMM time follows a measured-shape efficiency curve:
+
+    t = 2 m n k / (R * shape) + t0,   shape = 1 / (1 + H/m + H/n + H/k)
+
+R is the asymptotic TFLOP/s of a large GEMM (peak x the family's best efficiency, or a profile's
+`gemm_tflops_max`), H (`gemm_half_size`) how fast efficiency falls for small or skinny shards
+(tensor parallelism shrinks n or k by the degree that splits them), t0 a per-kernel overhead.
+Backward GEMMs (input grad and weight grad) cost twice the forward ones.
+
+Element-wise work (norms, residual adds, dropout, activation functions, softmax over the s x s
+scores when attention is not fused) streams through HBM: bytes / (HBM bandwidth x efficiency).
+Attention itself: either unfused batched GEMMs over the score matrix (the 2021-22 Megatron
+kernels), or a fused flash kernel (no s x s traffic; causal masking halves the work; backward
+recomputes the scores, 2.5x forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels.plans import RECOMPUTE_CODE, PlanArrays
+from perfmodels.specs import Cluster, Model, Training
+from perfmodels.traffic import StageShape, padded_vocab
+
+DEFAULT_GEMM_HALF_SIZE = {"nvidia": 56.0, "amd": 96.0, "cpu": 8.0}
+KERNEL_OVERHEAD_US = {"nvidia": 4.0, "amd": 6.0, "cpu": 2.0}
+FLASH_EFFICIENCY = 0.70  # fused attention vs a large GEMM, forward
+ADAM_BYTES_PER_PARAM = 30.0  # fused Adam: read/write fp32 master, two moments, grad; write low-precision copy
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    tflops_max: float
+    half_size: float
+    overhead_s: float
+
+
+def gemm_curve(cluster: Cluster, training: Training) -> GemmCurve:
+    gpu = cluster.gpu
+    prof = cluster.profile
+    peak = gpu.peak_tflops(training.dtype)
+    if training.dtype == "fp8":
+        peak = 0.75 * gpu.peak_tflops("fp8") + 0.25 * gpu.peak_tflops("bf16")  # not every GEMM runs in fp8
+    tflops = peak * gpu.gemm_efficiency_max
+    half = DEFAULT_GEMM_HALF_SIZE.get(gpu.vendor, 56.0)
+    overhead = KERNEL_OVERHEAD_US.get(gpu.vendor, 4.0) * 1e-6
+    if prof is not None:
+        tflops = prof.gemm_tflops_max or tflops
+        half = prof.gemm_half_size if prof.gemm_half_size is not None else half
+        overhead = prof.gemm_overhead_us * 1e-6 if prof.gemm_overhead_us is not None else overhead
+    return GemmCurve(tflops_max=float(tflops), half_size=float(half), overhead_s=float(overhead))
+
+
+def gemm_time_s(m: np.ndarray, n: np.ndarray, k: np.ndarray, curve: GemmCurve) -> np.ndarray:
+    m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
+    h = curve.half_size
+    shape = 1.0 / (1.0 + h / m + h / n + h / k)
+    return 2.0 * m * n * k / (curve.tflops_max * 1e12 * shape) + curve.overhead_s
+
+
+def hbm_rate(cluster: Cluster) -> float:
+    prof = cluster.profile
+    bw = prof.hbm_bandwidth_GBps if prof is not None and prof.hbm_bandwidth_GBps else (
+        cluster.gpu.hbm_bandwidth_GBps * cluster.gpu.memory_efficiency)
+    return float(bw) * 1e9
+
+
+@dataclass(frozen=True)
+class StageCompute:
+    """Per-micro-batch forward/backward seconds of one stage, and per-step extras (arrays)."""
+
+    gemm_fwd_s: np.ndarray
+    attention_fwd_s: np.ndarray
+    memory_fwd_s: np.ndarray
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    recompute_s: np.ndarray
+    optimizer_s: np.ndarray
+    wgrad_s: np.ndarray
+    head_fwd_s: np.ndarray
+
+
+def model_flops_per_token(model: Model) -> float:
+    """Forward FLOPs per token as MFU counts them (dense, full s x s attention, no recompute)."""
+    if not model.is_transformer:
+        total = 0.0
+        for layer in model.layers:
+            if layer.kind == "linear":
+                total += 2.0 * layer.in_features * layer.out_features * layer.rows_per_sample
+            else:
+                total += layer.flops_per_sample
+        return total  # per sample (rows are inside)
+    h, f, s = model.hidden_size, float(model.ffn_hidden_size), model.seq_length
+    kv = model.kv_hidden_size
+    per_layer = 2 * h * (h + 2 * kv) + 2 * h * h + (3 if model.gated_mlp else 2) * 2 * h * f + 4 * s * h
+    return model.num_layers * per_layer + 2.0 * h * model.vocab_size
+
+
+def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                  st: StageShape) -> StageCompute:
+    curve = gemm_curve(cluster, training)
+    rate = hbm_rate(cluster)
+    e = training.bytes_per_element
+    G_r, G_c, G_d = (a.astype(np.float64) for a in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
+    b = arrays.micro_batch_size.astype(np.float64)
+    rc = arrays.recompute
+    if not model.is_transformer:
+        return _layer_list_compute(model, cluster, training, arrays, curve, rate)
+
+    s, h, f = model.seq_length, model.hidden_size, float(model.ffn_hidden_size)
+    a, kv = model.num_attention_heads, model.kv_hidden_size
+    d = model.head_dim
+    T = b * s
+    f_up = (2.0 if model.gated_mlp else 1.0) * f
+    sp = arrays.sequence_parallel
+    resid_split = np.where(sp, G_r, G_c)
+
+    # four Linear layers of a block: (m, n, k) of the local forward GEMM
+    gemm = (gemm_time_s(T, (h + 2 * kv) / G_r, h / G_c, curve)
+            + gemm_time_s(T, h / G_c, h / G_r, curve)
+            + gemm_time_s(T, f_up / G_r, h / G_c, curve)
+            + gemm_time_s(T, h / G_c, f / G_r, curve))
+    heads = a / G_r
+    if training.flash_attention:
+        attn_flops = 4.0 * b * s * s * d * heads * 0.5
+        attn = attn_flops / (curve.tflops_max * 1e12 * FLASH_EFFICIENCY) + curve.overhead_s
+        attn_bwd_factor = 2.5
+        score_elems = 0.0
+    else:
+        bh = b * heads  # batched GEMMs over (micro-batch x local heads)
+        attn = bh * (gemm_time_s(s, s, d, curve) - curve.overhead_s) * 2 + 2 * curve.overhead_s
+        attn_bwd_factor = 2.0
+        # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
+        score_elems = 4.5 * bh * s * s
+    # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
+    # activation function on the FFN hidden, bias/reshape of q, k, v
+    act_elems = (3.0 if model.gated_mlp else 2.0) * f
+    elems = T * (12.0 * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
+    mem = elems * e / rate + 8 * curve.overhead_s
+    fwd_block = gemm + attn + mem
+    bwd_block = 2.0 * gemm + attn_bwd_factor * attn + 2.0 * mem
+    wgrad_block = gemm  # the weight-grad half of the backward GEMMs (what async input-grad comm hides behind)
+
+    blocks = st.blocks.astype(np.float64)
+    V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
+    head_gemm = gemm_time_s(T, V / G_r, h / G_c, curve)
+    head_mem = T * V / G_r * 4.0 * 3.0 / rate  # fp32 logits through softmax + cross entropy
+    head_fwd = st.has_head * (head_gemm + head_mem)
+    head_bwd = st.has_head * (2.0 * head_gemm + head_mem)
+
+    fwd = blocks * fwd_block + head_fwd
+    bwd = blocks * bwd_block + head_bwd
+    full = rc == RECOMPUTE_CODE["full"]
+    selective = rc == RECOMPUTE_CODE["selective"]
+    attn_part = attn + score_elems * e / rate
+    recompute = blocks * np.where(full, fwd_block, np.where(selective, attn_part, 0.0))
+
+    # optimizer step over the local parameters of this stage
+    per_block_params = model.params_per_layer / (G_r * G_c * G_d)
+    local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
+        model.vocab_size * h / G_c)
+    local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+    optimizer = local * ADAM_BYTES_PER_PARAM / rate if training.optimizer != "sgd" else local * 12.0 / rate
+
+    return StageCompute(
+        gemm_fwd_s=blocks * gemm + st.has_head * head_gemm,
+        attention_fwd_s=blocks * attn,
+        memory_fwd_s=blocks * mem + st.has_head * head_mem,
+        fwd_s=fwd,
+        bwd_s=bwd,
+        recompute_s=recompute,
+        optimizer_s=optimizer,
+        wgrad_s=blocks * wgrad_block + st.has_head * head_gemm,
+        head_fwd_s=head_fwd,
+    )
+
+
+def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                        curve: GemmCurve, rate: float) -> StageCompute:
+    e = training.bytes_per_element
+    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+    b = arrays.micro_batch_size.astype(np.float64)
+    n_plans = len(arrays)
+    gemm = np.zeros(n_plans)
+    mem = np.zeros(n_plans)
+    local_params = np.zeros(n_plans)
+    # a pipeline stage holds about 1/G_inter of the layers
+    share = 1.0 / arrays.G_inter
+    for layer in model.layers:
+        if layer.kind == "linear":
+            k, n = layer.in_features, layer.out_features
+            ok = layer.parallel & ((n % G_r) == 0) & ((k % G_c) == 0) & (((n // G_r) * (k // G_c)) % G_d == 0)
+            rows = b * layer.rows_per_sample
+            t_par = gemm_time_s(rows, n / G_r, k / G_c, curve)
+            t_rep = gemm_time_s(rows, n, k, curve)
+            gemm = gemm + np.where(ok, t_par, t_rep)
+            mem = mem + rows * (n + k) * e / rate
+            local_params = local_params + np.where(ok, n * k / (G_r * G_c * G_d), n * k)
+        else:
+            flops = b * layer.flops_per_sample
+            gemm = gemm + flops / (curve.tflops_max * 1e12 * 0.3)
+            mem = mem + b * layer.activation_elements_per_sample * 2 * e / rate
+            local_params = local_params + layer.params
+    gemm, mem, local_params = gemm * share, mem * share, local_params * share
+    fwd = gemm + mem
+    full = arrays.recompute == RECOMPUTE_CODE["full"]
+    local_params = local_params / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+    return StageCompute(
+        gemm_fwd_s=gemm, attention_fwd_s=np.zeros(n_plans), memory_fwd_s=mem, fwd_s=fwd, bwd_s=2 * fwd,
+        recompute_s=np.where(full, fwd, 0.0), optimizer_s=local_params * ADAM_BYTES_PER_PARAM / rate,
+        wgrad_s=gemm, head_fwd_s=np.zeros(n_plans),
+    )

@@ -1,0 +1,222 @@
+"""One optimizer step's time, composed from compute, communication, pipeline and optimizer parts.
+
+    step = m * t_mb(busiest stage) + bubble + p2p + exposed data-parallel sync + optimizer
+
+t_mb is forward + backward (+ recomputation) compute of the busiest stage plus the exposed part
+of its per-micro-batch communication (tensor-parallel all-reduces, depth all-gathers and
+reduce-scatters). What may hide behind what:
+- tensor-parallel collectives are on the critical path (Megatron), except that with
+  `training.overlap_tp_comm` the backward input-grad all-reduce overlaps the weight-grad GEMM
+  (AxoNN) and forward ones overlap the next GEMM by half;
+- depth all-gathers / reduce-scatters are prefetched and overlap compute when
+  `training.overlap_grad_reduce` (the same bucketed asynchronous machinery);
+- the data-parallel gradient reduction overlaps the last micro-batch's backward when
+  `training.overlap_grad_reduce`, else it runs after backward.
+
+`predict_many` scores a whole PlanArrays at once (numpy, no Python loop per plan);
+`predict` is the same code on a batch of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels import collectives
+from perfmodels.compute import StageCompute, model_flops_per_token, stage_compute
+from perfmodels.layout import group_geometry
+from perfmodels.memory import StageMemory, stage_memory
+from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
+from perfmodels.plans import PlanArrays, from_plans
+from perfmodels.specs import (
+    Cluster,
+    MemoryBreakdown,
+    Model,
+    Plan,
+    Prediction,
+    TimeBreakdown,
+    Training,
+    validate_combination,
+)
+from perfmodels.traffic import CommEvent, StageShape, comm_events, stage_shape
+
+TP_TAGS = ("tp_fwd", "tp_bwd", "norm", "loss", "convert")
+DEPTH_TAGS = ("depth_ag", "depth_rs")
+DP_OVERLAP_TAIL = 0.1  # the last bucket can never hide
+
+
+@dataclass(frozen=True)
+class BatchPrediction:
+    """Predictions for every plan of a PlanArrays, as arrays (index i = plan i)."""
+
+    arrays: PlanArrays
+    iteration_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    tflops_per_gpu: np.ndarray
+    mfu: np.ndarray
+    parts: dict[str, np.ndarray]
+    memory: StageMemory
+    bytes_per_group: dict[str, np.ndarray]
+    calls_per_group: dict[str, np.ndarray]
+    constants_source: str
+    uncertainty_rel: float
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def prediction(self, i: int) -> Prediction:
+        mem = self.memory
+        p = self.parts
+        return Prediction(
+            iteration_time_s=float(self.iteration_time_s[i]),
+            tokens_per_s=float(self.tokens_per_s[i]),
+            tflops_per_gpu=float(self.tflops_per_gpu[i]),
+            mfu=float(self.mfu[i]),
+            memory=MemoryBreakdown(
+                per_gpu_gib=float(mem.total_gib[i]), capacity_gib=mem.capacity_gib,
+                fits=bool(mem.total_gib[i] <= mem.capacity_gib), params_gib=float(mem.params_gib[i]),
+                grads_gib=float(mem.grads_gib[i]), optimizer_gib=float(mem.optimizer_gib[i]),
+                activations_gib=float(mem.activations_gib[i]), comm_buffers_gib=float(mem.comm_buffers_gib[i]),
+                overhead_gib=float(mem.overhead_gib[i]),
+            ),
+            breakdown=TimeBreakdown(**{name: float(p[name][i]) for name in TimeBreakdown.__dataclass_fields__}),
+            bytes_per_group={k: float(v[i]) for k, v in self.bytes_per_group.items()},
+            calls_per_group={k: float(v[i]) for k, v in self.calls_per_group.items()},
+            constants_source=self.constants_source,
+            uncertainty_rel=self.uncertainty_rel,
+        )
+
+
+def _event_seconds(cluster: Cluster, ev: CommEvent, geo: dict[str, dict[str, np.ndarray]]) -> np.ndarray:
+    g = geo[ev.axis]
+    op = "send_recv" if ev.op in ("send", "recv") else ev.op
+    if op == "send_recv":
+        # every stage boundary of a node sends at once: each GPU gets its own share of the NICs
+        p = np.full(g["size"].shape, 2.0)
+        alpha, busbw = collectives.link_constants(cluster, op, p, g["intra"], np.ones_like(g["size"]))
+        per_call = collectives.collective_time_s(op, ev.payload_bytes, p, alpha, busbw)
+        return np.where(g["size"] > 1, per_call, 0.0)
+    alpha, busbw = collectives.link_constants(cluster, op, g["size"], g["intra"], g["members_per_node"])
+    return collectives.collective_time_s(op, ev.payload_bytes, g["size"], alpha, busbw) * ev.calls
+
+
+def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
+    S = arrays.G_inter.astype(np.float64)
+    if not model.is_transformer:
+        return stage_shape(1, arrays)
+    return StageShape(blocks=model.num_layers / S, has_embedding=1.0 / S, has_head=1.0 / S,
+                      is_first=np.ones(len(arrays), bool), is_last=np.ones(len(arrays), bool))
+
+
+def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
+    """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first)."""
+    m = arrays.num_microbatches(training).astype(np.float64)
+    st = stage_shape(model.num_layers, arrays, "busiest")
+    comp: StageCompute = stage_compute(model, cluster, training, arrays, st)
+    avg = stage_compute(model, cluster, training, arrays, _average_stage(model, arrays))
+    geo = group_geometry(arrays.degrees(), arrays.placement, cluster.gpus_per_node_used)
+    events = comm_events(model, training, arrays, "busiest")
+    prof = cluster.profile
+    corr = (lambda name: prof.correction(name)) if prof is not None else (lambda name: 1.0)
+
+    n = len(arrays)
+    zeros = np.zeros(n)
+    t = {k: zeros.copy() for k in ("row", "col", "depth", "tp_bwd", "dp_step", "dp_mb", "depth_grad", "p2p_call")}
+    tp_exposed = zeros.copy()
+    for ev in events:
+        sec = _event_seconds(cluster, ev, geo)
+        if ev.tag in TP_TAGS:
+            t[ev.axis] = t[ev.axis] + sec
+            if ev.tag == "tp_bwd":
+                t["tp_bwd"] = t["tp_bwd"] + sec
+            else:
+                tp_exposed = tp_exposed + sec * (0.5 if training.overlap_tp_comm and ev.tag == "tp_fwd" else 1.0)
+        elif ev.tag in DEPTH_TAGS:
+            t["depth"] = t["depth"] + sec
+        elif ev.tag == "depth_grad":
+            t["depth_grad"] = t["depth_grad"] + sec
+        elif ev.tag in ("dp_grad", "dp_param"):
+            key = "dp_mb" if ev.phase in ("fwd", "bwd") else "dp_step"
+            t[key] = t[key] + sec
+        elif ev.tag == "p2p" and ev.op == "send":
+            # per-transfer time (calls are counted by the schedule below); with scatter-gather
+            # each rank of the row group sends 1/G_r and the pieces are all-gathered over NVLink
+            if training.p2p_scatter_gather:
+                piece = CommEvent(ev.axis, ev.op, ev.phase, ev.tag, ev.payload_bytes / arrays.G_intra_r, ev.calls)
+                sec = _event_seconds(cluster, piece, geo)
+            t["p2p_call"] = np.maximum(t["p2p_call"], sec)
+
+    c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
+    compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
+    compute_step = m * compute_mb
+    wgrad_step = m * comp.wgrad_s * c_compute
+
+    # tensor-parallel: backward input-grad all-reduce overlaps the weight-grad GEMM when enabled
+    tp_bwd = t["tp_bwd"] * c_tp
+    tp_exposed = tp_exposed * c_tp + np.where(training.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
+    tp_total = (t["row"] + t["col"]) * c_tp
+    depth_total = (t["depth"] + t["dp_mb"]) * c_dp
+    depth_exposed = np.where(training.overlap_grad_reduce,
+                             np.maximum(depth_total - 0.8 * compute_step, depth_total / np.maximum(m, 1) * 0.05),
+                             depth_total)
+    per_mb_exposed = (tp_exposed + depth_exposed) / m
+    t_mb = compute_mb + per_mb_exposed
+
+    avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
+        comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
+    bubble = bubble_s(t_mb * avg_ratio, arrays.G_inter, arrays.schedule, arrays.virtual_stages)
+    p2p = p2p_transfers_on_critical_path(m, arrays.G_inter, arrays.schedule, arrays.virtual_stages) * t["p2p_call"] * c_pp
+
+    dp_total = t["dp_step"] * c_dp
+    window = comp.bwd_s + comp.recompute_s
+    dp_exposed = np.where(training.overlap_grad_reduce,
+                          np.maximum(dp_total - window, DP_OVERLAP_TAIL * dp_total), dp_total)
+    depth_grad = t["depth_grad"] * c_dp
+    optimizer = comp.optimizer_s * c_compute
+
+    iteration = m * t_mb + bubble + p2p + dp_exposed + depth_grad + optimizer
+    tokens = float(training.global_batch_size * (model.seq_length if model.is_transformer else 1))
+    world = arrays.G_data * arrays.G_inter * arrays.G_intra_d * arrays.G_intra_r * arrays.G_intra_c
+    flops = 3.0 * model_flops_per_token(model) * tokens
+    peak = cluster.gpu.peak_tflops(training.dtype) * 1e12
+    tflops_per_gpu = flops / (iteration * world) / 1e12
+    comm_total = tp_total + depth_total + dp_total + p2p + depth_grad
+    exposed = tp_exposed + depth_exposed + dp_exposed + p2p + depth_grad
+    parts = {
+        "compute_s": compute_step,
+        "gemm_s": m * (comp.gemm_fwd_s * 3.0) * c_compute,
+        "attention_s": m * comp.attention_fwd_s * 3.0 * c_compute,
+        "memory_bound_s": m * comp.memory_fwd_s * 3.0 * c_compute,
+        "recompute_s": m * comp.recompute_s * c_compute,
+        "tp_comm_s": tp_total,
+        "tp_comm_row_s": t["row"] * c_tp,
+        "tp_comm_col_s": t["col"] * c_tp,
+        "tp_comm_depth_s": depth_total,
+        "dp_comm_s": dp_total,
+        "pp_bubble_s": bubble,
+        "pp_p2p_s": p2p,
+        "optimizer_s": optimizer,
+        "exposed_comm_s": exposed,
+        "hidden_comm_s": np.maximum(comm_total - exposed, 0.0),
+    }
+    mem = stage_memory(model, cluster, training, arrays, st, m)
+    byte_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
+    call_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
+    for ev in events:
+        byte_totals[ev.axis] = byte_totals[ev.axis] + ev.payload_bytes * ev.calls
+        call_totals[ev.axis] = call_totals[ev.axis] + ev.calls
+    source = "preset" if prof is None else prof.source
+    uncertainty = 0.15 if prof is None else (prof.uncertainty_rel or (0.10 if prof.source == "profile" else 0.08))
+    return BatchPrediction(
+        arrays=arrays, iteration_time_s=iteration, tokens_per_s=tokens / iteration,
+        tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu * 1e12 / peak, parts=parts, memory=mem,
+        bytes_per_group=byte_totals, calls_per_group=call_totals, constants_source=source,
+        uncertainty_rel=float(uncertainty),
+    )
+
+
+def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:
+    """Predict one plan; raises ValueError naming every inconsistent field first."""
+    validate_combination(model, cluster, training, plan)
+    return predict_many(model, cluster, training, from_plans([plan])).prediction(0)
