@@ -88,17 +88,58 @@ class BatchPrediction:
         )
 
 
-def _event_seconds(cluster: Cluster, ev: CommEvent, geo: dict[str, dict[str, np.ndarray]]) -> np.ndarray:
-    g = geo[ev.axis]
-    op = "send_recv" if ev.op in ("send", "recv") else ev.op
-    if op == "send_recv":
-        # every stage boundary of a node sends at once: each GPU gets its own share of the NICs
-        p = np.full(g["size"].shape, 2.0)
-        alpha, busbw = collectives.link_constants(cluster, op, p, g["intra"], np.ones_like(g["size"]))
-        per_call = collectives.collective_time_s(op, ev.payload_bytes, p, alpha, busbw)
-        return np.where(g["size"] > 1, per_call, 0.0)
-    alpha, busbw = collectives.link_constants(cluster, op, g["size"], g["intra"], g["members_per_node"])
-    return collectives.collective_time_s(op, ev.payload_bytes, g["size"], alpha, busbw) * ev.calls
+def _category(ev: CommEvent, overlap_tp: bool) -> str:
+    if ev.tag in TP_TAGS:
+        if ev.tag == "tp_bwd":
+            return "tp_bwd"
+        return "tp_fwd_half" if overlap_tp and ev.tag == "tp_fwd" else "tp_exposed"
+    if ev.tag in DEPTH_TAGS:
+        return "depth"
+    if ev.tag == "depth_grad":
+        return "depth_grad"
+    if ev.tag in ("dp_grad", "dp_param"):
+        return "dp_mb" if ev.phase in ("fwd", "bwd") else "dp_step"
+    return ev.tag
+
+
+def _comm_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, events: list[CommEvent],
+                  geo: dict[str, dict[str, np.ndarray]]) -> dict[tuple[str, str], np.ndarray]:
+    """Seconds per (axis, category) for one step. Cost is linear in bytes for a given group and
+    op, so events are summed per (axis, op, category) first and each sum is costed once."""
+    sums: dict[tuple[str, str, str], list[np.ndarray]] = {}
+    for ev in events:
+        if ev.tag == "p2p" or not ev.calls.any():
+            continue
+        key = (ev.axis, ev.op, _category(ev, training.overlap_tp_comm))
+        acc = sums.setdefault(key, [np.zeros(len(arrays)), np.zeros(len(arrays))])
+        acc[0] += ev.payload_bytes * ev.calls
+        acc[1] += ev.calls
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for (axis, op, cat), (byte_calls, calls) in sums.items():
+        g = geo[axis]
+        sec = collectives.cost_s(cluster, op, byte_calls, calls, g["size"], g["intra"], g["members_per_node"])
+        out[(axis, cat)] = out.get((axis, cat), 0.0) + sec
+    return out
+
+
+def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, events: list[CommEvent],
+                 geo: dict[str, dict[str, np.ndarray]]) -> np.ndarray:
+    """Seconds of one pipeline transfer (the schedule decides how many sit on the critical path).
+
+    Every stage boundary of a node sends at once, so each GPU gets its own share of the NICs;
+    with scatter-gather each rank of the row group sends 1/G_r and the pieces are all-gathered
+    over NVLink on arrival."""
+    g = geo["inter"]
+    payload = np.zeros(len(arrays))
+    for ev in events:
+        if ev.tag == "p2p" and ev.op == "send":
+            payload = np.maximum(payload, ev.payload_bytes)
+    if training.p2p_scatter_gather:
+        payload = payload / arrays.G_intra_r
+    two = np.full(len(arrays), 2.0)
+    alpha, busbw = collectives.link_constants(cluster, "send_recv", two, g["intra"], np.ones(len(arrays)))
+    per_call = collectives.collective_time_s("send_recv", payload, two, alpha, busbw)
+    return np.where(g["size"] > 1, per_call, 0.0)
 
 
 def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
@@ -122,30 +163,23 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
     n = len(arrays)
     zeros = np.zeros(n)
-    t = {k: zeros.copy() for k in ("row", "col", "depth", "tp_bwd", "dp_step", "dp_mb", "depth_grad", "p2p_call")}
-    tp_exposed = zeros.copy()
-    for ev in events:
-        sec = _event_seconds(cluster, ev, geo)
-        if ev.tag in TP_TAGS:
-            t[ev.axis] = t[ev.axis] + sec
-            if ev.tag == "tp_bwd":
-                t["tp_bwd"] = t["tp_bwd"] + sec
-            else:
-                tp_exposed = tp_exposed + sec * (0.5 if training.overlap_tp_comm and ev.tag == "tp_fwd" else 1.0)
-        elif ev.tag in DEPTH_TAGS:
-            t["depth"] = t["depth"] + sec
-        elif ev.tag == "depth_grad":
-            t["depth_grad"] = t["depth_grad"] + sec
-        elif ev.tag in ("dp_grad", "dp_param"):
-            key = "dp_mb" if ev.phase in ("fwd", "bwd") else "dp_step"
-            t[key] = t[key] + sec
-        elif ev.tag == "p2p" and ev.op == "send":
-            # per-transfer time (calls are counted by the schedule below); with scatter-gather
-            # each rank of the row group sends 1/G_r and the pieces are all-gathered over NVLink
-            if training.p2p_scatter_gather:
-                piece = CommEvent(ev.axis, ev.op, ev.phase, ev.tag, ev.payload_bytes / arrays.G_intra_r, ev.calls)
-                sec = _event_seconds(cluster, piece, geo)
-            t["p2p_call"] = np.maximum(t["p2p_call"], sec)
+    secs = _comm_seconds(cluster, training, arrays, events, geo)
+
+    def total(axes: tuple[str, ...], cats: tuple[str, ...]) -> np.ndarray:
+        return sum((secs.get((a, c), zeros) for a in axes for c in cats), zeros.copy())
+
+    tp_cats = ("tp_exposed", "tp_fwd_half", "tp_bwd")
+    t = {
+        "row": total(("row",), tp_cats),
+        "col": total(("col",), tp_cats),
+        "tp_bwd": total(("row", "col"), ("tp_bwd",)),
+        "depth": total(("depth",), ("depth",)),
+        "dp_mb": total(("data",), ("dp_mb",)),
+        "dp_step": total(("data",), ("dp_step",)),
+        "depth_grad": total(("depth",), ("depth_grad",)),
+        "p2p_call": _p2p_seconds(cluster, training, arrays, events, geo),
+    }
+    tp_exposed = total(("row", "col"), ("tp_exposed",)) + 0.5 * total(("row", "col"), ("tp_fwd_half",))
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
     compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
@@ -214,6 +248,12 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         bytes_per_group=byte_totals, calls_per_group=call_totals, constants_source=source,
         uncertainty_rel=float(uncertainty),
     )
+
+
+def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
+    """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
+    m = arrays.num_microbatches(training).astype(np.float64)
+    return stage_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest"), m)
 
 
 def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:

@@ -5,10 +5,7 @@ profiles and measurements, and the `gridtune` command line. Never imports torch.
     rec = tuner.recommend(model, cluster, training, top_k=10)   # -> Recommendation
 """
 
+from tuner.search import recommend
+from tuner.types import Candidate, Recommendation, SearchOptions
 
-def __getattr__(name: str):
-    if name in ("recommend", "Recommendation", "SearchOptions"):
-        from tuner import recommend as _rec
-
-        return getattr(_rec, name)
-    raise AttributeError(name)
+__all__ = ["Candidate", "Recommendation", "SearchOptions", "recommend"]

@@ -1,0 +1,52 @@
+"""Rank order, group membership and link levels (AxoNN's rank formula, field_facts.md)."""
+
+import functools
+import operator
+
+import numpy as np
+import pytest
+
+from perfmodels import layout
+
+
+def test_axonn_rank_formula_for_default_order():
+    deg = {"data": 2, "inter": 2, "depth": 2, "row": 2, "col": 2}
+    G_intra = 8
+    for rank in range(32):
+        c = layout.rank_coords(rank, deg)
+        expected = c["data"] * (2 * G_intra) + c["inter"] * G_intra + c["depth"] * 4 + c["row"] * 2 + c["col"]
+        assert expected == rank
+        assert layout.rank_of(c, deg) == rank
+
+
+def test_group_ranks_are_strided_by_inner_degrees():
+    deg = {"data": 2, "inter": 1, "depth": 2, "row": 2, "col": 2}
+    assert layout.group_ranks(0, "col", deg) == [0, 1]
+    assert layout.group_ranks(0, "row", deg) == [0, 2]
+    assert layout.group_ranks(0, "depth", deg) == [0, 4]
+    assert layout.group_ranks(5, "data", deg) == [5, 13]
+    assert sorted(functools.reduce(operator.iadd, layout.all_groups("row", deg), [])) == list(range(16))
+
+
+def test_group_geometry_levels_and_members_per_node():
+    deg = {k: np.array([v]) for k, v in {"data": 16, "inter": 1, "depth": 1, "row": 8, "col": 1}.items()}
+    geo = layout.group_geometry(deg, ("col", "row", "depth", "inter", "data"), gpus_per_node=8)
+    assert geo["row"]["intra"][0] and geo["row"]["members_per_node"][0] == 8
+    assert not geo["data"]["intra"][0] and geo["data"]["members_per_node"][0] == 1
+    # Megatron order with tp=2: each data-parallel group has 4 members on every node
+    deg2 = {k: np.array([v]) for k, v in {"data": 32, "inter": 8, "depth": 1, "row": 2, "col": 1}.items()}
+    geo2 = layout.group_geometry(deg2, ("col", "row", "depth", "data", "inter"), gpus_per_node=8)
+    assert geo2["data"]["members_per_node"][0] == 4 and not geo2["data"]["intra"][0]
+    assert geo2["inter"]["members_per_node"][0] == 1
+
+
+def test_partition_layers_balanced_with_extras_after_first_stage():
+    assert layout.partition_layers(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert layout.partition_layers(10, 4) == [(0, 2), (2, 5), (5, 8), (8, 10)]
+    parts = layout.partition_layers(30, 8)
+    assert parts[0][0] == 0 and parts[-1][1] == 30
+    assert max(e - s for s, e in parts) == 4 and min(e - s for s, e in parts) == 3
+    with pytest.raises(ValueError, match="num_layers=2 into num_stages=3"):
+        layout.partition_layers(2, 3)
+    chunks = layout.partition_chunks(8, 2, 2)
+    assert chunks == [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]

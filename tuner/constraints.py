@@ -1,0 +1,127 @@
+"""Named constraints: each looks at columns of plans and says which ones it rejects, and why.
+
+A constraint is a pure function `(model, cluster, training, cols) -> (rejected_mask, reason, example)`
+where `reason` is the key counted in `Recommendation.pruned` (it names the fields and the fixed
+values, e.g. "G_intra_r does not divide model.num_attention_heads=12") and `example(i)` renders
+one rejected plan's specifics ("G_intra_r=16 does not divide model.num_attention_heads=12").
+Grid-level constraints run before options are expanded; plan-level ones after; memory last,
+from the model's prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
+from perfmodels.specs import Cluster, Model, Training
+
+Columns = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Rejection:
+    mask: np.ndarray
+    reason: str
+    example: Callable[[int], str]
+
+
+def _grid_str(cols: Columns, i: int) -> str:
+    return (f"G_data={cols['G_data'][i]} G_inter={cols['G_inter'][i]} G_intra_d={cols['G_intra_d'][i]} "
+            f"G_intra_r={cols['G_intra_r'][i]} G_intra_c={cols['G_intra_c'][i]}")
+
+
+def heads_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    r = cols["G_intra_r"]
+    if model.is_transformer:
+        a = model.num_attention_heads
+        bad = a % r != 0
+        return Rejection(bad, f"G_intra_r does not divide model.num_attention_heads={a}",
+                         lambda i: f"G_intra_r={r[i]} does not divide model.num_attention_heads={a}")
+    return Rejection(np.zeros(len(r), bool), "", lambda i: "")
+
+
+def query_groups_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    r = cols["G_intra_r"]
+    if not model.is_transformer:
+        return Rejection(np.zeros(len(r), bool), "", lambda i: "")
+    g = int(model.num_query_groups)
+    bad = (g % r != 0) & (r % g != 0)
+    return Rejection(bad, f"G_intra_r and model.num_query_groups={g} do not divide each other",
+                     lambda i: f"G_intra_r={r[i]} and model.num_query_groups={g} do not divide each other")
+
+
+def hidden_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    tp = cols["G_intra_r"] * cols["G_intra_c"]
+    if not model.is_transformer:
+        return Rejection(np.zeros(len(tp), bool), "", lambda i: "")
+    h, f = model.hidden_size, int(model.ffn_hidden_size)
+    bad = (h % tp != 0) | (f % tp != 0)
+    return Rejection(bad, f"G_intra_r*G_intra_c does not divide model.hidden_size={h} and ffn_hidden_size={f}",
+                     lambda i: f"G_intra_r*G_intra_c={tp[i]} does not divide model.hidden_size={h} "
+                               f"and model.ffn_hidden_size={f}")
+
+
+def enough_layers(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    layers = model.num_layers if model.is_transformer else len(model.layers)
+    chunks = cols["G_inter"] * cols.get("virtual_stages", np.ones_like(cols["G_inter"]))
+    bad = chunks > layers
+    return Rejection(bad, f"G_inter*virtual_stages exceeds model.num_layers={layers}",
+                     lambda i: f"G_inter*virtual_stages={chunks[i]} exceeds model.num_layers={layers}")
+
+
+def batch_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    split = cols["G_data"] * cols["G_intra_d"]
+    gb = training.global_batch_size
+    bad = gb % split != 0
+    return Rejection(bad, f"G_data*G_intra_d does not divide training.global_batch_size={gb}",
+                     lambda i: f"G_data*G_intra_d={split[i]} does not divide training.global_batch_size={gb}")
+
+
+def enough_microbatches(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """1F1B-style schedules need at least one micro-batch per stage (torch.distributed.pipelining
+    refuses fewer); interleaving needs a multiple of the stage count."""
+    S = cols["G_inter"]
+    m = training.global_batch_size // (cols["G_data"] * cols["G_intra_d"] * cols["micro_batch_size"])
+    sched = cols["schedule"]
+    bad = (S > 1) & (sched != SCHEDULE_CODE["gpipe"]) & (m < S)
+    bad |= (S > 1) & (sched == SCHEDULE_CODE["interleaved-1f1b"]) & (m % S != 0)
+    return Rejection(bad, "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)",
+                     lambda i: f"{m[i]} micro-batches for G_inter={S[i]} stages")
+
+
+def sequence_parallel_shape(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    sp = cols["sequence_parallel"].astype(bool)
+    bad = sp & ((cols["G_intra_r"] == 1) | (cols["G_intra_c"] > 1) | (cols["G_intra_d"] > 1))
+    return Rejection(bad, "sequence_parallel needs G_intra_r > 1 and G_intra_c = G_intra_d = 1",
+                     lambda i: f"sequence_parallel with {_grid_str(cols, i)}")
+
+
+def gpipe_dominated(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """GPipe takes the same time as 1F1B and keeps all micro-batches in flight: never better.
+    Only applied when 1F1B is also in the search (a user who pins gpipe gets it)."""
+    bad = cols["schedule"] == SCHEDULE_CODE["gpipe"]
+    return Rejection(bad, "gpipe is dominated by 1f1b (same time, more activation memory)",
+                     lambda i: f"gpipe with {_grid_str(cols, i)}")
+
+
+def selective_without_scores(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Selective recomputation drops the s x s attention scores (Korthikanti et al.); with flash
+    attention none are stored, so it only adds recomputation time: never better than none."""
+
+    bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(training.flash_attention and model.is_transformer)
+    return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",
+                     lambda i: f"selective recompute with {_grid_str(cols, i)}")
+
+
+GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split)
+PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape)
+DOMINANCE = (gpipe_dominated, selective_without_scores)
+
+
+def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:
+    bad = needed_gib > capacity_gib
+    return Rejection(bad, f"needs more memory per GPU than the {capacity_gib:g} GiB available",
+                     lambda i: f"needs {needed_gib[i]:.1f} GiB per GPU > {capacity_gib:g} GiB")

@@ -1,0 +1,179 @@
+"""Rank every layout for a model, cluster and batch; explain the winner; count what was rejected.
+
+    rec = tuner.recommend(model, cluster, training, top_k=10, search=SearchOptions(...))
+
+Pipeline of the search (all vectorized, no Python loop per plan):
+1. factorize the GPU count into the five degrees, drop grids that break pins or grid constraints;
+2. per placement and micro-batch size, expand the options (schedule, virtual stages, recompute,
+   ZeRO stage, sequence parallelism) as numpy columns, drop plans that break plan constraints;
+3. score them with `perfmodels.predict_many`, drop those that do not fit in memory, keep the
+   fastest `top_k` seen so far;
+4. stop early if the time budget runs out (the result says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+
+from perfmodels.plans import from_columns
+from perfmodels.specs import AXES, Cluster, Model, TimeBreakdown, Training
+from perfmodels.steptime import memory_many, predict_many
+from tuner import constraints as C
+from tuner.space import GRID_COLUMNS, expand_options, grid_rows, placements
+from tuner.types import Candidate, Recommendation, SearchOptions
+
+MAX_GPUS = 1 << 20
+
+
+class _Pruned:
+    def __init__(self, per_reason: int) -> None:
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+        self.per_reason = per_reason
+
+    def apply(self, rej: C.Rejection, alive: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+        newly = rej.mask & alive
+        n = int(newly.sum()) if weight is None else int(weight[newly].sum())
+        if n:
+            self.counts[rej.reason] += n
+            ex = self.examples.setdefault(rej.reason, [])
+            for i in np.flatnonzero(newly)[: max(0, self.per_reason - len(ex))]:
+                ex.append(rej.example(int(i)))
+        return alive & ~rej.mask
+
+
+def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 10,
+              search: SearchOptions | None = None) -> Recommendation:
+    """The `top_k` fastest valid layouts with predictions, and every rejection counted by reason."""
+    options = search or SearchOptions()
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if cluster.num_gpus > MAX_GPUS:
+        raise ValueError(f"cluster.num_gpus={cluster.num_gpus} exceeds the search limit of {MAX_GPUS}")
+    t0 = time.perf_counter()
+    pruned = _Pruned(options.examples_per_reason)
+    grids, pinned = grid_rows(cluster.num_gpus, options)
+    alive = pinned.copy()
+    pinned_out = int((~pinned).sum())
+    if pinned_out:
+        pruned.counts["excluded by the search pins"] += pinned_out
+    gcols = {name: grids[:, j] for j, name in enumerate(GRID_COLUMNS)}
+    for fn in C.GRID_CONSTRAINTS:
+        alive = pruned.apply(fn(model, cluster, training, gcols), alive)
+    grids = grids[alive]
+    num_evaluated = len(alive)
+
+    gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
+    best_times = np.empty(0)
+    best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
+    num_valid = 0
+    truncated = False
+    orders = placements(options)
+    for order in orders:
+        for exp in expand_options(model, training, grids, options, order, orders):
+            cols = exp.columns
+            n = len(cols["G_data"])
+            num_evaluated += n
+            ok = np.ones(n, dtype=bool)
+            for fn in C.PLAN_CONSTRAINTS:
+                ok = pruned.apply(fn(model, cluster, training, cols), ok)
+            if not gpipe_pinned_only:
+                ok = pruned.apply(C.gpipe_dominated(model, cluster, training, cols), ok)
+            if not (options.recompute and "none" not in options.recompute):
+                ok = pruned.apply(C.selective_without_scores(model, cluster, training, cols), ok)
+            if not ok.any():
+                continue
+            arrays = from_columns(placement=exp.placement, **{k: v[ok] for k, v in cols.items()})
+            mem = memory_many(model, cluster, training, arrays)
+            fits = pruned.apply(C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool))
+            num_valid += int(fits.sum())
+            if not fits.any():
+                continue
+            arrays = arrays.take(np.flatnonzero(fits))
+            batch = predict_many(model, cluster, training, arrays)
+            fits = np.ones(len(arrays), dtype=bool)
+            # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
+            simpler = (arrays.zero_stage + arrays.recompute + (exp.placement != orders[0])
+                       + arrays.sequence_parallel)
+            times = np.where(fits, batch.iteration_time_s * (1.0 + 1e-9 * simpler), np.inf)
+            k = min(top_k, int(fits.sum()))
+            if k:
+                idx = np.argpartition(times, k - 1)[:k]
+                for i in idx:
+                    best_batches.append((float(times[i]), batch, int(i)))
+                best_batches.sort(key=lambda x: x[0])
+                del best_batches[top_k:]
+                best_times = np.array([b[0] for b in best_batches])
+            if time.perf_counter() - t0 > options.time_budget_s:
+                truncated = True
+                break
+        if truncated:
+            break
+    del best_times
+    candidates = [Candidate(rank=r + 1, plan=b.arrays.to_plan(i), prediction=b.prediction(i))
+                  for r, (_, b, i) in enumerate(best_batches)]
+    if truncated:
+        pruned.counts[f"not evaluated: time budget of {options.time_budget_s:g} s ran out"] += 1
+    source = "preset" if cluster.profile is None else cluster.profile.source
+    return Recommendation(
+        best=candidates[0] if candidates else None,
+        candidates=candidates,
+        num_evaluated=num_evaluated,
+        num_valid=num_valid,
+        pruned=dict(pruned.counts),
+        pruned_examples=pruned.examples,
+        constants_source=source,
+        explanation=explain(candidates),
+        search_time_s=time.perf_counter() - t0,
+    )
+
+
+_COMPONENTS = ("compute_s", "tp_comm_s", "dp_comm_s", "pp_bubble_s", "pp_p2p_s", "exposed_comm_s", "optimizer_s",
+               "recompute_s")
+
+
+def explain(candidates: list[Candidate]) -> str:
+    """Why the best beats the runner-up: its margin and the components that differ most.
+
+    The runner-up is the first candidate that is measurably slower (0.01%); candidates closer than
+    that are reported as ties (often the same grid with a placement that changes no link level).
+    """
+    if not candidates:
+        return "no layout fits: every candidate was rejected (see 'pruned')"
+    best = candidates[0]
+    tb = best.prediction.iteration_time_s
+    ties = [c for c in candidates[1:] if c.prediction.iteration_time_s <= tb * (1 + 1e-4)]
+    slower = [c for c in candidates[1:] if c.prediction.iteration_time_s > tb * (1 + 1e-4)]
+    tie_note = f" ({len(ties)} other candidate(s) in the top list tie with it within 0.01%)" if ties else ""
+    if not slower:
+        return f"{best.plan.grid_string()} is the best layout found{tie_note}"
+    second = slower[0]
+    ts = second.prediction.iteration_time_s
+    diffs = []
+    for name in _COMPONENTS:
+        a = getattr(best.prediction.breakdown, name)
+        b = getattr(second.prediction.breakdown, name)
+        if abs(a - b) > 1e-3 * max(tb, 1e-9):
+            diffs.append((abs(a - b), name, a, b))
+    diffs.sort(reverse=True)
+    parts = [f"{name.removesuffix('_s')} {a:.3g} s vs {b:.3g} s" for _, name, a, b in diffs[:3]]
+    changed = [f for f in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size",
+                           "schedule", "virtual_stages", "recompute", "zero_stage", "sequence_parallel")
+               if getattr(best.plan, f) != getattr(second.plan, f)]
+    what = [f"{f}={getattr(best.plan, f)} (runner-up {getattr(second.plan, f)})" for f in changed]
+    if best.plan.order != second.plan.order:
+        what.append(f"placement {'/'.join(best.plan.order)} (runner-up {'/'.join(second.plan.order)})")
+    return (f"best is {(ts - tb) / ts:.1%} faster than the runner-up #{second.rank} ({tb:.3g} s vs {ts:.3g} s per "
+            f"step){tie_note}; it differs in {', '.join(what) or 'nothing'}; largest component differences: "
+            f"{'; '.join(parts) or 'none'}")
+
+
+def breakdown_fields() -> tuple[str, ...]:
+    return tuple(TimeBreakdown.__dataclass_fields__)
+
+
+def default_placement() -> tuple[str, ...]:
+    return AXES

@@ -1,0 +1,214 @@
+"""The layout search space: every ordered factorization of the GPU count into the five grid
+degrees, times micro-batch sizes, schedules (with virtual stages), recomputation, ZeRO stages and
+placements. Generated as numpy columns, never as Python objects per plan.
+
+Grid degrees are not restricted to powers of two. Options expand per grid only where they mean
+something: schedules and virtual stages only with G_inter > 1, ZeRO stages only with G_data > 1,
+an alternative placement only when the axis it moves innermost has degree > 1 (otherwise it is
+the default placement again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
+from perfmodels.specs import AXES, AXIS_FIELDS, Model, Training
+from tuner.types import SearchOptions
+
+GRID_COLUMNS = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c")
+MAX_VIRTUAL_STAGES = 8
+CHUNK_PLANS = 250_000  # plans scored per batch: large enough to amortise, small enough for memory
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+def factorizations(n: int, parts: int = 5) -> np.ndarray:
+    """All ordered `parts`-tuples of positive integers whose product is n, shape (k, parts)."""
+    divs = divisors(n)
+    out: list[tuple[int, ...]] = []
+
+    def rec(prefix: tuple[int, ...], rest: int) -> None:
+        if len(prefix) == parts - 1:
+            out.append((*prefix, rest))
+            return
+        for d in divs:
+            if d > rest:
+                break
+            if rest % d == 0:
+                rec((*prefix, d), rest // d)
+
+    rec((), n)
+    return np.asarray(out, dtype=np.int64).reshape(-1, parts)
+
+
+def placements(options: SearchOptions) -> list[tuple[str, ...]]:
+    """The AxoNN default order plus, for each other axis, the order that puts it innermost."""
+    if options.placement is not None:
+        return [tuple(p) for p in options.placement]
+    orders = [AXES]
+    for axis in AXES[1:]:
+        orders.append((axis, *[a for a in AXES if a != axis]))
+    return orders
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """Plans as columns (one placement), plus how many option combinations each grid produced."""
+
+    columns: dict[str, np.ndarray]
+    placement: tuple[str, ...]
+
+
+def _allowed(values: tuple | None, column: np.ndarray) -> np.ndarray:
+    if values is None:
+        return np.ones(column.shape, dtype=bool)
+    return np.isin(column, np.asarray(values))
+
+
+def grid_rows(num_gpus: int, options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Factorizations of num_gpus and the mask of those that respect the pins."""
+    grids = factorizations(num_gpus)
+    mask = np.ones(len(grids), dtype=bool)
+    for j, name in enumerate(GRID_COLUMNS):
+        mask &= _allowed(getattr(options, name), grids[:, j])
+    return grids, mask
+
+
+def placement_signature(grids: np.ndarray, placement: tuple[str, ...]) -> np.ndarray:
+    """An integer per grid encoding the placement restricted to axes of degree > 1.
+
+    Plans with equal signatures put every group on the same links, so only the first placement
+    that produces a signature is evaluated."""
+    index = {name: j for j, name in enumerate(("data", "inter", "depth", "row", "col"))}
+    sig = np.zeros(len(grids), dtype=np.int64)
+    for axis in placement:
+        j = index[axis]
+        sig = np.where(grids[:, j] > 1, sig * 6 + j + 1, sig)
+    return sig
+
+
+def first_placement_mask(grids: np.ndarray, placement: tuple[str, ...],
+                         all_placements: list[tuple[str, ...]]) -> np.ndarray:
+    mine = placement_signature(grids, placement)
+    keep = np.ones(len(grids), dtype=bool)
+    for other in all_placements[: all_placements.index(placement)]:
+        keep &= placement_signature(grids, other) != mine
+    return keep
+
+
+def expand_options(model: Model, training: Training, grids: np.ndarray, options: SearchOptions,
+                   placement: tuple[str, ...], all_placements: list[tuple[str, ...]]) -> Iterator[Expansion]:
+    """Yield the option combinations of the surviving grids, chunked by micro-batch size.
+
+    Chunking keeps peak memory bounded on huge GPU counts and lets the caller stop at its time
+    budget after any chunk.
+    """
+    if len(grids) == 0:
+        return
+    if placement != all_placements[0]:
+        grids = grids[first_placement_mask(grids, placement, all_placements)]
+        if len(grids) == 0:
+            return
+    per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
+    layers = model.num_layers if model.is_transformer else len(model.layers)
+
+    sched_opts: list[tuple[int, int]] = []
+    allowed_sched = options.schedule or ("gpipe", "1f1b", "interleaved-1f1b")
+    for name in allowed_sched:
+        if name == "interleaved-1f1b":
+            vs = options.virtual_stages or tuple(range(2, MAX_VIRTUAL_STAGES + 1))
+            sched_opts.extend((SCHEDULE_CODE[name], int(v)) for v in vs if v > 1)
+        else:
+            sched_opts.append((SCHEDULE_CODE[name], 1))
+    rc_opts = [RECOMPUTE_CODE[r] for r in (options.recompute or ("none", "selective", "full"))]
+    zero_opts = list(options.zero_stage or (0, 1, 2, 3))
+    sp_opts = list(options.sequence_parallel or (False,))
+
+    mb_values = sorted({d for d in range(1, options.max_micro_batch_size + 1)})
+    if options.micro_batch_size is not None:
+        mb_values = sorted(set(options.micro_batch_size))
+    pending: list[dict[str, np.ndarray]] = []
+    size = 0
+    for mb in mb_values:
+        ok = per_replica % mb == 0
+        if not ok.any():
+            continue
+        cols = _combine(grids[ok], mb, sched_opts, rc_opts, zero_opts, sp_opts, layers)
+        if cols is None:
+            continue
+        pending.append(cols)
+        size += len(cols["G_data"])
+        if size >= CHUNK_PLANS:
+            yield Expansion(columns=_concat(pending), placement=placement)
+            pending, size = [], 0
+    if pending:
+        yield Expansion(columns=_concat(pending), placement=placement)
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _combine(g: np.ndarray, mb: int, sched_opts: list[tuple[int, int]], rc_opts: list[int], zero_opts: list[int],
+             sp_opts: list[bool], layers: int) -> dict[str, np.ndarray] | None:
+    n = len(g)
+    G_inter = g[:, 1]
+    G_data = g[:, 0]
+    # schedule options: with one stage only the plain 1F1B entry survives
+    sched = np.asarray(sched_opts, dtype=np.int64)  # (s, 2)
+    one_stage = G_inter == 1
+    valid_sched = np.ones((n, len(sched)), dtype=bool)
+    is_plain_1f1b = (sched[:, 0] == SCHEDULE_CODE["1f1b"]) & (sched[:, 1] == 1)
+    if not is_plain_1f1b.any():
+        is_plain_1f1b = np.zeros(len(sched), dtype=bool)
+        is_plain_1f1b[0] = True
+    valid_sched[one_stage] = is_plain_1f1b[None, :]
+    v = sched[:, 1][None, :]
+    valid_sched &= (v == 1) | ((layers % (G_inter[:, None] * v)) == 0)
+    gi, si = np.nonzero(valid_sched)
+    zero = np.asarray(zero_opts, dtype=np.int64)
+    rc = np.asarray(rc_opts, dtype=np.int64)
+    sp = np.asarray(sp_opts, dtype=bool)
+    # cartesian product of (grid, schedule) x recompute x zero x sp
+    k = len(gi)
+    idx_rc = np.repeat(np.arange(len(rc)), len(zero) * len(sp))
+    idx_z = np.tile(np.repeat(np.arange(len(zero)), len(sp)), len(rc))
+    idx_sp = np.tile(np.arange(len(sp)), len(rc) * len(zero))
+    reps = len(idx_rc)
+    gi_all = np.repeat(gi, reps)
+    si_all = np.repeat(si, reps)
+    rc_all = np.tile(rc[idx_rc], k)
+    z_all = np.tile(zero[idx_z], k)
+    sp_all = np.tile(sp[idx_sp], k)
+    keep = (z_all == 0) | (G_data[gi_all] > 1)
+    if not keep.any():
+        return None
+    gi_all, si_all, rc_all, z_all, sp_all = (x[keep] for x in (gi_all, si_all, rc_all, z_all, sp_all))
+    cols = {name: g[gi_all, j] for j, name in enumerate(("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c"))}
+    cols["micro_batch_size"] = np.full(len(gi_all), mb, dtype=np.int64)
+    cols["schedule"] = sched[si_all, 0]
+    cols["virtual_stages"] = sched[si_all, 1]
+    cols["recompute"] = rc_all
+    cols["zero_stage"] = z_all
+    cols["sequence_parallel"] = sp_all
+    return cols
+
+
+def axis_column(axis: str) -> str:
+    return AXIS_FIELDS[axis]
