@@ -131,22 +131,30 @@ def _family(preset: str) -> str:
     return "A100"
 
 
+_RATE = r"(\d+(?:\.\d+)?)\s*([GT])(b|B)(?:its?|ytes?)?(?:ps|/s)"
+
+
 def _inter_per_gpu_GBps(text: str, gpus_per_node: int, family: str) -> float:
-    """Network GB/s per GPU from e.g. '8x 200 Gb/s HDR InfiniBand per node' or '100 Gb/s'."""
+    """Network GB/s per GPU from e.g. '8x 200 Gb/s HDR InfiniBand per node', '4x 25 GB/s Slingshot'
+    or '100 Gb/s'. Lower-case b is bits, upper-case B bytes; a count 'Nx' multiplies."""
     t = text or ""
-    m = re.search(r"(\d+)\s*x\s*(\d+(?:\.\d+)?)\s*(G|T)b/?s", t, re.I)
-    if m:
-        total = int(m.group(1)) * float(m.group(2)) * (1000 if m.group(3).upper() == "T" else 1) / 8.0
-        return total / gpus_per_node
-    m = re.search(r"(\d+(?:\.\d+)?)\s*(G|T)b/?s", t, re.I)
-    if m:
-        total = float(m.group(1)) * (1000 if m.group(2).upper() == "T" else 1) / 8.0
-        return total / gpus_per_node
-    m = re.search(r"(\d+(?:\.\d+)?)\s*GB/?s", t)
-    if m:
-        return float(m.group(1)) / gpus_per_node
-    # typical fabric of the era when the source does not say
-    return {"V100": 12.5 / 8, "A100": 25.0, "H100": 50.0, "H200": 50.0, "B200": 50.0}.get(family, 25.0)
+    rate = re.search(_RATE, t)
+    if not rate:
+        # typical fabric of the era when the source does not say
+        return {"V100": 12.5 / 8, "A100": 25.0, "H100": 50.0, "H200": 50.0, "B200": 50.0}.get(family, 25.0)
+    value, scale, unit = float(rate.group(1)), rate.group(2), rate.group(3)
+    many = re.search(r"(\d+)\s*[x\u00d7]", t[: rate.start()])
+    count = int(many.group(1)) if many else 1
+    gbytes = value * (1000.0 if scale == "T" else 1.0) / (8.0 if unit == "b" else 1.0)
+    return count * gbytes / gpus_per_node
+
+
+def _intra_per_gpu_GBps(text: str, family: str) -> float:
+    """NVLink of the GPU's generation, unless the source says the GPUs only share PCIe."""
+    t = (text or "").lower()
+    if "pcie" in t and "nvlink" not in t and "nvswitch" not in t:
+        return 64.0 if "gen5" in t or family in ("H100", "H200", "B200") else 32.0
+    return _NVLINK_PER_DIRECTION.get(family, 300.0)
 
 
 def _int(value: str) -> int | None:
@@ -204,7 +212,7 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     family = _family(gpu_name)
     gpn = _int(row.get("gpus_per_node", "")) or (16 if "DGX-2" in row.get("gpu_type", "") else 8)
     gpn = min(gpn, max(G, 1)) if gpn > G else gpn
-    intra = _NVLINK_PER_DIRECTION.get(family, 300.0)
+    intra = _intra_per_gpu_GBps(row.get("intra_node_interconnect", ""), family)
     inter = _inter_per_gpu_GBps(row.get("inter_node_interconnect", ""), gpn, family)
     cluster = Cluster(name=f"{family}-published", num_gpus=G, gpus_per_node=gpn, gpu=presets.gpu(gpu_name),
                       intra_node_bandwidth_GBps=intra, inter_node_bandwidth_GBps=inter,
