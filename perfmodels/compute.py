@@ -28,7 +28,7 @@ from perfmodels.traffic import StageShape, padded_vocab
 
 DEFAULT_GEMM_HALF_SIZE = {"nvidia": 56.0, "amd": 96.0, "cpu": 8.0}
 KERNEL_OVERHEAD_US = {"nvidia": 4.0, "amd": 6.0, "cpu": 2.0}
-FLASH_EFFICIENCY = 0.70  # fused attention vs a large GEMM, forward
+FLASH_EFFICIENCY = 0.60  # fused (flash) attention relative to a large GEMM, forward
 ADAM_BYTES_PER_PARAM = 30.0  # fused Adam: read/write fp32 master, two moments, grad; write low-precision copy
 
 
