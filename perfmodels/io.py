@@ -153,9 +153,10 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
 
 
 def profile_from_dict(data: Mapping[str, Any]) -> Profile:
-    _check_keys("profile", data, _fields(Profile) | {"provenance", "fits", "expected"})
+    informational = ("provenance", "fits", "expected", "holdout_median_abs_error")
+    _check_keys("profile", data, _fields(Profile) | set(informational))
     data = dict(data)
-    for extra in ("provenance", "fits", "expected"):
+    for extra in informational:
         data.pop(extra, None)
     fits = []
     for i, item in enumerate(data.pop("collectives", None) or ()):
