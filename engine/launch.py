@@ -16,6 +16,7 @@ import datetime
 import os
 import pickle
 import socket
+import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -39,9 +40,13 @@ def _entry(rank: int, world_size: int, port: int, backend: str, timeout_s: float
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         result = fn(rank, world_size, *args)
-        # plain pickle: torch's multiprocessing reductions would pass tensors as shared-memory file
-        # descriptors that are gone once this process exits
-        queue.put((rank, "ok", pickle.dumps(result)))
+        # the result goes through a file: the parent drains the queue only after join, so a large
+        # result would block in the pipe forever; and plain pickle, because torch's multiprocessing
+        # reductions pass tensors as shared-memory descriptors that die with this process
+        fd, path = tempfile.mkstemp(prefix=f"gridtune-rank{rank}-", suffix=".pkl")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(result, f)
+        queue.put((rank, "ok", path))
     except BaseException as exc:
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         raise
@@ -71,7 +76,11 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
         mp.start_processes(_entry, args=(world_size, port, backend, timeout_s, fn, args, queue),
                            nprocs=world_size, join=True, start_method=start_method)
     except mp.ProcessRaisedException as exc:
-        failed = sorted((r, msg) for r, status, msg in _drain(queue) if status == "error")
+        drained = _drain(queue)
+        for _, status, value in drained:
+            if status == "ok":
+                os.unlink(value)
+        failed = sorted((r, msg) for r, status, msg in drained if status == "error")
         # the root cause is the error that is not a peer noticing someone else's crash
         secondary = ("Connection closed by peer", "Connection reset", "timed out", "Timed out")
         primary = [(r, m) for r, m in failed if not any(s in m for s in secondary)] or failed
@@ -80,12 +89,23 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
         rank, detail = primary[0]
         raise RankFailed(f"rank {rank} failed: {detail}") from None
     except mp.ProcessExitedException as exc:
+        for _, status, value in _drain(queue):
+            if status == "ok":
+                os.unlink(value)
         raise RankFailed(str(exc)) from None
     results: list[Any] = [None] * world_size
     for rank, status, value in _drain(queue):
         if status == "ok":
-            results[rank] = pickle.loads(value)
+            results[rank] = _load_result(value)
     return results
+
+
+def _load_result(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    finally:
+        os.unlink(path)
 
 
 def _drain(queue: Any) -> list[tuple[int, str, Any]]:

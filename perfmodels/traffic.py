@@ -1,25 +1,56 @@
 """Every collective one rank issues in one optimizer step, as vectorized events.
 
 This module is the byte contract between the model and the engine: for a plan, the engine's
-communication recorder must count, per group and per steady-state step, exactly the bytes that
-`bytes_per_group` returns (tests/engine/test_traffic.py checks it). The time model turns the same
-events into seconds, so what is counted is what is costed.
+communication recorder (engine.recorder.CommRecorder) counts, per group and per steady-state step,
+exactly the calls and bytes that `calls_per_group` / `bytes_per_group` return. tests/engine/
+test_traffic.py checks it on every rank of every 8-rank grid (all 35 factorizations over the five
+axes, with GPipe / 1F1B / interleaved 1F1B and gradient accumulation), test_zero.py for ZeRO-1 and
+test_auto.py for auto_parallelize'd layer lists. The time model turns the same events into seconds,
+so what is counted is what is costed.
 
 Conventions (those of the engine's recorder): the payload of a call is the logical size of the
 full buffer (all-reduce: the tensor; all-gather: the gathered output; reduce-scatter: the input;
 send/recv: the tensor). Groups of size one issue nothing. Counts are per rank, for the busiest
-pipeline stage unless a stage index is given.
+pipeline stage unless a stage index is given. e = bytes per element of the training dtype; norm
+statistics and loss reductions are fp32 (STAT_BYTES). m = micro-batches per step per (data, depth)
+replica; T = micro_batch_size * seq local tokens per micro-batch.
 
-3D-parallel Linear(k -> n) (DESIGN.md section 1), per micro-batch of T = micro_batch_size * seq
-local tokens, e = bytes per element; "normal" splits input features over col and output over row,
-"transposed" swaps them:
+3D-parallel Linear(k -> n) (DESIGN.md section 1; engine.linear), per micro-batch; "normal" splits
+input features over col and output over row, "transposed" swaps them:
   fwd  all-gather weight (depth)            n*k/(G_r*G_c) * e
   fwd  all-reduce partial output            normal: col, T*n/G_r ; transposed: row, T*n/G_c
-  bwd  all-gather weight again (depth)      n*k/(G_r*G_c) * e
+  bwd  all-gather weight again (depth)      n*k/(G_r*G_c) * e      (the gathered weight is not kept)
   bwd  all-reduce input grad                normal: row, T*k/G_c ; transposed: col, T*k/G_r
   bwd  reduce-scatter weight grad (depth)   n*k/(G_r*G_c) * e
-  step data-parallel gradient reduction     (all local parameters) once per step
-Full recomputation repeats the forward collectives during backward.
+Full recomputation ("full": every block is checkpointed, engine.parallel_gpt recompute=True)
+repeats each block's forward collectives during backward: its four Linears' depth all-gathers,
+the output all-reduces of the first three, and its two norms' forward statistics. The last Linear's
+output all-reduce is not repeated, because recomputation (torch.utils.checkpoint, non-reentrant)
+stops as soon as backward has every saved tensor, and that all-reduce only feeds the residual add.
+The LM head and loss are not recomputed.
+"selective" recomputation (attention internals only) repeats no communication.
+
+Transformer (GPT-style: biases, LayerNorm, learned positions; engine.parallel_gpt), per stage:
+  blocks   QKV normal (h -> h+2kv), out-proj transposed, fc1 normal, fc2 transposed (gated: 2f)
+  norm     2 per block + the final norm on the last stage; the residual stream is split over col,
+           so each norm all-reduces [T, 2] fp32 statistics (sum, sum of squares) over col in
+           forward and [T, 2] (sum of g*gamma, of g*gamma*xhat) in backward (RMSNorm: [T, 1])
+  head     last stage: a normal Linear h -> padded_vocab (a multiple of G_r*G_d), no bias
+  loss     last stage: vocab-parallel cross entropy, three fp32 all-reduces of [T] over row in
+           forward (max, sum of exponentials, target logit), none in backward
+  p2p      [T, h/G_c] activations per send/recv over inter: v sends and v receives of activations
+           in forward and as many of gradients in backward per micro-batch (one fewer of each on the
+           first/last stage for interleaved schedules, none on the open end otherwise); static
+           shapes, so step 0 has no extra metadata and every step is steady-state
+  embedding first stage: word and position tables split over col along h (no communication)
+Gradient sync once per step (engine.grads): parameters replicated over depth (biases, norms,
+embeddings; everything but the depth-sharded weights) are all-reduced over depth (one call, their
+bytes); then every local gradient over data: all-reduce (ZeRO 0; one call while the local
+gradients fit one 25 MiB bucket), or for ZeRO-1/2 a reduce-scatter of the gradients and an
+all-gather of the parameters, both of one flat vector zero-padded to a multiple of G_data
+(engine.zero). ZeRO-3 gathers parameters per micro-batch in forward and backward (not in the
+engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
+reduce-scatter pairs (not in the engine).
 """
 
 from __future__ import annotations
@@ -83,7 +114,7 @@ def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str = "busiest
         parts = partition_layers(num_layers, Si * vi)
         blocks[i] = sum(parts[c * Si + s][1] - parts[c * Si + s][0] for c in range(vi))
     first = np.full(n, s == 0)
-    last = S - 1 == s
+    last = s == S - 1
     return StageShape(blocks=blocks, has_embedding=first, has_head=last, is_first=first, is_last=last)
 
 
@@ -112,7 +143,6 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
         return _layer_list_events(model, training, arrays, stage)
     e = training.bytes_per_element
     G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
-    S, v = arrays.G_inter, arrays.virtual_stages
     m = arrays.num_microbatches(training)
     T = arrays.micro_batch_size * model.seq_length
     full_rc = arrays.recompute == RECOMPUTE_CODE["full"]
@@ -128,12 +158,12 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
     # (k, n, transposed) of the four Linear layers of one block
     linears = [(h, h + 2 * kv, False), (h, h, True), (h, (2 if gated else 1) * f, False), (f, h, True)]
     blocks = st.blocks.astype(np.float64)
-    per_mb = blocks * m  # calls per step of a per-block, per-micro-batch collective
 
     local_params = np.zeros(len(arrays))  # parameters this rank holds (for the data-parallel sync)
     replicated_over_depth = np.zeros(len(arrays))  # of those, replicated over depth (grads need depth AR)
 
-    def linear(k: int | np.ndarray, n: int | np.ndarray, transposed: bool, count: np.ndarray, has_bias: bool) -> None:
+    def linear(k: int | np.ndarray, n: int | np.ndarray, transposed: bool, count: np.ndarray, has_bias: bool,
+               recomputed: bool = True, output_recomputed: bool = True) -> None:
         nonlocal local_params, replicated_over_depth
         w_block = n * k / (G_r * G_c)
         out_split, in_split = (G_c, G_r) if transposed else (G_r, G_c)
@@ -145,15 +175,19 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
         ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e, count * m * ~(sp & (in_axis == "row")))
         ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
         # recomputation repeats the forward communication
-        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, count * m * full_rc)
-        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", T * n / out_split * e, count * m * full_rc * ~if_sp)
+        rc = full_rc & recomputed
+        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, count * m * rc)
+        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", T * n / out_split * e,
+               count * m * (rc & output_recomputed) * ~if_sp)
         local_params = local_params + count * w_block / G_d
         if has_bias:
             local_params = local_params + count * n / out_split
             replicated_over_depth = replicated_over_depth + count * n / out_split
 
-    for k, n, tr in linears:
-        linear(k, n, tr, blocks, bias)
+    for i, (k, n, tr) in enumerate(linears):
+        # recomputation stops once backward has what it saved: the block's last output all-reduce
+        # (fc2's) feeds only the residual add, which saves nothing, so it is not repeated
+        linear(k, n, tr, blocks, bias, output_recomputed=i != len(linears) - 1)
 
     # Megatron sequence parallelism (row-only TP): each all-reduce becomes all-gather + reduce-scatter
     seq_calls = blocks * m * sp
@@ -180,7 +214,7 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
     # row-split vocabulary (max, sum of exponentials, target logit: three fp32 all-reduces over row)
     V = padded_vocab(model.vocab_size, G_r, G_d)
     head = st.has_head.astype(np.float64)
-    linear(h, V, False, head, False)
+    linear(h, V, False, head, False, recomputed=False)  # full recomputation covers the blocks only
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
     _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m)
@@ -195,9 +229,12 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     # replicated parameters see different samples on each depth rank
     ev.add("depth", "all_reduce", "step", "depth_grad", replicated_over_depth * e, 1.0)
     grads = local_params * e
+    # ZeRO shards one flat vector of all local parameters, zero-padded to a multiple of G_data
+    G = arrays.G_data
+    padded = np.ceil(local_params / G) * G * e
     ev.add("data", "all_reduce", "step", "dp_grad", grads, 1.0 * (z == 0))
-    ev.add("data", "reduce_scatter", "step", "dp_grad", grads, 1.0 * (z >= 1))
-    ev.add("data", "all_gather", "step", "dp_param", grads, 1.0 * ((z == 1) | (z == 2)))
+    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * (z >= 1))
+    ev.add("data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2)))
     # ZeRO-3: parameters gathered for every micro-batch's forward and backward
     ev.add("data", "all_gather", "fwd", "dp_param", grads, m * (z == 3))
     ev.add("data", "all_gather", "bwd", "dp_param", grads, m * (z == 3))
@@ -215,7 +252,14 @@ def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.nd
 def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str) -> list[CommEvent]:
     """Arbitrary networks under auto_parallelize: each parallel Linear takes and returns ordinary
     activations (local batch, full features), so around it the engine slices its input (free),
-    all-gathers its output over row (fwd) and all-gathers its input grad over col (bwd)."""
+    all-gathers its output over row (fwd) and all-gathers its input grad over col (bwd); transposed
+    layers swap row and col.
+
+    Layers are taken to run in list order. A layer before which no layer has parameters gets no
+    input gradient (it works on the data), so autograd never runs its input-gradient collectives:
+    neither the input-grad all-reduce nor the input-grad conversion all-gather is counted for it.
+    Plain (non-parallel) layers and "other" layers hold replicated parameters: their gradients are
+    all-reduced over depth and data like the biases."""
     e = training.bytes_per_element
     G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
     m = arrays.num_microbatches(training)
@@ -228,24 +272,28 @@ def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, sta
     if stage != "busiest" or np.any(arrays.G_inter > 1):
         # layers are assigned to stages with the same partition as transformer blocks
         pass
+    grad_flows = False  # does an input gradient reach this layer?
     for layer in layers:
         if layer.kind != "linear":
             local_params = local_params + layer.params
             replicated = replicated + layer.params
+            grad_flows = grad_flows or layer.params > 0
             continue
         k, n = layer.in_features, layer.out_features
         rows = arrays.micro_batch_size * layer.rows_per_sample
-        ok = layer.parallel & ((n % G_r) == 0) & ((k % G_c) == 0) & (((n // G_r) * (k // G_c)) % G_d == 0)
-        w_block = n * k / (G_r * G_c)
         out_split, in_split = (G_c, G_r) if layer.transpose else (G_r, G_c)
+        ok = (layer.parallel & ((n % out_split) == 0) & ((k % in_split) == 0)
+              & (((n // out_split) * (k // in_split)) % G_d == 0))
+        w_block = n * k / (G_r * G_c)
         out_axis, in_axis = ("row", "col") if layer.transpose else ("col", "row")
         c = ok * 1.0
         ev.add("depth", "all_gather", "fwd", "depth_ag", w_block * e, c * m)
         ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", rows * n / out_split * e, c * m)
         ev.add(in_axis, "all_gather", "fwd", "convert", rows * n * e, c * m)
         ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, c * m)
-        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", rows * k / in_split * e, c * m)
-        ev.add(out_axis, "all_gather", "bwd", "convert", rows * k * e, c * m)
+        gi = c * grad_flows
+        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", rows * k / in_split * e, gi * m)
+        ev.add(out_axis, "all_gather", "bwd", "convert", rows * k * e, gi * m)
         ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, c * m)
         ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, c * m * full_rc)
         ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", rows * n / out_split * e, c * m * full_rc)
@@ -253,6 +301,7 @@ def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, sta
         b = n / out_split if layer.bias else 0.0
         local_params = local_params + np.where(ok, w_block / G_d + b, k * n + (n if layer.bias else 0))
         replicated = replicated + np.where(ok, b, k * n + (n if layer.bias else 0))
+        grad_flows = True
     _grad_sync_events(ev, arrays, training, local_params, replicated, m)
     return ev.items
 

@@ -1,0 +1,151 @@
+"""How much the engine costs over plain PyTorch on this machine (figures for issue 5).
+
+1. one process: engine step time / plain PyTorch step time for the same GPT (target <= 1.05);
+2. four ranks, G_data=4: engine step time / torch DDP step time (target <= 1.10).
+
+A step is zero_grad + forward + backward + gradient sync + AdamW step. Both sides of a ratio run in
+the same processes, alternating step by step (and which goes first) so that load from other work on the machine hits them
+alike; each figure is the ratio of medians over the timed steps (after warm-up). The one-process figure is
+also given in process CPU time, which other jobs on a shared machine disturb far less than wall time.
+Run:
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/engine_overhead.py [--steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.distributed as dist
+
+from engine.launch import launch
+from engine.models.gpt import GPT, GPTConfig
+
+SINGLE = GPTConfig(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=128, vocab_size=1024)
+SINGLE_BATCH = 8
+DATA4 = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64, vocab_size=512)
+DATA4_BATCH = 16  # global: 4 samples per rank
+
+
+def _data(cfg: GPTConfig, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return (torch.randint(0, cfg.vocab_size, (batch, cfg.seq_length), generator=g),
+            torch.randint(0, cfg.vocab_size, (batch, cfg.seq_length), generator=g))
+
+
+def _timed(fn: Any, barrier: bool, clock: Any = time.perf_counter) -> float:
+    if barrier:
+        dist.barrier()
+    t0 = clock()
+    fn()
+    return clock() - t0
+
+
+def _single(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
+    import engine
+
+    grid = engine.init()
+    torch.manual_seed(0)
+    plain = GPT(SINGLE)
+    torch.manual_seed(0)
+    model = engine.ParallelGPT.from_serial(GPT(SINGLE), grid)
+    opt_p = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+    opt_e = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = _data(SINGLE, SINGLE_BATCH)
+
+    def plain_step() -> None:
+        opt_p.zero_grad()
+        plain(x, y).backward()
+        opt_p.step()
+
+    def engine_step() -> None:
+        opt_e.zero_grad()
+        engine.forward_backward(model, x, y)
+        engine.sync_gradients(model, grid=grid)
+        opt_e.step()
+
+    out = {}
+    for label, clock in (("", time.perf_counter), ("cpu_", time.process_time)):
+        t_plain, t_engine = [], []
+        for i in range(warmup + steps):
+            if i % 2:  # alternate which side goes first, so order effects cancel
+                b, a = _timed(engine_step, False, clock), _timed(plain_step, False, clock)
+            else:
+                a, b = _timed(plain_step, False, clock), _timed(engine_step, False, clock)
+            if i >= warmup:
+                t_plain.append(a)
+                t_engine.append(b)
+        out[f"{label}plain_s"] = statistics.median(t_plain)
+        out[f"{label}engine_s"] = statistics.median(t_engine)
+    return out
+
+
+def _data4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    import engine
+
+    grid = engine.init(G_data=world)
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(GPT(DATA4))
+    torch.manual_seed(0)
+    model = engine.ParallelGPT.from_serial(GPT(DATA4), grid)
+    opt_d = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    opt_e = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = _data(DATA4, DATA4_BATCH)
+    local = DATA4_BATCH // world
+    x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
+
+    def ddp_step() -> None:
+        opt_d.zero_grad()
+        ddp(x, y).backward()
+        opt_d.step()
+
+    def engine_step() -> None:
+        opt_e.zero_grad()
+        engine.forward_backward(model, x, y)
+        engine.sync_gradients(model, grid=grid)
+        opt_e.step()
+
+    t_ddp, t_engine = [], []
+    for i in range(warmup + steps):
+        if i % 2:
+            b, a = _timed(engine_step, True), _timed(ddp_step, True)
+        else:
+            a, b = _timed(ddp_step, True), _timed(engine_step, True)
+        if i >= warmup:
+            t_ddp.append(a)
+            t_engine.append(b)
+    return {"ddp_s": statistics.median(t_ddp), "engine_s": statistics.median(t_engine)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    one = launch(_single, world_size=1, args=(args.steps, args.warmup), timeout_s=600)[0]
+    print(f"1 process, GPT {SINGLE.num_layers}x{SINGLE.hidden_size} seq {SINGLE.seq_length} batch {SINGLE_BATCH}: "
+          f"plain {one['plain_s'] * 1e3:.1f} ms, engine {one['engine_s'] * 1e3:.1f} ms, "
+          f"engine/plain = {one['engine_s'] / one['plain_s']:.3f} (target <= 1.05); process CPU time: plain "
+          f"{one['cpu_plain_s'] * 1e3:.1f} ms, engine {one['cpu_engine_s'] * 1e3:.1f} ms, "
+          f"engine/plain = {one['cpu_engine_s'] / one['cpu_plain_s']:.3f}")
+    four = launch(_data4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
+    ratios = [r["engine_s"] / r["ddp_s"] for r in four]
+    r0 = four[0]
+    print(f"4 ranks G_data=4, GPT {DATA4.num_layers}x{DATA4.hidden_size} seq {DATA4.seq_length} global batch "
+          f"{DATA4_BATCH}: DDP {r0['ddp_s'] * 1e3:.1f} ms, engine {r0['engine_s'] * 1e3:.1f} ms (rank 0), "
+          f"engine/DDP = {statistics.median(ratios):.3f} (median over ranks; target <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""The grid: one object that owns the DeviceMesh and every process group of the 4D layout.
+
+    import engine
+    grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)
+    grid.size("row"), grid.coord("depth"), grid.group("col")   # ProcessGroup, or None when size 1
+
+`init` works after `torch.distributed.init_process_group` (any launcher), or initializes the
+default group itself from the environment: torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+`MASTER_ADDR`/`MASTER_PORT`) or Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, with
+`MASTER_ADDR` defaulting to the first host of `SLURM_JOB_NODELIST` when it is a plain name).
+
+Rank order is perfmodels.layout's (default placement: col innermost, data outermost), so the flat
+rank of a process equals `perfmodels.layout.rank_of(coords, degrees, placement)` and engine and
+model agree on which ranks talk to which. The mesh dims are always named MESH_ORDER (outermost
+first); a non-default placement permutes which world ranks sit at which mesh coordinates.
+
+Validation happens before any collective: a grid whose product differs from the world size fails
+on every rank with a message naming every factor. There are no process-group globals; `init`
+remembers the grid it returns as the default for functions that are called without `grid=`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from perfmodels.layout import MESH_ORDER, rank_coords, rank_of
+from perfmodels.specs import AXES, AXIS_FIELDS
+
+_CURRENT: list[Grid] = []
+
+
+class GridError(ValueError):
+    """A grid that cannot be built (degrees vs world size, divisibility); raised before any collective."""
+
+
+def grid_string(degrees: dict[str, int]) -> str:
+    return " ".join(f"{AXIS_FIELDS[a]}={degrees[a]}" for a in MESH_ORDER)
+
+
+def check_degrees(degrees: dict[str, int], world_size: int) -> None:
+    """Raise GridError unless every degree is a positive int and their product is the world size."""
+    for axis in MESH_ORDER:
+        value = degrees[axis]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GridError(f"{AXIS_FIELDS[axis]} must be a positive integer, got {value!r}")
+    product = 1
+    for axis in MESH_ORDER:
+        product *= degrees[axis]
+    if product != world_size:
+        factors = "*".join(str(degrees[a]) for a in MESH_ORDER)
+        raise GridError(
+            f"G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = {factors} = {product} but the world size is "
+            f"{world_size} ({grid_string(degrees)})"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    """Degrees, this rank's coordinates, the DeviceMesh and one process group per axis.
+
+    `groups[axis]` is None for axes of size one: nothing is ever sent on them (the performance
+    model counts nothing there either).
+    """
+
+    degrees: dict[str, int]
+    placement: tuple[str, ...]
+    rank: int
+    world_size: int
+    coords: dict[str, int]
+    device: torch.device
+    mesh: DeviceMesh | None = None
+    groups: dict[str, Any] = field(default_factory=dict)
+    group_names: dict[str, str] = field(default_factory=dict)
+
+    def size(self, axis: str) -> int:
+        return self.degrees[axis]
+
+    def coord(self, axis: str) -> int:
+        return self.coords[axis]
+
+    def group(self, axis: str) -> Any:
+        """The ProcessGroup along `axis` containing this rank, or None when the axis has size one."""
+        return self.groups.get(axis)
+
+    def axis_of_group(self, group_name: str) -> str | None:
+        """Grid axis of a process group (by its c10d name), for the communication recorder."""
+        for axis, name in self.group_names.items():
+            if name == group_name:
+                return axis
+        return None
+
+    @property
+    def batch_shards(self) -> int:
+        """How many ways the global batch is split (G_data * G_intra_d)."""
+        return self.degrees["data"] * self.degrees["depth"]
+
+    @property
+    def batch_shard_index(self) -> int:
+        return self.coords["data"] * self.degrees["depth"] + self.coords["depth"]
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords["inter"] == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords["inter"] == self.degrees["inter"] - 1
+
+    def describe(self) -> str:
+        return grid_string(self.degrees)
+
+
+def _init_default_group(backend: str | None, timeout_s: float) -> None:
+    """Initialize torch.distributed from torchrun or Slurm variables (or a single process)."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", "0"))
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local = int(env.get("SLURM_LOCALID", "0"))
+        if "MASTER_ADDR" not in env:
+            nodes = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "127.0.0.1"))
+            # a plain first host ("nid001" or "a,b"); compressed lists ("nid[001-004]") need MASTER_ADDR
+            first = nodes.split(",")[0]
+            if "[" in first:
+                first = first.split("[")[0] + first.split("[")[1].split("-")[0].split(",")[0].rstrip("]")
+            env["MASTER_ADDR"] = first
+        env.setdefault("MASTER_PORT", "29500")
+    else:
+        rank, world, local = 0, 1, 0
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in env:
+            from engine.launch import free_port
+
+            env["MASTER_PORT"] = str(free_port())
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _env_world_size() -> int:
+    env = os.environ
+    if "WORLD_SIZE" in env:
+        return int(env["WORLD_SIZE"])
+    if "SLURM_NTASKS" in env:
+        return int(env["SLURM_NTASKS"])
+    return 1
+
+
+def init(*, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1, G_inter: int = 1,
+         placement: tuple[str, ...] | list[str] | None = None, backend: str | None = None,
+         timeout_s: float = 600.0) -> Grid:
+    """Build the grid (and the default process group if needed); return it.
+
+    `placement` is the axis order innermost first (perfmodels' convention), default
+    ("col", "row", "depth", "inter", "data"). Raises GridError on every rank, before any
+    collective, when the degrees do not multiply to the world size.
+    """
+    degrees = {"data": G_data, "inter": G_inter, "depth": G_intra_d, "row": G_intra_r, "col": G_intra_c}
+    order = tuple(placement) if placement is not None else AXES
+    if sorted(order) != sorted(AXES):
+        raise GridError(f"placement must be an ordering of {list(AXES)}, got {list(order)}")
+    world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
+    check_degrees(degrees, world)
+    if not dist.is_initialized():
+        _init_default_group(backend, timeout_s)
+    rank = dist.get_rank()
+    on_cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    device_type = device.type
+    names = MESH_ORDER
+    shape = tuple(degrees[a] for a in names)
+    if order == AXES:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    else:
+        ranks = torch.empty(shape, dtype=torch.int64)
+        for flat in range(world):
+            # mesh index (in MESH_ORDER coordinates) -> world rank placed by `order`
+            idx = []
+            rem = flat
+            for size in reversed(shape):
+                idx.append(rem % size)
+                rem //= size
+            idx.reverse()
+            coords = dict(zip(names, idx))
+            ranks[tuple(idx)] = rank_of(coords, degrees, order)
+        mesh = DeviceMesh(device_type, mesh=ranks, mesh_dim_names=names)
+    groups: dict[str, Any] = {}
+    group_names: dict[str, str] = {}
+    for axis in names:
+        if degrees[axis] > 1:
+            pg = mesh[axis].get_group()
+            groups[axis] = pg
+            group_names[axis] = pg.group_name
+    grid = Grid(degrees=degrees, placement=order, rank=rank, world_size=world,
+                coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,
+                group_names=group_names)
+    _CURRENT[:] = [grid]
+    return grid
+
+
+def current_grid(grid: Grid | None = None) -> Grid:
+    """`grid` if given, else the one the last `engine.init` returned."""
+    if grid is not None:
+        return grid
+    if not _CURRENT:
+        raise RuntimeError("no grid: call engine.init(...) first or pass grid=")
+    return _CURRENT[0]
+

@@ -1,0 +1,144 @@
+"""Layout-aware layers of the parallel transformer, besides engine.Linear.
+
+- `ParallelLayerNorm`: LayerNorm over features split over a group (the residual stream is split
+  over col). Statistics are all-reduced instead of gathering activations: forward one fp32
+  all-reduce of [T, 2] (sum, sum of squares), backward one of [T, 2] (sum of g*gamma and of
+  g*gamma*xhat), as perfmodels.traffic counts ("norm" events).
+- `SplitEmbedding`: an embedding table split along the hidden dim over col; a lookup returns the
+  col-split activation directly, with no communication.
+- `vocab_parallel_cross_entropy`: mean cross entropy over logits whose vocabulary is split over
+  row (and padded): three fp32 all-reduces over row of [T] (max, sum of exponentials, target
+  logit) in forward, none in backward ("loss" events).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from engine.comm import group_rank, group_size
+from engine.shard import ShardSpec, mark
+
+
+def _all_reduce(t: torch.Tensor, group: Any, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+    if group is not None:
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+class _SplitLayerNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, group: Any,
+                full_features: int, eps: float) -> torch.Tensor:
+        xf = x.float()
+        stats = torch.stack([xf.sum(-1), (xf * xf).sum(-1)], dim=-1)
+        _all_reduce(stats, group)
+        mean = stats[..., 0:1] / full_features
+        var = (stats[..., 1:2] / full_features - mean * mean).clamp_min(0)
+        rstd = torch.rsqrt(var + eps)
+        xhat = (xf - mean) * rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        ctx.group, ctx.n = group, full_features
+        return (xhat * weight + bias).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        xhat, rstd, weight = ctx.saved_tensors
+        gf = g.float()
+        gx = gf * weight
+        sums = torch.stack([gx.sum(-1), (gx * xhat).sum(-1)], dim=-1)
+        _all_reduce(sums, ctx.group)
+        dx = rstd * (gx - sums[..., 0:1] / ctx.n - xhat * sums[..., 1:2] / ctx.n)
+        lead = tuple(range(g.dim() - 1))
+        dw = (gf * xhat).sum(lead)
+        db = gf.sum(lead)
+        return dx.to(g.dtype), dw.to(weight.dtype), db.to(weight.dtype), None, None, None
+
+
+class ParallelLayerNorm(nn.Module):
+    """LayerNorm(hidden) whose input holds hidden/G features of a group of G ranks (contiguous part
+    `group_rank`); gamma and beta are split the same way (replicated over the other axes)."""
+
+    def __init__(self, hidden_size: int, group: Any, *, eps: float = 1e-5, split_axis: str = "col",
+                 weight: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.group, self.hidden_size, self.eps = group, hidden_size, eps
+        p, r = group_size(group), group_rank(group)
+        full_w = torch.ones(hidden_size) if weight is None else weight.detach()
+        full_b = torch.zeros(hidden_size) if bias is None else bias.detach()
+        spec = ShardSpec(full_shape=(hidden_size,), col_dim=0 if split_axis == "col" else None,
+                         row_dim=0 if split_axis == "row" else None)
+        self.weight = mark(nn.Parameter(full_w.chunk(p)[r].clone()), spec)
+        self.bias = mark(nn.Parameter(full_b.chunk(p)[r].clone()), spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is None:  # all features here: torch's fused kernel
+            return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)
+        return _SplitLayerNormFn.apply(x, self.weight, self.bias, self.group, self.hidden_size, self.eps)
+
+
+class SplitEmbedding(nn.Module):
+    """Embedding(num, hidden) with the hidden dim split over a group (col): returns [*, hidden/G]."""
+
+    def __init__(self, num_embeddings: int, hidden_size: int, group: Any, *, weight: torch.Tensor | None = None,
+                 split_axis: str = "col") -> None:
+        super().__init__()
+        p, r = group_size(group), group_rank(group)
+        if weight is None:
+            weight = torch.empty(num_embeddings, hidden_size)
+            nn.init.normal_(weight)  # torch.nn.Embedding's init
+        spec = ShardSpec(full_shape=(num_embeddings, hidden_size), col_dim=1 if split_axis == "col" else None,
+                         row_dim=1 if split_axis == "row" else None)
+        self.weight = mark(nn.Parameter(weight.detach().chunk(p, dim=1)[r].clone()), spec)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.weight)
+
+
+class _VocabParallelCEFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, group: Any, vocab_start: int,
+                vocab_size: int) -> torch.Tensor:
+        lf = logits.float().reshape(-1, logits.shape[-1])
+        t = targets.reshape(-1)
+        local_v = lf.shape[-1]
+        ids = torch.arange(vocab_start, vocab_start + local_v, device=lf.device)
+        lf = lf.masked_fill(ids >= vocab_size, float("-inf"))  # padded vocabulary rows
+        mx = lf.max(dim=-1).values
+        _all_reduce(mx, group, dist.ReduceOp.MAX)
+        z = lf - mx.unsqueeze(-1)
+        e = z.exp()
+        sum_e = e.sum(-1)
+        _all_reduce(sum_e, group)
+        local_t = t - vocab_start
+        mine = (local_t >= 0) & (local_t < local_v)
+        tl = z.gather(1, local_t.clamp(0, local_v - 1).unsqueeze(1)).squeeze(1) * mine
+        _all_reduce(tl, group)
+        loss = (sum_e.log() - tl).mean()
+        probs = e / sum_e.unsqueeze(-1)
+        ctx.save_for_backward(probs, local_t.clamp(0, local_v - 1), mine)
+        ctx.shape, ctx.dtype = logits.shape, logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        probs, local_t, mine = ctx.saved_tensors
+        grad = probs.clone()
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        grad[rows, local_t] -= mine.to(grad.dtype)
+        grad = grad * (g / grad.shape[0])
+        return grad.view(ctx.shape).to(ctx.dtype), None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, group: Any, vocab_start: int,
+                                 vocab_size: int) -> torch.Tensor:
+    """Mean cross entropy; `logits` [..., V_local] hold vocabulary ids [vocab_start, vocab_start+V_local)
+    of a vocabulary split over `group`; ids >= vocab_size are padding and never win."""
+    if group is None:  # the whole (padded) vocabulary is here: torch's kernel on the real ids
+        flat = logits[..., :vocab_size].reshape(-1, vocab_size)
+        return F.cross_entropy(flat, targets.reshape(-1))
+    return _VocabParallelCEFn.apply(logits, targets, group, vocab_start, vocab_size)

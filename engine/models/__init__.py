@@ -1,0 +1,1 @@
+"""Plain (single-process, no distributed code) reference models; engine.parallel_gpt parallelizes GPT."""

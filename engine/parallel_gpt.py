@@ -1,0 +1,197 @@
+"""The 4D-parallel version of engine.models.gpt.GPT (AxoNN pattern), built from a serial one.
+
+    grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=2)
+    model = ParallelGPT.from_serial(GPT(cfg), grid)          # same values, this rank's shards
+    loss = model(tokens_local, targets_local)                 # G_inter == 1
+
+Layout: the residual stream is [b, s, hidden/G_c] (features split over col, replicated over row);
+QKV is a normal 3D Linear (heads split over row), out-proj transposed; fc1 normal, fc2 transposed,
+so activations never change layout. LayerNorms reduce their statistics over col; embeddings are
+split over col along hidden; the LM head is a normal Linear with the vocabulary padded to a multiple
+of G_r*G_d (perfmodels.traffic.padded_vocab) and the loss is a vocab-parallel cross entropy over
+row. The batch is split over G_data x G_intra_d by the caller (engine.create_dataloader).
+
+With G_inter > 1 each rank builds only the blocks of its pipeline stage(s), partitioned by
+perfmodels.layout.partition_chunks (the same function the performance model uses); `chunks()`
+returns the stage modules for torch.distributed.pipelining (engine.pipeline). Parameter names
+equal the serial model's (blocks are a ModuleDict keyed by the global block index), so
+`engine.full_state_dict` returns the serial state_dict's keys.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from engine.grid import Grid, GridError, current_grid
+from engine.layers import ParallelLayerNorm, SplitEmbedding, vocab_parallel_cross_entropy
+from engine.linear import Linear
+from engine.models.gpt import GPT, GPTConfig, causal_attention
+from perfmodels.layout import partition_chunks
+
+
+def padded_vocab_size(vocab_size: int, degrees: dict[str, int]) -> int:
+    """perfmodels.traffic.padded_vocab for one grid."""
+    m = degrees["row"] * degrees["depth"]
+    return -(-vocab_size // m) * m
+
+
+def gpt_split_problems(cfg: GPTConfig, degrees: dict[str, int], virtual_stages: int = 1) -> list[str]:
+    """Why this GPT cannot be split on this grid, each message naming the factors."""
+    G_r, G_c, G_d, S = degrees["row"], degrees["col"], degrees["depth"], degrees["inter"]
+    problems = []
+    if cfg.num_attention_heads % G_r:
+        problems.append(f"G_intra_r={G_r} does not divide num_attention_heads={cfg.num_attention_heads}")
+    if cfg.hidden_size % (G_r * G_c):
+        problems.append(f"G_intra_r*G_intra_c={G_r}*{G_c}={G_r * G_c} does not divide hidden_size={cfg.hidden_size}")
+    if cfg.ffn % (G_r * G_c):
+        problems.append(f"G_intra_r*G_intra_c={G_r}*{G_c}={G_r * G_c} does not divide ffn_hidden_size={cfg.ffn}")
+    if not problems:
+        for k, n in ((cfg.hidden_size, 3 * cfg.hidden_size), (cfg.hidden_size, cfg.hidden_size),
+                     (cfg.hidden_size, cfg.ffn), (cfg.ffn, cfg.hidden_size)):
+            if (n * k // (G_r * G_c)) % G_d:
+                problems.append(f"G_intra_d={G_d} does not divide the {n}x{k} weight block of "
+                                f"{n * k // (G_r * G_c)} elements (G_intra_r*G_intra_c={G_r * G_c})")
+                break
+    if cfg.num_layers < S * virtual_stages:
+        problems.append(f"num_layers={cfg.num_layers} is fewer than G_inter*virtual_stages={S}*{virtual_stages}")
+    return problems
+
+
+class ParallelAttention(nn.Module):
+    def __init__(self, serial: nn.Module, cfg: GPTConfig, grid: Grid) -> None:
+        super().__init__()
+        self.local_heads = cfg.num_attention_heads // grid.size("row")
+        self.head_dim = cfg.head_dim
+        self.qkv = Linear.from_dense(serial.qkv, grid=grid)
+        self.proj = Linear.from_dense(serial.proj, transpose=True, grid=grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(causal_attention(self.qkv(x), self.local_heads, self.head_dim))
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, serial: nn.Module, grid: Grid) -> None:
+        super().__init__()
+        self.fc1 = Linear.from_dense(serial.fc1, grid=grid)
+        self.fc2 = Linear.from_dense(serial.fc2, transpose=True, grid=grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, serial: nn.Module, cfg: GPTConfig, grid: Grid) -> None:
+        super().__init__()
+        col = grid.group("col")
+        self.ln1 = ParallelLayerNorm(cfg.hidden_size, col, weight=serial.ln1.weight, bias=serial.ln1.bias)
+        self.attn = ParallelAttention(serial.attn, cfg, grid)
+        self.ln2 = ParallelLayerNorm(cfg.hidden_size, col, weight=serial.ln2.weight, bias=serial.ln2.bias)
+        self.mlp = ParallelMLP(serial.mlp, grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class ParallelGPT(nn.Module):
+    """This rank's part of the GPT: its blocks, plus the embedding (first stage) and the final norm,
+    head and loss (last stage)."""
+
+    def __init__(self, serial: GPT, grid: Grid, *, virtual_stages: int = 1, recompute: bool = False) -> None:
+        super().__init__()
+        cfg = serial.cfg
+        self.recompute = recompute
+        problems = gpt_split_problems(cfg, grid.degrees, virtual_stages)
+        if problems:
+            raise GridError(f"GPT cannot be split on grid {grid.describe()}: " + "; ".join(problems))
+        self.cfg, self.grid, self.virtual_stages = cfg, grid, virtual_stages
+        S, s = grid.size("inter"), grid.coord("inter")
+        self.chunk_ranges = partition_chunks(cfg.num_layers, S, virtual_stages)[s]
+        self.has_embedding = s == 0
+        self.has_head = s == S - 1
+        col = grid.group("col")
+        if self.has_embedding:
+            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, weight=serial.tok_emb.weight)
+            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, weight=serial.pos_emb.weight)
+        self.blocks = nn.ModuleDict()
+        for start, end in self.chunk_ranges:
+            for i in range(start, end):
+                self.blocks[str(i)] = ParallelBlock(serial.blocks[i], cfg, grid)
+        if self.has_head:
+            self.ln_f = ParallelLayerNorm(cfg.hidden_size, col, weight=serial.ln_f.weight, bias=serial.ln_f.bias)
+            self.padded_vocab = padded_vocab_size(cfg.vocab_size, grid.degrees)
+            self.head = Linear.from_dense(serial.head, grid=grid, padded_out_features=self.padded_vocab)
+            self.vocab_start = grid.coord("row") * (self.padded_vocab // grid.size("row"))
+        self.to(grid.device)  # norms and embeddings are built on the CPU (a no-op there)
+
+    @classmethod
+    def from_serial(cls, serial: GPT, grid: Grid | None = None, *, virtual_stages: int = 1,
+                    recompute: bool = False) -> ParallelGPT:
+        """`recompute=True`: full activation recomputation (each block checkpointed; its forward,
+        collectives included, runs again in backward)."""
+        return cls(serial, current_grid(grid), virtual_stages=virtual_stages, recompute=recompute)
+
+    def run_block(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        block = self.blocks[str(i)]
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.tok_emb(tokens) + self.pos_emb(pos)
+
+    def run_blocks(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        for i in range(start, end):
+            x = self.run_block(i, x)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Row-split (padded) vocabulary logits from the last stage's hidden states."""
+        return self.head(self.ln_f(x))
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, targets, self.grid.group("row"), self.vocab_start,
+                                           self.cfg.vocab_size)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss over the local batch; only for G_inter == 1 (pipelines use `chunks()`)."""
+        if self.grid.size("inter") != 1:
+            raise RuntimeError("with G_inter > 1 run the model through engine.pipeline.Pipeline")
+        x = self.run_blocks(self.embed(tokens), 0, self.cfg.num_layers)
+        return self.loss_fn(self.logits(x), targets)
+
+    def chunks(self) -> list[GPTChunk]:
+        """One pipeline stage module per virtual stage of this rank, in order."""
+        S = self.grid.size("inter")
+        s = self.grid.coord("inter")
+        n = len(self.chunk_ranges)
+        return [GPTChunk(self, start, end, first=(v == 0 and s == 0), last=(v == n - 1 and s == S - 1))
+                for v, (start, end) in enumerate(self.chunk_ranges)]
+
+
+class GPTChunk(nn.Module):
+    """A pipeline stage: tokens or hidden states in, hidden states or row-split logits out."""
+
+    def __init__(self, model: ParallelGPT, start: int, end: int, *, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.start, self.end = start, end
+        self.run_block = model.run_block
+        if first:
+            self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
+        self.blocks = nn.ModuleDict({str(i): model.blocks[str(i)] for i in range(start, end)})
+        if last:
+            self.ln_f, self.head = model.ln_f, model.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.tok_emb(x) + self.pos_emb(pos)
+        for i in range(self.start, self.end):
+            x = self.run_block(i, x)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x

@@ -1,0 +1,76 @@
+"""Pipeline parallelism over G_inter with torch.distributed.pipelining, composed with the 3D groups.
+
+    pipe = Pipeline(model, grid, schedule="1f1b", micro_batch_size=1, local_batch_size=4)
+    loss = pipe.step(tokens_local, targets_local)   # mean local loss on the last stage, else None
+
+Stages are `ParallelGPT.chunks()` (blocks split by perfmodels.layout.partition_chunks), peers are
+found in the grid's "inter" group, and shapes are static (no shape-inference traffic on step 0,
+so every step sends exactly the activations perfmodels.traffic counts: [micro_batch, seq,
+hidden/G_c] per send/recv). Schedules: "gpipe" (ScheduleGPipe), "1f1b" (Schedule1F1B) and
+"interleaved-1f1b" (ScheduleInterleaved1F1B, `virtual_stages` chunks per rank, loop placement).
+Gradients are scaled by 1/n_microbatches (mean over micro-batches); the schedule does not zero them.
+
+The first step also runs torch.distributed.pipelining's one-time warm-up vote (a 4-byte int32
+send/recv between neighbouring stages each way, deciding static vs dynamic metadata; every stage
+votes static here), so traffic is compared with the model from the second step on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from engine.grid import Grid, GridError
+from engine.parallel_gpt import ParallelGPT
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+
+
+class Pipeline:
+    def __init__(self, model: ParallelGPT, grid: Grid, *, schedule: str = "1f1b", micro_batch_size: int,
+                 local_batch_size: int) -> None:
+        if schedule not in SCHEDULES:
+            raise GridError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        if local_batch_size % micro_batch_size:
+            raise GridError(f"local batch {local_batch_size} is not divisible by micro_batch_size={micro_batch_size}")
+        S = grid.size("inter")
+        v = model.virtual_stages
+        if v > 1 and schedule != "interleaved-1f1b":
+            raise GridError(f"virtual_stages={v} needs schedule='interleaved-1f1b', got {schedule!r}")
+        self.model, self.grid = model, grid
+        self.n_microbatches = local_batch_size // micro_batch_size
+        if schedule != "gpipe" and self.n_microbatches < S:
+            raise GridError(f"{schedule} needs at least G_inter={S} micro-batches per step, got "
+                            f"{local_batch_size}/{micro_batch_size} = {self.n_microbatches}")
+        cfg, mb = model.cfg, micro_batch_size
+        hidden_local = cfg.hidden_size // grid.size("col")
+        s = grid.coord("inter")
+        self.stages = []
+        for c, chunk in enumerate(model.chunks()):
+            index = c * S + s
+            if chunk.first:
+                inp = torch.zeros(mb, cfg.seq_length, dtype=torch.long, device=grid.device)
+            else:
+                inp = torch.empty(mb, cfg.seq_length, hidden_local, device=grid.device, requires_grad=True)
+            if chunk.last:
+                vocab_local = model.padded_vocab // grid.size("row")
+                out = torch.empty(mb, cfg.seq_length, vocab_local, device=grid.device, requires_grad=True)
+            else:
+                out = torch.empty(mb, cfg.seq_length, hidden_local, device=grid.device, requires_grad=True)
+            self.stages.append(PipelineStage(chunk, stage_index=index, num_stages=S * v, device=grid.device,
+                                             input_args=inp, output_args=out, group=grid.group("inter")))
+        cls = SCHEDULES[schedule]
+        first_arg = self.stages if schedule == "interleaved-1f1b" else self.stages[0]
+        self.schedule = cls(first_arg, self.n_microbatches, loss_fn=model.loss_fn)
+        self.is_first = any(st.is_first for st in self.stages)
+        self.is_last = any(st.is_last for st in self.stages)
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float | None:
+        """Forward and backward of all micro-batches of this local batch; mean loss on the last stage."""
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": targets, "losses": losses} if self.is_last else {}
+        args = (tokens,) if self.is_first else ()
+        self.schedule.step(*args, return_outputs=False, **kwargs)
+        if self.is_last:
+            return float(torch.stack([loss.detach() for loss in losses]).mean())
+        return None

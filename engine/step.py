@@ -1,0 +1,33 @@
+"""One optimizer step's forward and backward over micro-batches, with or without a pipeline.
+
+    loss = forward_backward(model, tokens, targets, micro_batch_size=2)       # G_inter == 1
+    loss = forward_backward(model, tokens, targets, pipeline=pipe)            # G_inter > 1
+    engine.sync_gradients(model); optimizer.step()
+
+Without a pipeline, the local batch is split into micro-batches whose losses are scaled by
+1/n_microbatches (gradient accumulation, no gradient sync in between), which matches the mean loss
+over the local batch. Returns the mean local loss (None on pipeline ranks without the loss).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.pipeline import Pipeline
+
+
+def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, *,
+                     micro_batch_size: int | None = None, pipeline: Pipeline | None = None) -> float | None:
+    if pipeline is not None:
+        return pipeline.step(tokens, targets)
+    mb = micro_batch_size or tokens.shape[0]
+    if tokens.shape[0] % mb:
+        raise ValueError(f"local batch {tokens.shape[0]} is not divisible by micro_batch_size={mb}")
+    n = tokens.shape[0] // mb
+    total = 0.0
+    for i in range(n):
+        loss = model(tokens[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb])
+        (loss / n).backward()
+        total += float(loss.detach())
+    return total / n
