@@ -46,10 +46,11 @@ Transformer (GPT-style: biases, LayerNorm, learned positions; engine.parallel_gp
 Gradient sync once per step (engine.grads): parameters replicated over depth (biases, norms,
 embeddings; everything but the depth-sharded weights) are all-reduced over depth (one call, their
 bytes); then every local gradient over data: all-reduce (ZeRO 0; one call while the local
-gradients fit one 25 MiB bucket), or for ZeRO-1/2 a reduce-scatter of the gradients and an
+gradients fit one 25 MiB bucket), or for ZeRO-1 a reduce-scatter of the gradients and an
 all-gather of the parameters, both of one flat vector zero-padded to a multiple of G_data
-(engine.zero). ZeRO-3 gathers parameters per micro-batch in forward and backward (not in the
-engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
+(engine.zero). ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
+micro-batch's backward (DeepSpeed's behaviour; not in the engine). ZeRO-3 gathers parameters per
+micro-batch in forward and backward (not in the engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
 reduce-scatter pairs (not in the engine).
 """
 
@@ -233,7 +234,10 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     G = arrays.G_data
     padded = np.ceil(local_params / G) * G * e
     ev.add("data", "all_reduce", "step", "dp_grad", grads, 1.0 * (z == 0))
-    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * (z >= 1))
+    # ZeRO-1 (and ZeRO-3 at the step) reduce-scatter the accumulated gradients once per step;
+    # ZeRO-2 keeps no full gradient buffer, so it reduce-scatters after every micro-batch's backward
+    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 3)))
+    ev.add("data", "reduce_scatter", "bwd", "dp_grad", padded, m * (z == 2))
     ev.add("data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2)))
     # ZeRO-3: parameters gathered for every micro-batch's forward and backward
     ev.add("data", "all_gather", "fwd", "dp_param", grads, m * (z == 3))
