@@ -20,6 +20,7 @@ from engine.parallel_gpt import ParallelGPT
 from engine.pipeline import Pipeline
 from engine.recorder import CommRecorder
 from engine.step import forward_backward
+from engine.train import TrainReport, train
 from engine.zero import ZeroOptimizer
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Linear",
     "ParallelGPT",
     "Pipeline",
+    "TrainReport",
     "ZeroOptimizer",
     "auto_parallelize",
     "clip_grad_norm_",
@@ -44,4 +46,5 @@ __all__ = [
     "no_sync",
     "save_checkpoint",
     "sync_gradients",
+    "train",
 ]

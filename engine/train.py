@@ -1,0 +1,505 @@
+"""`engine.train`: pick the layout, train with it, measure every step, feed the timings back.
+
+Why: this closes gridtune's loop (DESIGN.md section 4). The same call that trains also tells the
+performance model how fast the chosen layout really was, so the next prediction for this cluster
+can be calibrated (tuner.closed_loop.calibrate_cluster).
+
+Call it on every rank, like any torch.distributed script (torchrun, srun, or engine.launch):
+
+    from engine.train import train
+    report = train(GPTConfig(num_layers=4, hidden_size=64, ...), dataset, global_batch_size=16,
+                   steps=50, auto=True)            # or plan=Plan(G_data=2, G_intra_r=2, ...)
+    report.median_step_time_s, report.predicted_step_time_s, report.losses
+
+What happens:
+1. the model's shapes are read on the meta device (engine.extract) and turned into a perfmodels
+   Model; the cluster is `cluster=` or this machine (tuner.closed_loop.local_cluster);
+2. with auto=True rank 0 asks the tuner (in process, or the service at `service_url` /
+   GRIDTUNE_URL) for the best plan the engine can run and broadcasts it; the newest calibrated
+   profile of this cluster in the store is used when no `profile=` is given;
+3. the grid is built, the built-in GPT is split (ParallelGPT, plus a Pipeline when G_inter > 1);
+   other nets run data-parallel (until engine.auto_parallelize exists);
+4. every step is timed (engine.timing: wall time, collective wait per grid axis, pipeline wait),
+   with a progress bar on rank 0 (loss, step time, tokens/s);
+5. after the warm-up steps, rank 0 stores one measurement (plan, prediction, median measured
+   times) in the store (GRIDTUNE_DATABASE_URL or the default SQLite file) or POSTs it to the
+   service, and every rank returns the same TrainReport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import Dataset
+
+from engine.extract import ModelLike, gpt_config_of, model_spec
+from engine.models.gpt import GPT, GPTConfig
+from engine.timing import CommTimer, StepClock, StepSample
+from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training
+
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainReport:
+    """What one engine.train call did and measured (identical on every rank).
+
+    `measured` holds the medians over the steady-state steps (seconds): iteration_time_s (slowest
+    rank per step), compute_s, tp_comm_row_s / tp_comm_col_s / tp_comm_depth_s / dp_comm_s
+    (collective wait per group, averaged over ranks), tp_comm_s (row + col), pp_bubble_s
+    (pipeline wait for neighbouring stages) and tokens_per_s.
+    """
+
+    plan: Plan
+    world_size: int
+    steps: int
+    warmup_steps: int
+    losses: tuple[float, ...]
+    step_times_s: tuple[float, ...]
+    median_step_time_s: float
+    tokens_per_s: float
+    measured: dict[str, float] = field(default_factory=dict)
+    prediction: Prediction | None = None
+    predicted_step_time_s: float | None = None
+    relative_error: float | None = None
+    constants_source: str = "preset"
+    cluster_id: str = ""
+    measurement_id: int | None = None
+    stored_in: str | None = None
+
+    def summary(self) -> str:
+        pred = f"{self.predicted_step_time_s:.4g} s" if self.predicted_step_time_s else "-"
+        err = f" ({self.relative_error:+.0%})" if self.relative_error is not None else ""
+        loss = f"loss {self.losses[0]:.3f} -> {self.losses[-1]:.3f}, " if self.losses else ""
+        band = f" +/- {self.prediction.uncertainty_rel:.0%}" if self.prediction is not None else ""
+        return (f"{self.plan.grid_string()} mb={self.plan.micro_batch_size}: {loss}median step "
+                f"{self.median_step_time_s:.4g} s measured vs {pred}{band} predicted{err} "
+                f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s")
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+class TokenWindows(Dataset):
+    """Next-token samples from one long 1-D token tensor: (window, window shifted by one)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_length: int, stride: int | None = None) -> None:
+        if tokens.dim() != 1 or len(tokens) <= seq_length:
+            raise ValueError(f"need a 1-D token tensor longer than seq_length={seq_length}, got {tuple(tokens.shape)}")
+        self.tokens, self.seq_length = tokens.long(), seq_length
+        self.stride = stride or seq_length
+        self.n = (len(tokens) - seq_length - 1) // self.stride + 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = i * self.stride
+        chunk = self.tokens[s:s + self.seq_length + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def stdlib_bytes(max_bytes: int = 2_000_000) -> bytes:
+    """Text available offline everywhere: the Python standard library's own sources, in a fixed
+    order (sorted paths), up to `max_bytes`."""
+    root = Path(os.__file__).parent
+    out = bytearray()
+    for path in sorted(root.glob("*.py")):
+        try:
+            out += path.read_bytes()
+        except OSError:
+            continue
+        if len(out) >= max_bytes:
+            break
+    return bytes(out[:max_bytes])
+
+
+def stdlib_text_dataset(seq_length: int, max_bytes: int = 2_000_000) -> TokenWindows:
+    """Byte-level language modelling data (vocab 256) from the stdlib sources."""
+    data = torch.frombuffer(bytearray(stdlib_bytes(max_bytes)), dtype=torch.uint8).long()
+    return TokenWindows(data, seq_length)
+
+
+def _cycle(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+# --------------------------------------------------------------------------------------------
+# Set-up helpers
+# --------------------------------------------------------------------------------------------
+
+
+def ensure_process_group(timeout_s: float = 600.0) -> None:
+    """Initialize torch.distributed from torchrun/engine.launch variables, or as one process."""
+    if dist.is_initialized():
+        return
+    env = os.environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        from engine.launch import free_port
+
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(free_port()))
+        env["RANK"], env["WORLD_SIZE"] = "0", "1"
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _broadcast(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _load_profile(profile: Profile | str | os.PathLike[str] | None) -> Profile | None:
+    if profile is None or isinstance(profile, Profile):
+        return profile
+    from tuner.profiles import read_profile
+
+    return read_profile(profile)[0]
+
+
+def _open_store(database_url: str | None) -> Any:
+    from tuner.store import Store
+
+    return Store(database_url)
+
+
+def _store_exists(database_url: str | None) -> bool:
+    """False only for the default SQLite file when it has never been written (nothing to read,
+    and reading must not create it)."""
+    from tuner.store import default_database_path, default_database_url
+
+    if database_url is not None or default_database_url() != f"sqlite:///{default_database_path()}":
+        return True
+    return default_database_path().exists()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Decision:
+    plan: Plan
+    cluster: Cluster
+    training: Training
+    spec: Model
+    prediction: Prediction | None
+    cluster_id: str
+
+
+def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | None, auto: bool,
+            splittable: bool, micro_batch_size: int | None, url: str | None,
+            database_url: str | None, cluster_id: str | None, use_calibrated: bool) -> _Decision:
+    """Rank 0: the cluster's constants, the plan, and its prediction."""
+    from perfmodels.steptime import predict
+    from tuner import closed_loop as cl
+
+    cid = cluster_id or cl.default_cluster_id(cluster)
+    if use_calibrated and url is None and _store_exists(database_url):
+        store = _open_store(database_url)
+        try:
+            calibrated = cl.latest_calibrated_profile(store, cid)
+        finally:
+            store.close()
+        if calibrated is not None:
+            cluster = dataclasses.replace(cluster, profile=calibrated, profile_id=calibrated.profile_id)
+    if plan is None:
+        if not auto:
+            raise ValueError("engine.train needs plan=Plan(...) or auto=True")
+        options = cl.engine_search_options(micro_batch_size=micro_batch_size, data_parallel_only=not splittable,
+                                           pipeline=spec.is_transformer)
+        if url is not None:
+            plan = cl.service_recommend(url, spec, cluster, training, options)
+        else:
+            candidates = cl.candidate_plans(spec, cluster, training, options, top_k=50)
+            plan = next((c.plan for c in candidates
+                         if not engine_problems(spec, c.plan, training, splittable=splittable)), None)
+            if plan is None:
+                raise ValueError(f"no layout of {cluster.num_gpus} ranks can train this model with "
+                                 f"global_batch_size={training.global_batch_size}")
+    prediction = predict(spec, cluster, training, plan)
+    return _Decision(plan=plan, cluster=cluster, training=training, spec=spec, prediction=prediction, cluster_id=cid)
+
+
+def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: bool = True) -> list[str]:
+    """Why engine.train cannot run `plan` (empty when it can): what the engine, not the model, lacks.
+
+    `splittable=False`: a net passed already built (not as a factory), which can only be replicated."""
+    problems = []
+    if plan.zero_stage or plan.recompute != "none" or plan.sequence_parallel:
+        problems.append("ZeRO, recomputation and sequence parallelism are not in the engine yet")
+    shards = plan.G_data * plan.G_intra_d
+    if training.global_batch_size % (shards * plan.micro_batch_size):
+        problems.append(f"global_batch_size={training.global_batch_size} is not divisible by "
+                        f"G_data*G_intra_d*micro_batch_size={shards * plan.micro_batch_size}")
+    if spec.is_transformer:
+        from engine.parallel_gpt import gpt_split_problems
+
+        cfg = GPTConfig(num_layers=spec.num_layers, hidden_size=spec.hidden_size,
+                        num_attention_heads=spec.num_attention_heads, ffn_hidden_size=spec.ffn_hidden_size,
+                        seq_length=spec.seq_length, vocab_size=spec.vocab_size)
+        degrees = {"data": plan.G_data, "inter": plan.G_inter, "depth": plan.G_intra_d, "row": plan.G_intra_r,
+                   "col": plan.G_intra_c}
+        problems += gpt_split_problems(cfg, degrees, plan.virtual_stages)
+        local = training.global_batch_size // shards
+        if plan.G_inter > 1 and plan.schedule != "gpipe" and local // plan.micro_batch_size < plan.G_inter:
+            problems.append(f"{plan.schedule} needs at least G_inter={plan.G_inter} micro-batches per step")
+    elif plan.G_inter > 1:
+        problems.append("nets other than the built-in GPT have no pipeline stages (G_inter must be 1)")
+    elif not splittable and plan.world_size != plan.G_data:
+        problems.append("a net passed already built can only be replicated (data parallel); pass a factory "
+                        "(e.g. the class) so engine.auto_parallelize can split its Linears")
+    return problems
+
+
+def _make_optimizer(optimizer: OptimizerFactory | type | None, params: Any) -> torch.optim.Optimizer:
+    if optimizer is None:
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    return optimizer(params)
+
+
+def _progress(enabled: bool, total: int, title: str) -> Any:
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    # no refresh thread: on oversubscribed cores it slowed every step measurably; _ProgressLine
+    # redraws at most twice a second from the training loop instead
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[info]}"), TimeRemainingColumn(), auto_refresh=False)
+    bar.start()
+    bar.add_task(title, total=total, info="")
+    return _ProgressLine(bar)
+
+
+class _ProgressLine:
+    """A rich progress bar redrawn at most every `interval_s` seconds (and at the end)."""
+
+    def __init__(self, bar: Any, interval_s: float = 0.5) -> None:
+        self.bar, self.interval_s, self._last = bar, interval_s, 0.0
+
+    def update(self, info: str) -> None:
+        import time
+
+        task = self.bar.task_ids[0]
+        self.bar.update(task, advance=1, info=info)
+        now = time.perf_counter()
+        if now - self._last >= self.interval_s or self.bar.tasks[0].finished:
+            self._last = now
+            self.bar.refresh()
+
+    def stop(self) -> None:
+        self.bar.refresh()
+        self.bar.stop()
+
+
+class _WithLoss(nn.Module):
+    """A plain net plus its loss, so the engine's forward_backward can call net(x, y)."""
+
+    def __init__(self, inner: nn.Module, loss_fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.inner, self.loss_fn = inner, loss_fn
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.inner(x), y)
+
+
+# --------------------------------------------------------------------------------------------
+# train
+# --------------------------------------------------------------------------------------------
+
+
+def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int, *,
+          optimizer: OptimizerFactory | type | None = None, auto: bool = True, plan: Plan | None = None,
+          profile: Profile | str | os.PathLike[str] | None = None, service_url: str | None = None,
+          cluster: Cluster | None = None, cluster_id: str | None = None, database_url: str | None = None,
+          micro_batch_size: int | None = None, warmup_steps: int = 2,
+          loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
+          progress: bool = True, seed: int = 0, max_grad_norm: float | None = None) -> TrainReport:
+    """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
+
+    `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
+    the meta device first to read its shapes). `dataset` yields (input, target) pairs; nets other
+    than the GPT compute `loss_fn(net(input), target)` (default cross entropy). `optimizer`: a
+    callable taking the parameters (default AdamW lr 1e-3). `profile`: constants (a Profile or a
+    `gridtune profile` JSON file) for this cluster. `record=False` stores nothing.
+    """
+    if steps <= warmup_steps:
+        raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
+    from tuner import closed_loop as cl
+
+    ensure_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = gpt_config_of(model)
+    spec = model_spec(model)
+    # the GPT is split by ParallelGPT; another net only when we build it (engine.auto_parallelize)
+    splittable = cfg is not None or not isinstance(model, nn.Module)
+    url = cl.service_url(service_url)
+    training = cl.engine_training(global_batch_size)
+    base_cluster = cluster or cl.local_cluster(world)
+    if base_cluster.num_gpus != world:
+        base_cluster = dataclasses.replace(base_cluster, num_gpus=world)
+    prof = _load_profile(profile)
+    if prof is not None:
+        base_cluster = dataclasses.replace(base_cluster, profile=prof, profile_id=prof.profile_id or None)
+
+    decision: _Decision | BaseException | None = None
+    if rank == 0:
+        try:
+            decision = _decide(spec=spec, cluster=base_cluster, training=training, plan=plan, auto=auto,
+                               splittable=splittable, micro_batch_size=micro_batch_size, url=url,
+                               database_url=database_url, cluster_id=cluster_id,
+                               use_calibrated=use_calibrated and prof is None)
+        except Exception as exc:  # every rank must leave the broadcast below, so rank 0 never raises first
+            decision = exc if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
+    decision = _broadcast(decision)
+    if isinstance(decision, BaseException):
+        raise decision
+    assert isinstance(decision, _Decision)
+    chosen = decision.plan
+    problems = engine_problems(spec, chosen, training, splittable=splittable)
+    if problems:
+        raise ValueError(f"engine.train cannot run {chosen.grid_string()}: " + "; ".join(problems))
+
+    import engine
+
+    grid = engine.init(G_data=chosen.G_data, G_inter=chosen.G_inter, G_intra_d=chosen.G_intra_d,
+                       G_intra_r=chosen.G_intra_r, G_intra_c=chosen.G_intra_c, placement=chosen.placement)
+    torch.manual_seed(seed)
+    pipe = None
+    if cfg is not None:
+        serial = model if isinstance(model, GPT) else GPT(cfg) if isinstance(model, GPTConfig) else model()
+        net: nn.Module = engine.ParallelGPT.from_serial(serial, grid)
+        del serial
+        local = engine.local_batch_size(global_batch_size, grid, chosen.micro_batch_size)
+        if chosen.G_inter > 1:
+            pipe = engine.Pipeline(net, grid, schedule=chosen.schedule, micro_batch_size=chosen.micro_batch_size,
+                                   local_batch_size=local)
+        tokens_per_sample = cfg.seq_length
+    else:
+        if isinstance(model, nn.Module):
+            inner = model
+        else:
+            with engine.auto_parallelize(grid):
+                inner = model()
+        net = _WithLoss(inner, loss_fn or nn.functional.cross_entropy)
+        tokens_per_sample = 1
+    opt = _make_optimizer(optimizer, [p for p in net.parameters() if p.requires_grad])
+    loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid)
+    batches = _cycle(loader)
+
+    timer = CommTimer(grid)
+    clock = StepClock(timer)
+    samples: list[StepSample] = []
+    losses: list[float | None] = []
+    bar = _progress(progress and rank == 0, steps, f"train {chosen.grid_string()}")
+    dist.barrier()
+    try:
+        with timer:
+            for _ in range(steps):
+                tokens, targets = next(batches)
+                tokens, targets = tokens.to(grid.device), targets.to(grid.device)
+                clock.start()
+                opt.zero_grad(set_to_none=True)
+                loss = engine.forward_backward(net, tokens, targets, micro_batch_size=chosen.micro_batch_size,
+                                               pipeline=pipe)
+                engine.sync_gradients(net, grid=grid)
+                if max_grad_norm is not None:
+                    engine.clip_grad_norm_(net, max_grad_norm, grid=grid)
+                opt.step()
+                sample = clock.stop()
+                samples.append(sample)
+                losses.append(loss)
+                if bar is not None:
+                    tok_s = global_batch_size * tokens_per_sample / max(sample.wall_s, 1e-9)
+                    shown = f"loss {loss:.3f}  " if loss is not None else ""
+                    bar.update(f"{shown}{sample.wall_s * 1e3:.1f} ms/step  {tok_s:,.0f} tok/s")
+    finally:
+        if bar is not None:
+            bar.stop()
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (samples, losses))
+    report: TrainReport | BaseException | None = None
+    if rank == 0:
+        try:
+            report = _report(gathered, decision=decision, steps=steps, warmup_steps=warmup_steps,
+                             tokens_per_step=global_batch_size * tokens_per_sample, record=record, url=url,
+                             database_url=database_url)
+        except Exception as exc:  # as above: the other ranks wait in the broadcast
+            report = exc if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
+    report = _broadcast(report)
+    if isinstance(report, BaseException):
+        raise report
+    return report
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_steps: int, tokens_per_step: int,
+            record: bool, url: str | None, database_url: str | None) -> TrainReport:
+    from tuner import closed_loop as cl
+
+    per_rank = [g[0] for g in gathered]
+    wall = [max(s[i].wall_s for s in per_rank) for i in range(steps)]
+    steady = range(warmup_steps, steps)
+    median_step = _median([wall[i] for i in steady])
+
+    def part(fn: Callable[[StepSample], float]) -> float:
+        return statistics.fmean(_median([fn(s[i]) for i in steady]) for s in per_rank)
+
+    measured = {
+        "iteration_time_s": median_step,
+        "compute_s": part(lambda s: s.compute_s),
+        "tp_comm_row_s": part(lambda s: s.comm_s.get("row", 0.0)),
+        "tp_comm_col_s": part(lambda s: s.comm_s.get("col", 0.0)),
+        "tp_comm_depth_s": part(lambda s: s.comm_s.get("depth", 0.0)),
+        "dp_comm_s": part(lambda s: s.comm_s.get("data", 0.0)),
+        "other_comm_s": part(lambda s: s.comm_s.get("other", 0.0) + s.comm_s.get("inter", 0.0)),
+        "pp_bubble_s": part(lambda s: s.pp_wait_s),
+        "tokens_per_s": tokens_per_step / median_step if median_step > 0 else 0.0,
+        "steps_measured": float(len(steady)),
+    }
+    measured["tp_comm_s"] = measured["tp_comm_row_s"] + measured["tp_comm_col_s"]
+    losses = []
+    for i in range(steps):
+        vals = [g[1][i] for g in gathered if g[1][i] is not None]
+        if vals:
+            losses.append(float(statistics.fmean(vals)))
+    pred = decision.prediction
+    predicted = pred.iteration_time_s if pred is not None else None
+    measurement_id: int | None = None
+    stored_in: str | None = None
+    if record:
+        body = cl.measurement_record(model=decision.spec, cluster=decision.cluster, training=decision.training,
+                                     plan=decision.plan, measured=measured, prediction=pred)
+        if url is not None:
+            out = cl.post_measurement(url, body, cluster_id=decision.cluster_id)
+            measurement_id, stored_in = out.get("id"), url
+        else:
+            store = _open_store(database_url)
+            try:
+                m = store.add_measurement(cluster_id=decision.cluster_id, **body)
+            finally:
+                store.close()
+            measurement_id, stored_in = m.id, store.url
+    return TrainReport(
+        plan=decision.plan, world_size=len(gathered), steps=steps, warmup_steps=warmup_steps, losses=tuple(losses),
+        step_times_s=tuple(wall), median_step_time_s=median_step, tokens_per_s=measured["tokens_per_s"],
+        measured=measured, prediction=pred, predicted_step_time_s=predicted,
+        relative_error=(predicted - median_step) / median_step if predicted and median_step > 0 else None,
+        constants_source=pred.constants_source if pred is not None else "preset", cluster_id=decision.cluster_id,
+        measurement_id=measurement_id, stored_in=stored_in,
+    )
