@@ -1,0 +1,1 @@
+"""Thin routers: parse (pydantic), hand over to `api.service`, return plain dicts."""

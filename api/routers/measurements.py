@@ -1,0 +1,47 @@
+"""POST/GET /v1/measurements: what the engine measured, kept for calibration (the closed loop)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+
+from api import examples, schemas, service
+from api.deps import ProfilesDep, StoreDep, WriteAuth
+
+DB_DOWN: dict[int | str, dict[str, Any]] = {
+    503: {"model": schemas.ErrorOut, "description": "the database is not answering; retry later"}
+}
+router = APIRouter(responses=DB_DOWN, prefix="/v1/measurements", tags=["measurements"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=schemas.MeasurementOut,
+    dependencies=[WriteAuth],
+    responses={
+        401: {"model": schemas.ErrorOut, "description": "GRIDTUNE_API_KEY is set and the bearer key is missing or wrong"},
+        422: {"model": schemas.ErrorOut, "description": "invalid specs or measurement"},
+    },
+)
+def create_measurement(
+    body: Annotated[schemas.MeasurementCreate, Body(openapi_examples={"one measured step": {"value": examples.MEASUREMENT}})],
+    store: StoreDep,
+    profiles: ProfilesDep,
+) -> Any:
+    """Store one measurement; it is on disk (committed) when this answers 201."""
+    return service.create_measurement(body, store, profiles)
+
+
+@router.get("", response_model=schemas.MeasurementList)
+def list_measurements(
+    store: StoreDep,
+    cluster_id: Annotated[str | None, Query(max_length=200, description="profile id or cluster name")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before_id: Annotated[int | None, Query(ge=1, le=2**62, description="page: ids below this one")] = None,
+) -> Any:
+    """Stored measurements, newest first."""
+    items = store.list_measurements(cluster_id=cluster_id, limit=limit, before_id=before_id)
+    next_before = items[-1].id if len(items) == limit else None
+    return {"items": [service.measurement_json(m) for m in items], "next_before_id": next_before}

@@ -1,0 +1,58 @@
+"""The request schemas accept every field of the domain specs they stand for.
+
+When a spec in perfmodels (or SearchOptions in tuner) grows a field, the service must learn it too,
+or clients that send what `perfmodels.io`'s `*_to_dict` writes would get a 422. This test names the
+field to add to api/schemas.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from api import schemas
+from perfmodels import specs
+from tuner.types import SearchOptions
+
+PAIRS = [
+    (specs.Model, schemas.ModelIn),
+    (specs.LayerSpec, schemas.LayerIn),
+    (specs.GPU, schemas.GPUIn),
+    (specs.Cluster, schemas.ClusterIn),
+    (specs.Training, schemas.TrainingIn),
+    (specs.Plan, schemas.PlanIn),
+    (specs.Profile, schemas.ProfileIn),
+    (specs.CollectiveFit, schemas.CollectiveFitIn),
+    (SearchOptions, schemas.SearchIn),
+]
+
+
+@pytest.mark.parametrize(("spec", "schema"), PAIRS, ids=[p[0].__name__ for p in PAIRS])
+def test_schema_accepts_every_spec_field(spec, schema):
+    missing = sorted({f.name for f in dataclasses.fields(spec)} - set(schema.model_fields))
+    assert not missing, f"api/schemas.py {schema.__name__} lacks {missing} (fields of {spec.__name__})"
+
+
+def test_prediction_fields_are_documented_or_passed_through():
+    documented = set(schemas.PredictionOut.model_fields)
+    for name in ("iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory", "breakdown"):
+        assert name in documented
+    assert schemas.PredictionOut.model_config.get("extra") == "allow"
+
+
+def test_a_layer_model_as_io_writes_it_is_accepted(client):
+    """model_to_dict of a layer-list model carries zeros for the transformer dimensions."""
+    from perfmodels.io import model_to_dict
+
+    model = specs.Model(layers=(specs.LayerSpec(name="fc1", in_features=64, out_features=256, rows_per_sample=32),
+                                specs.LayerSpec(name="fc2", in_features=256, out_features=64, rows_per_sample=32,
+                                                transpose=True)))
+    body = {"model": model_to_dict(model), "cluster": {"preset": "local-cpu", "num_gpus": 4},
+            "training": {"global_batch_size": 8, "dtype": "fp32"}, "plan": {"G_data": 2, "G_intra_r": 2}}
+    r = client.post("/v1/predict", json=body)
+    assert r.status_code == 200, r.text
+    zero = {**body, "model": {"num_layers": 4, "hidden_size": 0, "num_attention_heads": 4, "seq_length": 32,
+                              "vocab_size": 256}}
+    r = client.post("/v1/predict", json=zero)
+    assert r.status_code == 422 and "model.hidden_size must be a positive integer, got 0" in r.text
