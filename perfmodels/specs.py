@@ -118,6 +118,9 @@ class Model:
             object.__setattr__(self, "layers", tuple(self.layers))
             if self.num_layers == 0:
                 object.__setattr__(self, "num_layers", len(self.layers))
+            if not any(layer.kind == "linear" or layer.flops_per_sample > 0 for layer in self.layers):
+                raise ValueError("model.layers do no work: give at least one linear layer or a layer with "
+                                 "flops_per_sample > 0")
             return
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
             _positive_int("model", name, getattr(self, name))

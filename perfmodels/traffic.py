@@ -133,9 +133,12 @@ class _Events:
 
     def add(self, axis: str, op: str, phase: str, tag: str, payload: np.ndarray | float,
             calls: np.ndarray | float) -> None:
-        p = np.broadcast_to(np.asarray(payload, dtype=np.float64), (self.n,)).copy()
-        c = np.broadcast_to(np.asarray(calls, dtype=np.float64), (self.n,)) * (self.deg[axis] > 1)
-        self.items.append(CommEvent(axis, op, phase, tag, p, c))
+        shape = (self.n,)
+        p = payload if isinstance(payload, np.ndarray) and payload.shape == shape else np.broadcast_to(
+            np.asarray(payload, dtype=np.float64), shape)
+        c = (calls if isinstance(calls, np.ndarray) and calls.shape == shape else np.broadcast_to(
+            np.asarray(calls, dtype=np.float64), shape)) * (self.deg[axis] > 1)
+        self.items.append(CommEvent(axis, op, phase, tag, np.asarray(p, dtype=np.float64), c))
 
 
 def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest") -> list[CommEvent]:

@@ -19,15 +19,7 @@ echo "== POST /v1/recommend (GPT-3 175B on 1,024 A100-80GB, Selene, global batch
 curl -sf -X POST "http://127.0.0.1:$PORT/v1/recommend" -H 'content-type: application/json' \
   -d '{"model": {"preset": "gpt3-175b"}, "cluster": {"preset": "selene", "num_gpus": 1024},
        "training": {"global_batch_size": 1536, "dtype": "bf16"}, "top_k": 3}' \
-  | .venv/bin/python -c '
-import json, sys
-r = json.load(sys.stdin)
-b = r["best"]
-print("best plan:", {k: v for k, v in b["plan"].items() if v is not None})
-p = b["prediction"]
-print(f"iteration {p[\"iteration_time_s\"]:.2f} s, MFU {p[\"mfu\"]:.1%}, {p[\"memory\"][\"per_gpu_gib\"]:.1f} GiB/GPU")
-print("evaluated", r["num_evaluated"], "plans; pruned:", r["pruned"])
-'
+  | .venv/bin/python scripts/print_recommendation.py
 if [ "${1:-}" = "--no-wait" ]; then exit 0; fi
 echo "serving on http://127.0.0.1:$PORT (docs at /docs); Ctrl-C to stop"
 wait $SERVER

@@ -143,6 +143,8 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
         mb_values = sorted(set(options.micro_batch_size))
     pending: list[dict[str, np.ndarray]] = []
     size = 0
+    # explicit layer lists cost a pass per layer: smaller batches keep the time budget honest
+    chunk = CHUNK_PLANS if model.is_transformer else max(2_000, CHUNK_PLANS // max(1, len(model.layers) // 4))
     for mb in mb_values:
         ok = per_replica % mb == 0
         if not ok.any():
@@ -152,7 +154,7 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
             continue
         pending.append(cols)
         size += len(cols["G_data"])
-        if size >= CHUNK_PLANS:
+        if size >= chunk:
             yield Expansion(columns=_concat(pending), placement=placement)
             pending, size = [], 0
     if pending:

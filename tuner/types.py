@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfmodels.specs import Plan, Prediction
+from perfmodels.specs import AXES, RECOMPUTE, SCHEDULES, Plan, Prediction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +28,28 @@ class SearchOptions:
     max_micro_batch_size: int = 64
     time_budget_s: float = 10.0
     examples_per_reason: int = 3
+
+    def __post_init__(self) -> None:
+        if self.placement is not None:
+            for order in self.placement:
+                if sorted(order) != sorted(AXES):
+                    raise ValueError(f"search.placement entries must be orderings of {list(AXES)}, got {list(order)}")
+        for name in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size",
+                     "virtual_stages"):
+            values = getattr(self, name)
+            if values is not None and (not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                                         for v in values)):
+                raise ValueError(f"search.{name} must be a non-empty list of positive integers, got {values!r}")
+        if self.zero_stage is not None and (not self.zero_stage or any(v not in (0, 1, 2, 3) for v in self.zero_stage)):
+            raise ValueError(f"search.zero_stage must list values among 0-3, got {self.zero_stage!r}")
+        for name, allowed in (("schedule", SCHEDULES), ("recompute", RECOMPUTE)):
+            values = getattr(self, name)
+            if values is not None and (not values or any(v not in allowed for v in values)):
+                raise ValueError(f"search.{name} must list values among {list(allowed)}, got {values!r}")
+        if self.max_micro_batch_size < 1:
+            raise ValueError(f"search.max_micro_batch_size must be >= 1, got {self.max_micro_batch_size}")
+        if not self.time_budget_s > 0:
+            raise ValueError(f"search.time_budget_s must be > 0, got {self.time_budget_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
