@@ -296,21 +296,41 @@ def calibrate_records(records: Sequence[Any], base: Profile | None = None, *, pr
                       prior: float = 0.05) -> CalibrationResult:
     """Calibrate from measured records in two stages: `refit_constants` (per-kernel overhead and
     per-group-size collective cost from the measured parts), then `perfmodels.calibration.calibrate`
-    (non-negative per-component corrections of what remains, and the uncertainty band from the
-    leave-one-out residuals). The result's profile has source "calibrated"."""
+    (non-negative per-component corrections of what remains). The result's profile has source
+    "calibrated"; its uncertainty band is the median leave-one-out error of the whole two-stage
+    procedure (each record predicted by a calibration that never saw it), so it is not flattered by
+    the refit having seen the record."""
     if base is None:
         for rec in records:
             _, cluster, _, _ = record_specs(rec)
             if cluster.profile is not None:
                 base = uncorrected(cluster.profile)
                 break
-    refit = refit_constants(records, base)
-    result = calibrate(calibration_pairs(records, refit.profile), base=refit.profile, prior=prior)
+    result = _two_stage(records, base, prior)
     # MAPE before: with the constants the records were predicted with, not the refitted ones
     before = calibration_pairs(records, base)
     mape_before = mape([p.iteration_time_s for p, _ in before], [m for _, m in before])
-    profile = result.profile if not profile_id else dataclasses.replace(result.profile, profile_id=profile_id)
-    return dataclasses.replace(result, profile=profile, mape_before=mape_before)
+    uncertainty = result.uncertainty_rel
+    if len(records) >= 3:
+        errors = []
+        for i in range(min(len(records), LOO_MAX)):
+            others = [r for j, r in enumerate(records) if j != i]
+            held_out = _two_stage(others, base, prior)
+            pred, measured = calibration_pairs([records[i]], held_out.profile)[0]
+            errors.append(abs(pred.iteration_time_s - measured) / measured)
+        uncertainty = max(float(np.median(errors)), result.mape_after, 0.01)
+    profile = dataclasses.replace(result.profile, uncertainty_rel=uncertainty)
+    if profile_id:
+        profile = dataclasses.replace(profile, profile_id=profile_id)
+    return dataclasses.replace(result, profile=profile, mape_before=mape_before, uncertainty_rel=uncertainty)
+
+
+LOO_MAX = 30  # leave-one-out over at most this many records (each refit costs a few predictions)
+
+
+def _two_stage(records: Sequence[Any], base: Profile | None, prior: float) -> CalibrationResult:
+    refit = refit_constants(records, base)
+    return calibrate(calibration_pairs(records, refit.profile), base=refit.profile, prior=prior)
 
 
 def calibrated_profile_name(cluster_id: str) -> str:
@@ -502,7 +522,9 @@ def summarize(records: Sequence[Mapping[str, Any]], *, base: Profile | None, cal
         mape_calibrated=mape([calibrated[i] for i in rest], [measured[i] for i in rest]),
         spearman_calibrated=spearman(calibrated, measured),
         corrections=dict(result.corrections),
-        calibration_uncertainty_rel=float(result.uncertainty_rel),
+        # the band a user should believe: never below the error seen on plans calibration did not use
+        calibration_uncertainty_rel=float(max(result.uncertainty_rel,
+                                              mape([calibrated[i] for i in rest], [measured[i] for i in rest]))),
         calibrated_profile=result.profile,
         kernel_overhead_us=refit.kernel_overhead_us,
         collective_factor_by_group_size=refit.collective_factor_by_group_size,
