@@ -54,10 +54,10 @@ from perfmodels.io import (
 from perfmodels.specs import AXES, Cluster, Model, Plan, Prediction, Profile, Training
 from perfmodels.steptime import predict
 from tuner.search import recommend
+from tuner.service_client import post_json
 from tuner.types import Candidate, SearchOptions
 
 ENV_URL = "GRIDTUNE_URL"
-ENV_API_KEY = "GRIDTUNE_API_KEY"
 CALIBRATED_PREFIX = "calibrated:"
 MEASURED_PARTS = ("compute_s", "tp_comm_s", "tp_comm_row_s", "tp_comm_col_s", "tp_comm_depth_s", "dp_comm_s",
                   "pp_bubble_s")
@@ -373,14 +373,6 @@ def service_url(explicit: str | None = None) -> str | None:
     return url.rstrip("/") if url else None
 
 
-def _headers() -> dict[str, str]:
-    headers = {"Content-Type": "application/json"}
-    key = os.environ.get(ENV_API_KEY, "").strip()
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    return headers
-
-
 def for_service(body: Mapping[str, Any]) -> dict[str, Any]:
     """Drop the keys the service's schemas do not accept (profile extras such as uncertainty_rel)."""
     out = json.loads(json.dumps(body))
@@ -396,26 +388,15 @@ def for_service(body: Mapping[str, Any]) -> dict[str, Any]:
 def post_measurement(url: str, body: Mapping[str, Any], *, cluster_id: str | None = None,
                      timeout_s: float = 30.0) -> dict[str, Any]:
     """POST {url}/v1/measurements; returns the stored measurement's JSON (ValueError on failure)."""
-    import httpx
-
     payload = for_service(body)
     if cluster_id:
         payload["cluster_id"] = cluster_id
-    endpoint = url.rstrip("/") + "/v1/measurements"
-    try:
-        resp = httpx.post(endpoint, content=json.dumps(payload), headers=_headers(), timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ValueError(f"POST {endpoint} failed: {exc}") from None
-    if resp.status_code >= 400:
-        raise ValueError(f"POST {endpoint} failed: HTTP {resp.status_code}: {resp.text[:500]}")
-    return dict(resp.json())
+    return dict(post_json(url, "/v1/measurements", payload, timeout_s=timeout_s))
 
 
 def service_recommend(url: str, model: Model, cluster: Cluster, training: Training, options: SearchOptions,
                       *, timeout_s: float = 60.0) -> Plan:
     """The best plan from POST {url}/v1/recommend with the same specs and pins."""
-    import httpx
-
     body = measurement_record(model=model, cluster=cluster, training=training, plan=Plan(), measured={},
                               prediction=None)
     search = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()
@@ -424,16 +405,10 @@ def service_recommend(url: str, model: Model, cluster: Cluster, training: Traini
         search["placement"] = [list(p) for p in search["placement"]]
     payload = for_service({"model": body["model"], "cluster": body["cluster"], "training": body["training"],
                            "top_k": 1, "search": search})
-    endpoint = url.rstrip("/") + "/v1/recommend"
-    try:
-        resp = httpx.post(endpoint, content=json.dumps(payload), headers=_headers(), timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ValueError(f"POST {endpoint} failed: {exc}") from None
-    if resp.status_code >= 400:
-        raise ValueError(f"POST {endpoint} failed: HTTP {resp.status_code}: {resp.text[:500]}")
-    best = resp.json().get("best")
+    answer = post_json(url, "/v1/recommend", payload, timeout_s=timeout_s)
+    best = answer.get("best") if isinstance(answer, dict) else None
     if not best:
-        raise ValueError(f"the service at {url} found no valid layout: {resp.text[:500]}")
+        raise ValueError(f"the service at {url} found no valid layout: {str(answer)[:500]}")
     return plan_from_dict({k: v for k, v in best["plan"].items() if k in {f.name for f in dataclasses.fields(Plan)}})
 
 

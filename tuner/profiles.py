@@ -34,8 +34,10 @@ import pandas as pd
 from perfmodels import fitting
 from perfmodels.io import cluster_to_dict, profile_from_dict, profile_to_dict
 from perfmodels.specs import Cluster, Profile
+from tuner.service_client import (
+    post_json,
+)
 
-API_KEY_ENV = "GRIDTUNE_API_KEY"
 _DOC_EXTRAS = ("provenance", "fits", "expected")
 
 
@@ -184,29 +186,11 @@ def upload(url: str, doc: Mapping[str, Any], *, name: str, cluster: Cluster | No
     Returns the service's JSON answer; raises ValueError with the status and body on failure.
     `client` (an httpx.Client, or FastAPI's TestClient in tests) replaces a fresh connection.
     """
-    import httpx
-
     if not name:
         raise ValueError("--upload needs a name for the cluster: pass --name NAME")
     body: dict[str, Any] = {"name": name, "profile": service_profile(doc)}
     if cluster is not None:
         body["cluster"] = service_cluster(cluster)
-    headers = {"Content-Type": "application/json"}
-    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    endpoint = url.rstrip("/") + "/v1/clusters"
-    try:
-        payload = json.dumps(_clean(body))
-        if client is not None:
-            resp = client.post(endpoint, content=payload, headers=headers)
-        else:
-            resp = httpx.post(endpoint, content=payload, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ValueError(f"upload to {endpoint} failed: {exc}") from None
-    if resp.status_code >= 400:
-        raise ValueError(f"upload to {endpoint} failed: HTTP {resp.status_code}: {resp.text[:500]}")
-    try:
-        return dict(resp.json())
-    except (ValueError, TypeError):
-        return {"status_code": resp.status_code, "text": resp.text[:500]}
+    answer = post_json(url, "/v1/clusters", _clean(body), what="upload to", api_key=api_key, timeout_s=timeout_s,
+                       client=client)
+    return dict(answer) if isinstance(answer, dict) else {"answer": answer}
