@@ -395,7 +395,9 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
         net = _WithLoss(inner, loss_fn or nn.functional.cross_entropy)
         tokens_per_sample = 1
     opt = _make_optimizer(optimizer, [p for p in net.parameters() if p.requires_grad])
-    loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid)
+    # shuffled windows (same seed on every rank, so the batch split stays consistent): sequential
+    # windows would walk the corpus file by file and the loss would follow the files, not training
+    loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid, shuffle=True)
     batches = _cycle(loader)
 
     timer = CommTimer(grid)
