@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perfmodels.specs import AXES, AXIS_FIELDS, Plan
+from perfmodels.specs import AXES, Plan
 
 MESH_ORDER = ("data", "inter", "depth", "row", "col")
 """Outermost-first axis names, as torch's DeviceMesh wants them (last name = contiguous ranks)."""
@@ -75,12 +75,6 @@ def all_groups(axis: str, degrees: Mapping[str, int], order: Sequence[str] = AXE
         seen.update(g)
         groups.append(g)
     return groups
-
-
-def mesh_tensor_shape(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> tuple[list[int], list[str]]:
-    """Shape and dim names (outermost first) of a rank tensor whose flat index is the world rank."""
-    names = list(reversed(list(order)))
-    return [int(degrees[a]) for a in names], names
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +135,3 @@ def partition_chunks(num_layers: int, num_stages: int, virtual_stages: int = 1) 
     """Interleaved placement: `num_stages * virtual_stages` chunks; stage s holds chunks s, s+S, ..."""
     chunks = partition_layers(num_layers, num_stages * virtual_stages)
     return [[chunks[v * num_stages + s] for v in range(virtual_stages)] for s in range(num_stages)]
-
-
-def axis_field(axis: str) -> str:
-    return AXIS_FIELDS[axis]

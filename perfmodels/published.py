@@ -16,10 +16,9 @@ Rows without a batch size or a time metric are reported as unusable, with the re
 from __future__ import annotations
 
 import csv
-import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodels import presets
@@ -334,11 +333,3 @@ def load(paths: Iterable[Path]) -> Loaded:
         out.cases.extend(part.cases)
         out.skipped.extend(part.skipped)
     return out
-
-
-def with_cluster(case: Case, cluster: Cluster) -> Case:
-    return replace(case, cluster=cluster)
-
-
-def nan_to_none(x: float) -> float | None:
-    return None if x is None or math.isnan(x) else x

@@ -276,9 +276,6 @@ def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, sta
     local_params = np.zeros(n_plans)
     replicated = np.zeros(n_plans)
     layers = model.layers
-    if stage != "busiest" or np.any(arrays.G_inter > 1):
-        # layers are assigned to stages with the same partition as transformer blocks
-        pass
     grad_flows = False  # does an input gradient reach this layer?
     for layer in layers:
         if layer.kind != "linear":

@@ -19,7 +19,7 @@ from collections import Counter
 import numpy as np
 
 from perfmodels.plans import from_columns
-from perfmodels.specs import AXES, Cluster, Model, TimeBreakdown, Training
+from perfmodels.specs import Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
 from tuner.space import GRID_COLUMNS, expand_options, grid_rows, placements
@@ -67,7 +67,6 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     num_evaluated = len(alive)
 
     gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
-    best_times = np.empty(0)
     best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
     num_valid = 0
     truncated = False
@@ -106,13 +105,11 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
                     best_batches.append((float(times[i]), batch, int(i)))
                 best_batches.sort(key=lambda x: x[0])
                 del best_batches[top_k:]
-                best_times = np.array([b[0] for b in best_batches])
             if time.perf_counter() - t0 > options.time_budget_s:
                 truncated = True
                 break
         if truncated:
             break
-    del best_times
     candidates = [Candidate(rank=r + 1, plan=b.arrays.to_plan(i), prediction=b.prediction(i))
                   for r, (_, b, i) in enumerate(best_batches)]
     if truncated:
@@ -169,11 +166,3 @@ def explain(candidates: list[Candidate]) -> str:
     return (f"best is {(ts - tb) / ts:.1%} faster than the runner-up #{second.rank} ({tb:.3g} s vs {ts:.3g} s per "
             f"step){tie_note}; it differs in {', '.join(what) or 'nothing'}; largest component differences: "
             f"{'; '.join(parts) or 'none'}")
-
-
-def breakdown_fields() -> tuple[str, ...]:
-    return tuple(TimeBreakdown.__dataclass_fields__)
-
-
-def default_placement() -> tuple[str, ...]:
-    return AXES

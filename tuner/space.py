@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
-from perfmodels.specs import AXES, AXIS_FIELDS, Model, Training
+from perfmodels.specs import AXES, Model, Training
 from tuner.types import SearchOptions
 
 GRID_COLUMNS = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c")
@@ -210,7 +210,3 @@ def _combine(g: np.ndarray, mb: int, sched_opts: list[tuple[int, int]], rc_opts:
     cols["zero_stage"] = z_all
     cols["sequence_parallel"] = sp_all
     return cols
-
-
-def axis_column(axis: str) -> str:
-    return AXIS_FIELDS[axis]
