@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from perfmodels import collectives
 from perfmodels.specs import Cluster, CollectiveFit, Profile
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
@@ -52,7 +52,7 @@ _GROUP_KEYS = ["op", "level", "group_size", "members_per_node"]
 
 
 # --------------------------------------------------------------------------------------------
-# Ring cost factors (the same forms as perfmodels.collectives)
+# Cost factors: those of perfmodels.collectives, so fitted constants mean what the model uses
 # --------------------------------------------------------------------------------------------
 
 
@@ -61,50 +61,17 @@ def _check_op(op: str) -> None:
         raise ValueError(f"unknown collective {op!r}; known: {list(OPS)}")
 
 
-def _time_model() -> Any:
-    """`perfmodels.collectives` when present: the fit must use the very factors the model applies."""
-    try:
-        from perfmodels import collectives
-    except ImportError:
-        return None
-    if hasattr(collectives, "latency_steps") and hasattr(collectives, "bytes_factor"):
-        return collectives
-    return None
-
-
 def latency_steps(op: str, p: np.ndarray | int) -> np.ndarray:
-    """Number of alpha terms of `op` on p ranks, exactly as the time model counts them.
-
-    Delegates to `perfmodels.collectives.latency_steps` (which takes NCCL's tree where it has fewer
-    steps than the ring for all-reduce); without it, the ring forms: all-reduce 2(p-1),
-    all-gather/reduce-scatter/all-to-all p-1, send/recv 1, broadcast ceil(log2 p).
-    """
+    """Number of alpha terms of `op` on p ranks, exactly as the time model counts them
+    (`perfmodels.collectives`, which takes NCCL's tree where it has fewer steps than the ring)."""
     _check_op(op)
-    model = _time_model()
-    if model is not None:
-        return np.asarray(model.latency_steps(op, np.asarray(p, dtype=float)), dtype=float)
-    p = np.asarray(p, dtype=float)
-    if op == "all_reduce":
-        return 2.0 * (p - 1)
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return p - 1
-    if op == "send_recv":
-        return np.ones_like(p)
-    return np.ceil(np.log2(np.maximum(p, 1)))  # broadcast
+    return np.asarray(collectives.latency_steps(op, np.asarray(p, dtype=float)), dtype=float)
 
 
 def bytes_factor(op: str, p: np.ndarray | int) -> np.ndarray:
     """Fraction of the full buffer each rank moves over its busiest link (nccl-tests busbw factor)."""
     _check_op(op)
-    model = _time_model()
-    if model is not None:
-        return np.asarray(model.bytes_factor(op, np.asarray(p, dtype=float)), dtype=float)
-    p = np.asarray(p, dtype=float)
-    if op == "all_reduce":
-        return 2.0 * (p - 1) / p
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (p - 1) / p
-    return np.ones_like(p)  # send_recv, broadcast
+    return np.asarray(collectives.bytes_factor(op, np.asarray(p, dtype=float)), dtype=float)
 
 
 def collective_time_s(op: str, p: np.ndarray | int, nbytes: np.ndarray | float, alpha_us: float,
@@ -362,27 +329,10 @@ def memory_bandwidth_GBps(rows: pd.DataFrame) -> float | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _fallback_expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node: int) -> float:
-    intra = cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra
-    if level == "intra":
-        return float(intra)
-    inter = max(int(members_per_node), 1) * cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter
-    return float(min(intra, inter))
-
-
 def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node: int) -> tuple[float, str]:
-    """Bus bandwidth the cluster's preset numbers predict, and where the formula came from.
-
-    Uses `perfmodels.collectives.expected_busbw_GBps` when the time model provides it (so the
-    table and the model agree); otherwise intra: intra_bw * link_efficiency_intra, inter:
-    min(intra, members_per_node * inter_bw * link_efficiency_inter).
-    """
-    try:
-        from perfmodels import collectives  # the time model, written alongside this module
-        fn = collectives.expected_busbw_GBps
-    except (ImportError, AttributeError):
-        return _fallback_expected_busbw_GBps(cluster, op, level, members_per_node), "fitting-fallback"
-    return float(fn(cluster, op, level, int(members_per_node))), "perfmodels.collectives"
+    """Bus bandwidth the cluster's preset numbers predict (the time model's own formula, so the
+    table and the model agree), and where the formula came from."""
+    return float(collectives.expected_busbw_GBps(cluster, op, level, int(members_per_node))), "perfmodels.collectives"
 
 
 def expected_table(fits: pd.DataFrame, cluster: Cluster | None) -> pd.DataFrame:

@@ -107,12 +107,12 @@ def test_memory_bandwidth_from_copy_rows():
     assert fitting.memory_bandwidth_GBps(rows.iloc[:0]) is None
 
 
-def test_expected_table_ratio_and_fallback_formula():
+def test_expected_table_ratio_and_expected_formula():
     selene = presets.cluster("selene")
-    assert fitting._fallback_expected_busbw_GBps(selene, "all_reduce", "intra", 8) == pytest.approx(300 * 0.8)
-    assert fitting._fallback_expected_busbw_GBps(selene, "all_reduce", "inter", 8) == pytest.approx(
+    assert fitting.expected_busbw_GBps(selene, "all_reduce", "intra", 8)[0] == pytest.approx(300 * 0.8)
+    assert fitting.expected_busbw_GBps(selene, "all_reduce", "inter", 8)[0] == pytest.approx(
         min(300 * 0.8, 8 * 25 * 0.85))
-    assert fitting._fallback_expected_busbw_GBps(selene, "all_reduce", "inter", 1) == pytest.approx(25 * 0.85)
+    assert fitting.expected_busbw_GBps(selene, "all_reduce", "inter", 1)[0] == pytest.approx(25 * 0.85)
     rows = pd.concat([fitting.synthetic_rows("all_reduce", 8, 5.0, 180.0, SIZES),
                       fitting.synthetic_rows("all_reduce", 16, 8.0, 40.0, SIZES, level="inter",
                                              members_per_node=1)])
