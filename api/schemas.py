@@ -173,6 +173,8 @@ class TrainingIn(_In):
     overlap_tp_comm: bool | None = None
     flash_attention: bool | None = None
     p2p_scatter_gather: bool | None = None
+    zero3_gather: Literal["layer", "tensor"] | None = None
+    overlap_param_gather: bool | None = None
 
 
 class PlanIn(_In):

@@ -230,9 +230,13 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     year = int(year_match.group(1)) if year_match else 2021
     framework = _framework(source + " " + row.get("notes", ""))
     modern = year >= 2023 or "overlap" in (row.get("notes") or "").lower()
+    # DeepSpeed ZeRO-3 before 2022 gathered (and reduce-scattered) every parameter tensor with its
+    # own collective when its module ran; later releases coalesce per module and prefetch
+    early_zero3 = framework == "deepspeed" and year < 2022
     training = Training(global_batch_size=gb, dtype=dtype, overlap_grad_reduce=modern or framework == "deepspeed",
                         overlap_tp_comm="tp-comm-overlap" in (row.get("notes") or ""), flash_attention=modern,
-                        p2p_scatter_gather=framework != "oneflow")
+                        p2p_scatter_gather=framework != "oneflow",
+                        zero3_gather="tensor" if early_zero3 else "layer", overlap_param_gather=not early_zero3)
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=ffn, seq_length=s, vocab_size=vocab)
     rc_text = (row.get("recompute") or "").strip().lower()

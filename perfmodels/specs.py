@@ -332,6 +332,12 @@ class Training:
     --tp-comm-overlap). `flash_attention`: attention without materialising the s x s scores.
     `p2p_scatter_gather`: pipeline sends carry 1/G_intra_r of the activation and all-gather it over
     the row group on arrival (Megatron-LM's default), instead of the whole residual-stream slice.
+    `zero3_gather`: how ZeRO-3 / FSDP moves parameters: one all-gather (and one gradient
+    reduce-scatter) per transformer block ("layer": FSDP's flat parameter per wrapped block,
+    DeepSpeed since it coalesces) or one per parameter tensor ("tensor": DeepSpeed ZeRO-3 of 2021).
+    Each call pays the ring's (G_data - 1) latency steps, which is what makes ZeRO-3 over thousands
+    of ranks slow. `overlap_param_gather`: ZeRO-3 prefetches the next block's parameters and
+    reduce-scatters gradients while compute runs; off for on-demand fetching.
     """
 
     global_batch_size: int
@@ -341,11 +347,14 @@ class Training:
     overlap_tp_comm: bool = False
     flash_attention: bool = True
     p2p_scatter_gather: bool = False
+    zero3_gather: Literal["layer", "tensor"] = "layer"
+    overlap_param_gather: bool = True
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
         _choice("training", "dtype", self.dtype, DTYPES)
         _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
+        _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
 
     @property
     def bytes_per_element(self) -> int:

@@ -10,6 +10,9 @@ reduce-scatters). What may hide behind what:
   (AxoNN) and forward ones overlap the next GEMM by half;
 - depth all-gathers / reduce-scatters are prefetched and overlap compute when
   `training.overlap_grad_reduce` (the same bucketed asynchronous machinery);
+- ZeRO-3 parameter gathers and gradient reduce-scatters (per block or per tensor, every
+  micro-batch) hide behind compute when `training.overlap_param_gather` (prefetch), else they are
+  all exposed;
 - the data-parallel gradient reduction overlaps the last micro-batch's backward when
   `training.overlap_grad_reduce`, else it runs after backward.
 
@@ -99,6 +102,8 @@ def _category(ev: CommEvent, overlap_tp: bool) -> str:
         return "depth_grad"
     if ev.tag in ("dp_grad", "dp_param"):
         return "dp_mb" if ev.phase in ("fwd", "bwd") else "dp_step"
+    if ev.tag == "zero3":
+        return "zero3"
     return ev.tag
 
 
@@ -176,6 +181,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "depth": total(("depth",), ("depth",)),
         "dp_mb": total(("data",), ("dp_mb",)),
         "dp_step": total(("data",), ("dp_step",)),
+        "zero3": total(("data",), ("zero3",)),
         "depth_grad": total(("depth",), ("depth_grad",)),
         "p2p_call": _p2p_seconds(cluster, training, arrays, events, geo),
     }
@@ -194,7 +200,13 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     depth_exposed = np.where(training.overlap_grad_reduce,
                              np.maximum(depth_total - 0.8 * compute_step, depth_total / np.maximum(m, 1) * 0.05),
                              depth_total)
-    per_mb_exposed = (tp_exposed + depth_exposed) / m
+    # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
+    # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
+    zero3_total = t["zero3"] * c_dp
+    zero3_exposed = np.where(training.overlap_param_gather,
+                             np.maximum(zero3_total - 0.8 * compute_step, zero3_total / np.maximum(m, 1) * 0.05),
+                             zero3_total)
+    per_mb_exposed = (tp_exposed + depth_exposed + zero3_exposed) / m
     t_mb = compute_mb + per_mb_exposed
 
     avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
@@ -215,8 +227,8 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     flops = 3.0 * model_flops_per_token(model) * tokens
     peak = cluster.gpu.peak_tflops(training.dtype) * 1e12
     tflops_per_gpu = flops / (iteration * world) / 1e12
-    comm_total = tp_total + depth_total + dp_total + p2p + depth_grad
-    exposed = tp_exposed + depth_exposed + dp_exposed + p2p + depth_grad
+    comm_total = tp_total + depth_total + zero3_total + dp_total + p2p + depth_grad
+    exposed = tp_exposed + depth_exposed + zero3_exposed + dp_exposed + p2p + depth_grad
     parts = {
         "compute_s": compute_step,
         "gemm_s": m * (comp.gemm_fwd_s * 3.0) * c_compute,
@@ -227,7 +239,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "tp_comm_row_s": t["row"] * c_tp,
         "tp_comm_col_s": t["col"] * c_tp,
         "tp_comm_depth_s": depth_total,
-        "dp_comm_s": dp_total,
+        "dp_comm_s": dp_total + zero3_total,
         "pp_bubble_s": bubble,
         "pp_p2p_s": p2p,
         "optimizer_s": optimizer,

@@ -49,8 +49,9 @@ bytes); then every local gradient over data: all-reduce (ZeRO 0; one call while 
 gradients fit one 25 MiB bucket), or for ZeRO-1 a reduce-scatter of the gradients and an
 all-gather of the parameters, both of one flat vector zero-padded to a multiple of G_data
 (engine.zero). ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
-micro-batch's backward (DeepSpeed's behaviour; not in the engine). ZeRO-3 gathers parameters per
-micro-batch in forward and backward (not in the engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
+micro-batch's backward (DeepSpeed's behaviour; not in the engine). ZeRO-3 gathers each unit's
+parameters (a block, or a parameter tensor: `Training.zero3_gather`) in every micro-batch's
+forward and backward and reduce-scatters its gradients after its backward (not in the engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
 reduce-scatter pairs (not in the engine).
 """
 
@@ -221,13 +222,21 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
     linear(h, V, False, head, False, recomputed=False)  # full recomputation covers the blocks only
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
-    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m)
+    # ZeRO-3 gather units on this stage: blocks, embedding, final norm + head
+    if training.zero3_gather == "layer":
+        units = blocks + st.has_embedding + st.has_head
+    else:  # every parameter tensor: 4 weights (+4 biases), 2 norms (weight, +bias)
+        per_block = 4 * (1 + bias) + 2 * norm_params
+        units = blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (1 + norm_params)
+    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
 
 
 def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local_params: np.ndarray,
-                      replicated_over_depth: np.ndarray, m: np.ndarray) -> None:
+                      replicated_over_depth: np.ndarray, m: np.ndarray, units: np.ndarray | float) -> None:
+    """`units`: ZeRO-3 gather units of the stage (blocks or parameter tensors, per
+    `training.zero3_gather`); each is gathered and reduce-scattered by its own call."""
     e = training.bytes_per_element
     z = arrays.zero_stage
     # replicated parameters see different samples on each depth rank
@@ -237,14 +246,18 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     G = arrays.G_data
     padded = np.ceil(local_params / G) * G * e
     ev.add("data", "all_reduce", "step", "dp_grad", grads, 1.0 * (z == 0))
-    # ZeRO-1 (and ZeRO-3 at the step) reduce-scatter the accumulated gradients once per step;
-    # ZeRO-2 keeps no full gradient buffer, so it reduce-scatters after every micro-batch's backward
-    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 3)))
+    # ZeRO-1 reduce-scatters the accumulated gradients once per step; ZeRO-2 keeps no full gradient
+    # buffer, so it reduce-scatters after every micro-batch's backward
+    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * (z == 1))
     ev.add("data", "reduce_scatter", "bwd", "dp_grad", padded, m * (z == 2))
     ev.add("data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2)))
-    # ZeRO-3: parameters gathered for every micro-batch's forward and backward
-    ev.add("data", "all_gather", "fwd", "dp_param", grads, m * (z == 3))
-    ev.add("data", "all_gather", "bwd", "dp_param", grads, m * (z == 3))
+    # ZeRO-3 holds neither full parameters nor full gradients: every micro-batch gathers each unit's
+    # parameters for forward and again for backward (recomputation runs inside that backward
+    # gather) and reduce-scatters each unit's gradients right after its backward
+    u = np.maximum(np.asarray(units, dtype=np.float64), 1.0)
+    ev.add("data", "all_gather", "fwd", "zero3", grads / u, m * u * (z == 3))
+    ev.add("data", "all_gather", "bwd", "zero3", grads / u, m * u * (z == 3))
+    ev.add("data", "reduce_scatter", "bwd", "zero3", padded / u, m * u * (z == 3))
 
 
 def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape) -> None:
@@ -306,7 +319,12 @@ def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, sta
         local_params = local_params + np.where(ok, w_block / G_d + b, k * n + (n if layer.bias else 0))
         replicated = replicated + np.where(ok, b, k * n + (n if layer.bias else 0))
         grad_flows = True
-    _grad_sync_events(ev, arrays, training, local_params, replicated, m)
+    if training.zero3_gather == "layer":
+        units: float = sum(1.0 for layer in layers if layer.params > 0 or layer.kind == "linear")
+    else:
+        units = sum((2.0 if layer.bias else 1.0) if layer.kind == "linear" else float(layer.params > 0)
+                    for layer in layers)
+    _grad_sync_events(ev, arrays, training, local_params, replicated, m, units)
     return ev.items
 
 

@@ -46,6 +46,10 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="the data-parallel gradient reduction runs after backward")
     g.add_argument("--overlap-tp-comm", action="store_true", help="tensor-parallel comm overlaps GEMMs")
+    g.add_argument("--zero3-gather", default="layer", choices=["layer", "tensor"],
+                   help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed 2021)")
+    g.add_argument("--no-overlap-param-gather", action="store_true",
+                   help="ZeRO-3 fetches parameters on demand instead of prefetching")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -111,6 +115,8 @@ def training_from_args(args: argparse.Namespace) -> Training:
         "flash_attention": not args.no_flash_attention,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce,
         "overlap_tp_comm": args.overlap_tp_comm,
+        "zero3_gather": args.zero3_gather,
+        "overlap_param_gather": not args.no_overlap_param_gather,
     })
 
 
