@@ -175,6 +175,7 @@ class TrainingIn(_In):
     p2p_scatter_gather: bool | None = None
     zero3_gather: Literal["layer", "tensor"] | None = None
     overlap_param_gather: bool | None = None
+    host_us_per_block: Annotated[float, Field(ge=0, le=1e6)] | None = None
 
 
 class PlanIn(_In):
@@ -303,6 +304,7 @@ class BreakdownOut(_Out):
     pp_bubble_s: Num
     pp_p2p_s: Num
     exposed_comm_s: Num
+    host_wait_s: Num = None
 
 
 class PredictionOut(_Out):

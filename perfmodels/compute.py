@@ -29,6 +29,12 @@ from perfmodels.traffic import StageShape, padded_vocab
 DEFAULT_GEMM_HALF_SIZE = {"nvidia": 56.0, "amd": 96.0, "cpu": 8.0}
 KERNEL_OVERHEAD_US = {"nvidia": 4.0, "amd": 6.0, "cpu": 2.0}
 FLASH_EFFICIENCY = 0.60  # fused (flash) attention relative to a large GEMM, forward
+HOST_US_PER_BLOCK = {"nvidia": 900.0, "amd": 900.0, "cpu": 0.0}
+"""Host (CPU) time to issue one transformer block's forward pass in eager PyTorch: about 30 ops at
+~30 us each (dispatch, autograd recording, module hooks). Backward issues about twice as many, a
+full recomputation repeats the forward. On a CPU "device" the host does the work itself, so its op
+overheads are already in the compute time. Checked against vTrain's single-node Megatron-DeepSpeed
+runs (8x A100, 350M-1.3B models), where small shards are host-bound by 3-7x."""
 ADAM_BYTES_PER_PARAM = 30.0  # fused Adam: read/write fp32 master, two moments, grad; write low-precision copy
 
 
@@ -214,3 +220,11 @@ def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arra
         recompute_s=np.where(full, fwd, 0.0), optimizer_s=local_params * ADAM_BYTES_PER_PARAM / rate,
         wgrad_s=gemm, head_fwd_s=np.zeros(n_plans),
     )
+
+
+def host_seconds_per_block(cluster: Cluster, training: Training) -> float:
+    """Host time to issue one block's forward pass (`Training.host_us_per_block` or the default)."""
+    us = training.host_us_per_block
+    if us is None:
+        us = HOST_US_PER_BLOCK.get(cluster.gpu.vendor, 0.0)
+    return float(us) * 1e-6

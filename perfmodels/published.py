@@ -77,21 +77,32 @@ def load_vtrain(path: Path) -> Loaded:
     out = Loaded()
     with open(path, newline="") as fh:
         for i, row in enumerate(csv.DictReader(fh)):
-            cid = f"vtrain:{i + 2}"
-            gpus = int(row["# GPUs"])
-            model = Model(name=f"gpt-{row['Parameters (billion)']}b", num_layers=int(row["# layers"]),
-                          hidden_size=int(row["hidden size"]), num_attention_heads=int(row["attention heads"]),
-                          seq_length=int(row["sequence length"]), vocab_size=51200)
-            cluster = presets.cluster("vtrain-a100", num_gpus=gpus)
-            training = Training(global_batch_size=int(row["global batch"]), dtype="fp16",
-                                overlap_grad_reduce=False, flash_attention=False, p2p_scatter_gather=True)
-            plan = Plan(G_data=int(row["data parallelism"]), G_inter=int(row["pipeline parallelism"]),
-                        G_intra_r=int(row["tensor parallelism"]), micro_batch_size=int(row["micro batch"]),
-                        schedule="1f1b", recompute="full", placement=MEGATRON_ORDER)
-            out.cases.append(Case(case_id=cid, group=f"vtrain {row['Parameters (billion)']}B on {gpus} GPUs",
-                                  model=model, cluster=cluster, training=training, plans=(plan,),
-                                  measured_time_s=float(row["iteration time (ms)"]) / 1000.0, source="vTrain"))
+            cid = f"{path.stem}:{i + 2}"
+            try:
+                out.cases.append(_vtrain_case(cid, row))
+            except (KeyError, TypeError, ValueError) as exc:
+                out.skipped.append(Skipped(case_id=cid, reason=f"unusable vTrain row: {exc}"))
     return out
+
+
+def _vtrain_case(cid: str, row: dict[str, str]) -> Case:
+    gpus = int(row["# GPUs"])
+    size = (row.get("Parameters (billion)") or "").strip()
+    h, L, gb = row["hidden size"], row["# layers"], row["global batch"]
+    # the multi-node file names its models by size; the single-node one (ground_truth_single)
+    # does not, so its groups are one shape and batch on one GPU count
+    group = f"vtrain {size}B on {gpus} GPUs" if size else f"vtrain h{h} L{L} gb{gb} on {gpus} GPUs"
+    model = Model(name=f"gpt-{size}b" if size else f"gpt-h{h}-L{L}", num_layers=int(row["# layers"]),
+                  hidden_size=int(row["hidden size"]), num_attention_heads=int(row["attention heads"]),
+                  seq_length=int(row["sequence length"]), vocab_size=51200)
+    cluster = presets.cluster("vtrain-a100", num_gpus=gpus)
+    training = Training(global_batch_size=int(row["global batch"]), dtype="fp16",
+                        overlap_grad_reduce=False, flash_attention=False, p2p_scatter_gather=True)
+    plan = Plan(G_data=int(row["data parallelism"]), G_inter=int(row["pipeline parallelism"]),
+                G_intra_r=int(row["tensor parallelism"]), micro_batch_size=int(row["micro batch"]),
+                schedule="1f1b", recompute="full", placement=MEGATRON_ORDER)
+    return Case(case_id=cid, group=group, model=model, cluster=cluster, training=training, plans=(plan,),
+                measured_time_s=float(row["iteration time (ms)"]) / 1000.0, source="vTrain")
 
 
 # --------------------------------------------------------------------------------------------

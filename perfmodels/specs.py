@@ -338,6 +338,10 @@ class Training:
     Each call pays the ring's (G_data - 1) latency steps, which is what makes ZeRO-3 over thousands
     of ranks slow. `overlap_param_gather`: ZeRO-3 prefetches the next block's parameters and
     reduce-scatters gradients while compute runs; off for on-demand fetching.
+    `host_us_per_block`: CPU time to issue one transformer block's forward pass (PyTorch eager: about
+    30 ops at ~30 us each); the GPU cannot finish a micro-batch sooner than the host issues it, which
+    is what bounds small models and small shards. None takes the device family's default
+    (`perfmodels.compute.HOST_US_PER_BLOCK`); 0 turns the floor off (CUDA graphs).
     """
 
     global_batch_size: int
@@ -349,12 +353,15 @@ class Training:
     p2p_scatter_gather: bool = False
     zero3_gather: Literal["layer", "tensor"] = "layer"
     overlap_param_gather: bool = True
+    host_us_per_block: float | None = None
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
         _choice("training", "dtype", self.dtype, DTYPES)
         _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
         _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
+        if self.host_us_per_block is not None:
+            _positive_float("training", "host_us_per_block", self.host_us_per_block, allow_zero=True)
 
     @property
     def bytes_per_element(self) -> int:
@@ -516,6 +523,7 @@ class TimeBreakdown:
     optimizer_s: float
     exposed_comm_s: float
     hidden_comm_s: float
+    host_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

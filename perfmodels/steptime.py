@@ -2,6 +2,9 @@
 
     step = m * t_mb(busiest stage) + bubble + p2p + exposed data-parallel sync + optimizer
 
+t_mb is never shorter than the host needs to issue the micro-batch's ops (eager PyTorch: see
+`perfmodels.compute.HOST_US_PER_BLOCK`); the difference is reported as `host_wait_s`.
+
 t_mb is forward + backward (+ recomputation) compute of the busiest stage plus the exposed part
 of its per-micro-batch communication (tensor-parallel all-reduces, depth all-gathers and
 reduce-scatters). What may hide behind what:
@@ -27,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodels import collectives
-from perfmodels.compute import StageCompute, model_flops_per_token, stage_compute
+from perfmodels.compute import StageCompute, host_seconds_per_block, model_flops_per_token, stage_compute
 from perfmodels.layout import group_geometry
 from perfmodels.memory import StageMemory, stage_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
-from perfmodels.plans import PlanArrays, from_plans
+from perfmodels.plans import RECOMPUTE_CODE, PlanArrays, from_plans
 from perfmodels.specs import (
     Cluster,
     MemoryBreakdown,
@@ -207,7 +210,13 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
                              np.maximum(zero3_total - 0.8 * compute_step, zero3_total / np.maximum(m, 1) * 0.05),
                              zero3_total)
     per_mb_exposed = (tp_exposed + depth_exposed + zero3_exposed) / m
-    t_mb = compute_mb + per_mb_exposed
+    t_mb_gpu = compute_mb + per_mb_exposed
+    # the host issues each block's forward, backward (twice the ops) and recomputation; a GPU that
+    # outruns it waits (layer-list models: per-layer host costs are inside their compute)
+    passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
+    blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(n)
+    host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued
+    t_mb = np.maximum(t_mb_gpu, host_mb)
 
     avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
         comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
@@ -245,6 +254,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "optimizer_s": optimizer,
         "exposed_comm_s": exposed,
         "hidden_comm_s": np.maximum(comm_total - exposed, 0.0),
+        "host_wait_s": m * (t_mb - t_mb_gpu),
     }
     mem = stage_memory(model, cluster, training, arrays, st, m)
     byte_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}

@@ -62,7 +62,8 @@ CALIBRATED_PREFIX = "calibrated:"
 MEASURED_PARTS = ("compute_s", "tp_comm_s", "tp_comm_row_s", "tp_comm_col_s", "tp_comm_depth_s", "dp_comm_s",
                   "pp_bubble_s")
 _TRAINING_SERVICE_KEYS = ("global_batch_size", "dtype", "optimizer", "overlap_grad_reduce", "overlap_tp_comm",
-                          "flash_attention", "p2p_scatter_gather", "zero3_gather", "overlap_param_gather")
+                          "flash_attention", "p2p_scatter_gather", "zero3_gather", "overlap_param_gather",
+                          "host_us_per_block")
 _PROFILE_SERVICE_KEYS = ("profile_id", "collectives", "gemm_tflops_max", "gemm_half_size", "gemm_overhead_us",
                          "hbm_bandwidth_GBps", "corrections", "source")
 
