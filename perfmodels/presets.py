@@ -3,7 +3,8 @@
 `gemm_efficiency_max` is what the GEMMs of a training step sustain, not the best square-GEMM
 microbenchmark: an 8192^3 bf16 GEMM reaches ~800 TFLOP/s on an H100, but the GEMM mix of a
 training step (epilogues, smaller tiles, clocks under sustained power) runs nearer 0.70 of peak on
-Hopper and 0.85 on Ampere; a measured profile (`gridtune profile`) replaces these defaults.
+Hopper and 0.80 on Ampere (0.85 left every published Selene/DGX-A100 run of Megatron 7-18% slower
+than predicted); a measured profile (`gridtune profile`) replaces these defaults.
 
 Peak numbers are dense (no sparsity). Bandwidths are per GPU per direction in GB/s: NVLink/xGMI
 for `intra`, the node's network bandwidth divided by its GPUs for `inter`. Look-ups are
@@ -28,9 +29,9 @@ _GPUS: dict[str, GPU] = {
         GPU(name="V100-32GB", peak_tflops_fp32=15.7, peak_tflops_tf32=0.0, peak_tflops_bf16=15.7,
             peak_tflops_fp16=125.0, memory_gib=32.0, hbm_bandwidth_GBps=900.0, gemm_efficiency_max=0.80),
         GPU(name="A100-40GB", peak_tflops_fp32=19.5, peak_tflops_tf32=156.0, peak_tflops_bf16=312.0,
-            peak_tflops_fp16=312.0, memory_gib=40.0, hbm_bandwidth_GBps=1555.0, gemm_efficiency_max=0.85),
+            peak_tflops_fp16=312.0, memory_gib=40.0, hbm_bandwidth_GBps=1555.0, gemm_efficiency_max=0.80),
         GPU(name="A100-80GB", peak_tflops_fp32=19.5, peak_tflops_tf32=156.0, peak_tflops_bf16=312.0,
-            peak_tflops_fp16=312.0, memory_gib=80.0, hbm_bandwidth_GBps=2039.0, gemm_efficiency_max=0.85),
+            peak_tflops_fp16=312.0, memory_gib=80.0, hbm_bandwidth_GBps=2039.0, gemm_efficiency_max=0.80),
         GPU(name="H100-SXM", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
             peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=80.0, hbm_bandwidth_GBps=3350.0,
             gemm_efficiency_max=0.70),
