@@ -119,7 +119,7 @@ def _gpu_preset(text: str) -> str:
         return "GH200"
     if "H200" in t:
         return "H200"
-    if "H100" in t:
+    if "H100" in t or "H800" in t:  # H800: an H100 with NVLink cut to 400 GB/s
         return "H100-PCIe" if "PCIE" in t else "H100-SXM"
     if "B200" in t:
         return "B200"
@@ -127,7 +127,7 @@ def _gpu_preset(text: str) -> str:
         return "MI300X"
     if "MI250" in t:
         return "MI250X-GCD"
-    if "A100" in t:
+    if "A100" in t or "A800" in t:  # A800: an A100 with NVLink cut to 400 GB/s
         return "A100-40GB" if "40GB" in t or "40G" in t else "A100-80GB"
     if "V100" in t:
         return "V100-16GB" if "16GB" in t or "16G" in t else "V100-32GB"
@@ -223,6 +223,8 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     gpn = _int(row.get("gpus_per_node", "")) or (16 if "DGX-2" in row.get("gpu_type", "") else 8)
     gpn = min(gpn, max(G, 1)) if gpn > G else gpn
     intra = _intra_per_gpu_GBps(row.get("intra_node_interconnect", ""), family)
+    if re.search(r"[AH]800", row.get("gpu_type", "").upper()):
+        intra = min(intra, 200.0)  # export parts: 400 GB/s NVLink in all, 200 per direction
     inter = _inter_per_gpu_GBps(row.get("inter_node_interconnect", ""), gpn, family)
     cluster = Cluster(name=f"{family}-published", num_gpus=G, gpus_per_node=gpn, gpu=presets.gpu(gpu_name),
                       intra_node_bandwidth_GBps=intra, inter_node_bandwidth_GBps=inter,
@@ -286,8 +288,23 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
             value = float(value_text)
         except ValueError:
             raise ValueError(f"metric_value {value_text!r} is not a number") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise ValueError(f"metric_value {value_text!r} is not a positive number")
+        tokens = float(gb * s)
+        m_low = metric.lower()
         if metric == "iteration_time_s":
             measured = value
+        elif m_low in ("iteration_time_ms", "step_time_ms"):
+            measured = value / 1000.0
+        elif m_low in ("tokens_per_s", "tokens_per_second", "throughput_tokens_per_s"):
+            measured = tokens / value
+        elif m_low in ("tokens_per_s_per_gpu", "tokens_per_second_per_gpu"):
+            measured = tokens / (value * G)
+        elif m_low in ("samples_per_s", "sequences_per_s", "throughput_samples_per_s"):
+            measured = gb / value
+        elif m_low == "mfu":  # a fraction, not a percent
+            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False)
+            measured = flops / (value * cluster.gpu.peak_tflops(dtype) * 1e12 * G)
         elif metric == "tflops_per_gpu":
             flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn,
                                    recompute_full=rc_text == "full" or "2104.04473" in source)

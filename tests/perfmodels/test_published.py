@@ -23,3 +23,40 @@ def test_multi_and_single_node_vtrain_files(tmp_path: Path):
     assert loaded.cases[1].measured_time_s == pytest.approx(0.815840026)
     assert [s.case_id for s in loaded.skipped] == ["single:3"]
     assert "oops" in loaded.skipped[0].reason
+
+
+def _dev_row(metric: str, value: str, gpu: str = "A100 80GB") -> str:
+    cols = {"source": "test", "model_name": "GPT", "num_layers": "24", "hidden_size": "2048", "num_heads": "16",
+            "seq_len": "2048", "vocab_size": "51200", "global_batch_size": "512", "micro_batch_size": "4",
+            "tp": "1", "pp": "1", "dp": "64", "num_gpus": "64", "gpu_type": gpu, "gpus_per_node": "8",
+            "precision": "bf16", "recompute": "full", "metric_name": metric, "metric_value": value}
+    return ",".join(cols.get(c, "") for c in _DEV_HEADER.split(","))
+
+
+_DEV_HEADER = ("source,model_name,params_billion,num_layers,hidden_size,num_heads,ffn_hidden_size,seq_len,vocab_size,"
+               "global_batch_size,micro_batch_size,tp,pp,dp,cp,virtual_pp,sequence_parallel,recompute,num_gpus,gpu_type,"
+               "gpus_per_node,intra_node_interconnect,inter_node_interconnect,precision,metric_name,metric_value,notes")
+
+
+@pytest.mark.parametrize("metric, value, seconds", [
+    ("iteration_time_s", "2.5", 2.5),
+    ("iteration_time_ms", "2500", 2.5),
+    ("tokens_per_s", str(512 * 2048 / 2.5), 2.5),
+    ("tokens_per_s_per_gpu", str(512 * 2048 / 2.5 / 64), 2.5),
+    ("samples_per_s", str(512 / 2.5), 2.5),
+])
+def test_throughput_metrics_become_step_time(tmp_path: Path, metric, value, seconds):
+    path = tmp_path / "dev.csv"
+    path.write_text(_DEV_HEADER + "\n" + _dev_row(metric, value) + "\n" + _dev_row("iteration_time_s", "-1") + "\n")
+    loaded = published.load([path])
+    assert [c.measured_time_s for c in loaded.cases] == [pytest.approx(seconds)]
+    assert "not a positive number" in loaded.skipped[0].reason
+
+
+def test_export_parts_map_to_their_family_with_halved_nvlink(tmp_path: Path):
+    path = tmp_path / "dev.csv"
+    path.write_text(_DEV_HEADER + "\n" + _dev_row("iteration_time_s", "1", gpu="A800 80GB") + "\n"
+                    + _dev_row("iteration_time_s", "1", gpu="H800") + "\n")
+    a800, h800 = (c.cluster for c in published.load([path]).cases)
+    assert (a800.gpu.name, a800.intra_node_bandwidth_GBps) == ("A100-80GB", 200.0)
+    assert (h800.gpu.name, h800.intra_node_bandwidth_GBps) == ("H100-SXM", 200.0)
