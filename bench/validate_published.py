@@ -32,7 +32,8 @@ from perfmodels.steptime import predict_many  # noqa: E402
 
 
 def score_case(case: published.Case) -> tuple[float, float, bool]:
-    """(predicted time of the plan a tuned run would use, its memory GiB, fits)."""
+    """(predicted time of the plan a tuned run would use, its memory GiB, fits): the fastest plan that
+    fits; when none of the candidate plans fits, the one needing the least memory (an OOM call)."""
     plans = [p for p in case.plans if not combination_problems(case.model, case.cluster, case.training, p)]
     if not plans:
         raise ValueError(f"{case.case_id}: no valid plan")
@@ -40,14 +41,18 @@ def score_case(case: published.Case) -> tuple[float, float, bool]:
     for p in plans:
         by_order[p.order].append(p)
     best = (float("inf"), 0.0, True)
+    leanest = (float("inf"), float("inf"), False)  # when nothing fits: the plan needing least memory
     for group in by_order.values():
         batch = predict_many(case.model, case.cluster, case.training, from_plans(group))
         fits = batch.memory.total_gib <= batch.memory.capacity_gib
-        t = np.where(fits | (len(group) == 1), batch.iteration_time_s, np.inf)
+        t = np.where(fits, batch.iteration_time_s, np.inf)
         i = int(np.argmin(t))
-        if t[i] < best[0]:
-            best = (float(batch.iteration_time_s[i]), float(batch.memory.total_gib[i]), bool(fits[i]))
-    return best
+        if fits[i] and t[i] < best[0]:
+            best = (float(batch.iteration_time_s[i]), float(batch.memory.total_gib[i]), True)
+        j = int(np.argmin(batch.memory.total_gib))
+        if batch.memory.total_gib[j] < leanest[1]:
+            leanest = (float(batch.iteration_time_s[j]), float(batch.memory.total_gib[j]), False)
+    return best if np.isfinite(best[0]) else leanest
 
 
 def plans_per_second() -> float:
