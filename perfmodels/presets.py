@@ -53,6 +53,17 @@ _GPUS: dict[str, GPU] = {
         GPU(name="B200", peak_tflops_fp32=80.0, peak_tflops_tf32=1100.0, peak_tflops_bf16=2250.0,
             peak_tflops_fp16=2250.0, peak_tflops_fp8=4500.0, memory_gib=180.0, hbm_bandwidth_GBps=8000.0,
             gemm_efficiency_max=0.70),
+        # China-market Hopper (compute cut to 148 TFLOP/s, full HBM3 and NVLink).
+        GPU(name="H20", peak_tflops_fp32=44.0, peak_tflops_tf32=74.0, peak_tflops_bf16=148.0,
+            peak_tflops_fp16=148.0, peak_tflops_fp8=296.0, memory_gib=96.0, hbm_bandwidth_GBps=4000.0,
+            gemm_efficiency_max=0.80),
+        # Ada PCIe cards (GDDR6, no NVLink).
+        GPU(name="L40S", peak_tflops_fp32=91.6, peak_tflops_tf32=183.0, peak_tflops_bf16=362.0,
+            peak_tflops_fp16=362.0, peak_tflops_fp8=733.0, memory_gib=48.0, hbm_bandwidth_GBps=864.0,
+            gemm_efficiency_max=0.70),
+        GPU(name="MI210", peak_tflops_fp32=22.6, peak_tflops_tf32=0.0, peak_tflops_bf16=181.0,
+            peak_tflops_fp16=181.0, memory_gib=64.0, hbm_bandwidth_GBps=1638.0, gemm_efficiency_max=0.70,
+            vendor="amd"),
         # A CPU "device" for the local closed loop: numbers of the order of this 2-core machine;
         # `gridtune profile` replaces them with measured ones.
         GPU(name="cpu", peak_tflops_fp32=0.1, peak_tflops_tf32=0.0, peak_tflops_bf16=0.05,

@@ -109,14 +109,20 @@ def _vtrain_case(cid: str, row: dict[str, str]) -> Case:
 # published_dev.csv format
 # --------------------------------------------------------------------------------------------
 
-_NVLINK_PER_DIRECTION = {"V100": 150.0, "A100": 300.0, "H100": 450.0, "H200": 450.0, "GH200": 450.0,
-                         "B200": 900.0, "MI250X": 100.0, "MI300X": 448.0}
+_NVLINK_PER_DIRECTION = {"V100": 150.0, "A100": 300.0, "H100": 450.0, "H200": 450.0, "GH200": 450.0, "H20": 450.0,
+                         "B200": 900.0, "MI250X": 100.0, "MI300X": 448.0, "MI210": 150.0, "L40S": 32.0}
 
 
 def _gpu_preset(text: str) -> str:
     t = text.upper().replace(" ", "")
     if "GH200" in t:
         return "GH200"
+    if "H20" in t and not re.search(r"H200|H100", t):
+        return "H20"
+    if "L40S" in t:
+        return "L40S"
+    if "MI210" in t:
+        return "MI210"
     if "H200" in t:
         return "H200"
     if "H100" in t or "H800" in t:  # H800: an H100 with NVLink cut to 400 GB/s
@@ -135,7 +141,7 @@ def _gpu_preset(text: str) -> str:
 
 
 def _family(preset: str) -> str:
-    for fam in ("GH200", "H200", "H100", "B200", "MI300X", "MI250X", "A100", "V100"):
+    for fam in ("GH200", "H200", "H100", "H20", "B200", "MI300X", "MI250X", "MI210", "L40S", "A100", "V100"):
         if preset.upper().startswith(fam):
             return fam
     return "A100"

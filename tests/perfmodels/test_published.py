@@ -60,3 +60,11 @@ def test_export_parts_map_to_their_family_with_halved_nvlink(tmp_path: Path):
     a800, h800 = (c.cluster for c in published.load([path]).cases)
     assert (a800.gpu.name, a800.intra_node_bandwidth_GBps) == ("A100-80GB", 200.0)
     assert (h800.gpu.name, h800.intra_node_bandwidth_GBps) == ("H100-SXM", 200.0)
+
+
+@pytest.mark.parametrize("text, preset", [("H20 96GB", "H20"), ("NVIDIA H200", "H200"), ("L40S PCIe", "L40S"),
+                                          ("AMD MI210", "MI210"), ("A100-SXM4-40GB", "A100-40GB")])
+def test_gpu_names_in_sources_map_to_presets(text, preset):
+    from perfmodels import presets
+    assert published._gpu_preset(text) == preset
+    assert presets.gpu(preset).name == preset
