@@ -16,8 +16,9 @@ Rows without a batch size or a time metric are reported as unusable, with the re
 from __future__ import annotations
 
 import csv
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,30 +74,36 @@ def megatron_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int
 # --------------------------------------------------------------------------------------------
 
 
-def load_vtrain(path: Path) -> Loaded:
+def _load_rows(path: Path, make_case: Callable[[str, dict[str, str]], Case]) -> Loaded:
+    """One Case per CSV row; a row that cannot be used is skipped with the reason, never raised."""
     out = Loaded()
     with open(path, newline="") as fh:
         for i, row in enumerate(csv.DictReader(fh)):
-            cid = f"{path.stem}:{i + 2}"
+            cid = f"{path.name}:{i + 2}"
             try:
-                out.cases.append(_vtrain_case(cid, row))
-            except (KeyError, TypeError, ValueError) as exc:
-                out.skipped.append(Skipped(case_id=cid, reason=f"unusable vTrain row: {exc}"))
+                out.cases.append(make_case(cid, row))
+            except KeyError as exc:
+                out.skipped.append(Skipped(case_id=cid, reason=f"column {exc} missing"))
+            except (TypeError, ValueError) as exc:
+                out.skipped.append(Skipped(case_id=cid, reason=str(exc)))
     return out
 
 
+def load_vtrain(path: Path) -> Loaded:
+    return _load_rows(path, _vtrain_case)
+
+
 def _vtrain_case(cid: str, row: dict[str, str]) -> Case:
-    gpus = int(row["# GPUs"])
+    gpus, h, L, gb = (int(row[k]) for k in ("# GPUs", "hidden size", "# layers", "global batch"))
     size = (row.get("Parameters (billion)") or "").strip()
-    h, L, gb = row["hidden size"], row["# layers"], row["global batch"]
     # the multi-node file names its models by size; the single-node one (ground_truth_single)
     # does not, so its groups are one shape and batch on one GPU count
     group = f"vtrain {size}B on {gpus} GPUs" if size else f"vtrain h{h} L{L} gb{gb} on {gpus} GPUs"
-    model = Model(name=f"gpt-{size}b" if size else f"gpt-h{h}-L{L}", num_layers=int(row["# layers"]),
-                  hidden_size=int(row["hidden size"]), num_attention_heads=int(row["attention heads"]),
-                  seq_length=int(row["sequence length"]), vocab_size=51200)
+    model = Model(name=f"gpt-{size}b" if size else f"gpt-h{h}-L{L}", num_layers=L, hidden_size=h,
+                  num_attention_heads=int(row["attention heads"]), seq_length=int(row["sequence length"]),
+                  vocab_size=51200)
     cluster = presets.cluster("vtrain-a100", num_gpus=gpus)
-    training = Training(global_batch_size=int(row["global batch"]), dtype="fp16",
+    training = Training(global_batch_size=gb, dtype="fp16",
                         overlap_grad_reduce=False, flash_attention=False, p2p_scatter_gather=True)
     plan = Plan(G_data=int(row["data parallelism"]), G_inter=int(row["pipeline parallelism"]),
                 G_intra_r=int(row["tensor parallelism"]), micro_batch_size=int(row["micro batch"]),
@@ -197,17 +204,7 @@ def _framework(source: str) -> str:
 
 
 def load_published(path: Path) -> Loaded:
-    out = Loaded()
-    with open(path, newline="") as fh:
-        for i, row in enumerate(csv.DictReader(fh)):
-            cid = f"{path.name}:{i + 2}"
-            try:
-                case = _published_case(cid, row)
-            except ValueError as exc:
-                out.skipped.append(Skipped(case_id=cid, reason=str(exc)))
-                continue
-            out.cases.append(case)
-    return out
+    return _load_rows(path, _published_case)
 
 
 def _published_case(cid: str, row: dict[str, str]) -> Case:
@@ -294,7 +291,7 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
             value = float(value_text)
         except ValueError:
             raise ValueError(f"metric_value {value_text!r} is not a number") from None
-        if not value > 0 or value != value or value == float("inf"):
+        if not (math.isfinite(value) and value > 0):
             raise ValueError(f"metric_value {value_text!r} is not a positive number")
         tokens = float(gb * s)
         m_low = metric.lower()

@@ -150,6 +150,15 @@ def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, event
     return np.where(g["size"] > 1, per_call, 0.0)
 
 
+def _prefetched_exposed(total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Exposed part of per-micro-batch collectives that a prefetching stream runs behind compute:
+    what 80% of the compute cannot cover, and never less than a twentieth of one micro-batch's share
+    (the first gather has nothing to hide behind). Not overlapped: all of it."""
+    if not overlapped:
+        return total
+    return np.maximum(total - 0.8 * compute_step, total / np.maximum(m, 1) * 0.05)
+
+
 def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
     S = arrays.G_inter.astype(np.float64)
     if not model.is_transformer:
@@ -200,15 +209,11 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     tp_exposed = tp_exposed * c_tp + np.where(training.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
     tp_total = (t["row"] + t["col"]) * c_tp
     depth_total = (t["depth"] + t["dp_mb"]) * c_dp
-    depth_exposed = np.where(training.overlap_grad_reduce,
-                             np.maximum(depth_total - 0.8 * compute_step, depth_total / np.maximum(m, 1) * 0.05),
-                             depth_total)
+    depth_exposed = _prefetched_exposed(depth_total, training.overlap_grad_reduce, compute_step, m)
     # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
     # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
     zero3_total = t["zero3"] * c_dp
-    zero3_exposed = np.where(training.overlap_param_gather,
-                             np.maximum(zero3_total - 0.8 * compute_step, zero3_total / np.maximum(m, 1) * 0.05),
-                             zero3_total)
+    zero3_exposed = _prefetched_exposed(zero3_total, training.overlap_param_gather, compute_step, m)
     per_mb_exposed = (tp_exposed + depth_exposed + zero3_exposed) / m
     t_mb_gpu = compute_mb + per_mb_exposed
     # the host issues each block's forward, backward (twice the ops) and recomputation; a GPU that

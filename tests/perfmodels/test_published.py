@@ -21,7 +21,7 @@ def test_multi_and_single_node_vtrain_files(tmp_path: Path):
     plan = loaded.cases[1].plans[0]
     assert (plan.G_intra_r, plan.G_data, plan.G_inter, plan.micro_batch_size) == (8, 1, 1, 1)
     assert loaded.cases[1].measured_time_s == pytest.approx(0.815840026)
-    assert [s.case_id for s in loaded.skipped] == ["single:3"]
+    assert [s.case_id for s in loaded.skipped] == ["single.csv:3"]
     assert "oops" in loaded.skipped[0].reason
 
 
