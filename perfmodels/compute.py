@@ -100,9 +100,9 @@ def model_flops_per_token(model: Model) -> float:
             else:
                 total += layer.flops_per_sample
         return total  # per sample (rows are inside)
-    h, f, s = model.hidden_size, float(model.ffn_hidden_size), model.seq_length
+    h, f, span = model.hidden_size, float(model.ffn_hidden_size), model.span
     kv = model.kv_hidden_size
-    per_layer = 2 * h * (h + 2 * kv) + 2 * h * h + (3 if model.gated_mlp else 2) * 2 * h * f + 4 * s * h
+    per_layer = 2 * h * (h + 2 * kv) + 2 * h * h + (3 if model.gated_mlp else 2) * 2 * h * f + 4 * span * h
     return model.num_layers * per_layer + 2.0 * h * model.vocab_size
 
 
@@ -132,16 +132,18 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
             + gemm_time_s(T, h / G_c, f / G_r, curve))
     heads = a / G_r
     if training.flash_attention:
-        attn_flops = 4.0 * b * s * s * d * heads * 0.5
+        span = float(model.span)  # keys per query: the whole sequence under context parallelism
+        attn_flops = 4.0 * b * s * span * d * heads * 0.5
         attn = attn_flops / (curve.tflops_max * 1e12 * FLASH_EFFICIENCY) + curve.overhead_s
         attn_bwd_factor = 2.5
         score_elems = 0.0
     else:
         bh = b * heads  # batched GEMMs over (micro-batch x local heads)
-        attn = bh * (gemm_time_s(s, s, d, curve) - curve.overhead_s) * 2 + 2 * curve.overhead_s
+        span = float(model.span)
+        attn = bh * (gemm_time_s(s, span, d, curve) - curve.overhead_s) * 2 + 2 * curve.overhead_s
         attn_bwd_factor = 2.0
         # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
-        score_elems = 4.5 * bh * s * s
+        score_elems = 4.5 * bh * s * span
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
     # activation function on the FFN hidden, bias/reshape of q, k, v
     act_elems = (3.0 if model.gated_mlp else 2.0) * f

@@ -58,7 +58,7 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     f_up = (2.0 if model.gated_mlp else 1.0) * f
     replicated = 10.0 * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
-    scores = 0.0 if training.flash_attention else 5.0 * a * s * s * b
+    scores = 0.0 if training.flash_attention else 5.0 * a * s * float(model.span) * b
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
     scores = np.where(selective, 0.0, scores)
     return scale * (replicated / resid + split / G_r + scores / G_r)

@@ -99,6 +99,9 @@ class Model:
 
     `ffn_hidden_size` defaults to 4 * hidden_size; `num_query_groups` (GQA) defaults to the
     number of heads; `gated_mlp` means SwiGLU (three FFN matrices instead of two).
+    `attention_span` (defaults to `seq_length`) is how many positions each query attends over; it
+    differs only when a sequence is split over ranks (context parallelism): then `seq_length` is
+    one rank's chunk and `attention_span` the whole sequence.
     """
 
     name: str = "custom"
@@ -111,6 +114,7 @@ class Model:
     num_query_groups: int | None = None
     gated_mlp: bool = False
     tied_embeddings: bool = False
+    attention_span: int | None = None
     layers: tuple[LayerSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -127,6 +131,11 @@ class Model:
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         _positive_int("model", "ffn_hidden_size", self.ffn_hidden_size)
+        if self.attention_span is not None:
+            _positive_int("model", "attention_span", self.attention_span)
+        if self.attention_span is not None and self.attention_span < self.seq_length:
+            raise ValueError(f"model.attention_span={self.attention_span} is shorter than "
+                             f"model.seq_length={self.seq_length}")
         if self.num_query_groups is None:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         _positive_int("model", "num_query_groups", self.num_query_groups)
@@ -148,6 +157,11 @@ class Model:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def span(self) -> int:
+        """Positions each query attends over: `attention_span`, or the whole sample."""
+        return self.attention_span if self.attention_span is not None else self.seq_length
 
     @property
     def kv_hidden_size(self) -> int:

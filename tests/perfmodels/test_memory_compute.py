@@ -72,3 +72,27 @@ def test_mfu_is_flops_over_time_and_peak():
     flops = 3 * model_flops_per_token(GPT) * 512 * GPT.seq_length
     assert pred.mfu == pytest.approx(flops / (pred.iteration_time_s * 64 * 312e12))
     assert np.isclose(pred.tokens_per_s * pred.iteration_time_s, 512 * GPT.seq_length)
+
+
+def test_context_parallel_chunk_does_a_cp_th_of_the_attention():
+    """A rank holding 1/cp of a sequence (seq_length = s/cp, attention_span = s) does 1/cp of the
+    sample's attention FLOPs and 1/cp of its GEMM FLOPs; MFU accounting is the same per token."""
+    import dataclasses
+
+    from perfmodels.compute import model_flops_per_token, stage_compute
+    from perfmodels.plans import from_plans
+    from perfmodels.specs import Model, Plan, Training
+    from perfmodels.traffic import stage_shape
+    full = Model(name="m", num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=8192, vocab_size=32000)
+    chunk = dataclasses.replace(full, seq_length=2048, attention_span=8192)
+    assert model_flops_per_token(chunk) == model_flops_per_token(full)
+    cluster, training = presets.cluster("eos", 8), Training(global_batch_size=8)
+    arrays = from_plans([Plan(G_data=8)])
+    st = stage_shape(4, arrays)
+    a_full = stage_compute(full, cluster, training, arrays, st).attention_fwd_s[0]
+    a_chunk = stage_compute(chunk, cluster, training, arrays, st).attention_fwd_s[0]
+    overhead = 4 * 4e-6  # one kernel overhead per block
+    assert (a_chunk - overhead) == pytest.approx((a_full - overhead) / 4, rel=1e-9)
+    with pytest.raises(ValueError, match="attention_span"):
+        Model(name="m", num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=8192, vocab_size=32000,
+              attention_span=4096)

@@ -68,3 +68,20 @@ def test_gpu_names_in_sources_map_to_presets(text, preset):
     from perfmodels import presets
     assert published._gpu_preset(text) == preset
     assert presets.gpu(preset).name == preset
+
+
+def test_context_parallel_row_becomes_shorter_samples_over_more_data_ranks(tmp_path: Path):
+    """cp=4: each rank holds a quarter of every 8192-token sequence and attends over all of it;
+    the grid sees 4x as many 2048-token samples, data-parallel over dp x cp ranks."""
+    path = tmp_path / "dev.csv"
+    row = _dev_row("iteration_time_s", "3.0").split(",")
+    header = _DEV_HEADER.split(",")
+    for col, val in (("seq_len", "8192"), ("cp", "4"), ("dp", "16"), ("num_gpus", "64"), ("micro_batch_size", "1"),
+                     ("global_batch_size", "64")):
+        row[header.index(col)] = val
+    path.write_text(_DEV_HEADER + "\n" + ",".join(row) + "\n")
+    (case,) = published.load([path]).cases
+    assert (case.model.seq_length, case.model.span) == (2048, 8192)
+    assert case.training.global_batch_size == 256
+    assert {p.G_data for p in case.plans} == {64}
+    assert case.measured_time_s == pytest.approx(3.0)
