@@ -56,14 +56,18 @@ class Loaded:
 
 
 def megatron_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int, ffn: int | None = None,
-                   recompute_full: bool) -> float:
+                   recompute_full: bool, kv_hidden: int | None = None, gated: bool = False) -> float:
     """FLOPs per iteration as Megatron-LM reports them (Narayanan et al. 2021, eq. 3).
 
     72 B s L h^2 (1 + s/(6h) + V/(12 L h)) for forward+backward with ffn = 4h; full recomputation
-    adds one forward of the transformer layers (96 B s L h^2 (1 + s/(6h) + V/(16 L h))).
+    adds one forward of the transformer layers (96 B s L h^2 (1 + s/(6h) + V/(16 L h))). Grouped
+    query attention shrinks the key/value projections to `kv_hidden`; a gated MLP has three matrices.
     """
     f = ffn or 4 * hidden
-    per_layer_fwd = 2 * batch * seq * (4 * hidden * hidden + 2 * hidden * f) + 4 * batch * seq * seq * hidden
+    kv = kv_hidden or hidden
+    attn_proj = 2 * hidden * hidden + 2 * hidden * kv
+    mlp = (3 if gated else 2) * hidden * f
+    per_layer_fwd = 2 * batch * seq * (attn_proj + mlp) + 4 * batch * seq * seq * hidden
     head_fwd = 2 * batch * seq * hidden * vocab
     passes = 4 if recompute_full else 3
     return float(passes * layers * per_layer_fwd + 3 * head_fwd)
@@ -194,6 +198,22 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+_LLAMA_STYLE = ("llama", "mistral", "qwen", "gemma", "deepseek", "internlm", "baichuan", "yi-")
+
+
+def _block_style(row: dict[str, str], heads: int) -> tuple[bool, int]:
+    """(gated MLP, query groups): the row's own columns when it has them, else the model family's
+    convention (Llama-style blocks: SwiGLU; Llama 2 70B, Llama 3 and Mistral: 8 key/value groups)."""
+    name = (row.get("model_name") or "").lower()
+    gated_text = (row.get("gated_mlp") or "").strip().lower()
+    gated = gated_text == "true" if gated_text in ("true", "false") else any(k in name for k in _LLAMA_STYLE)
+    groups = _int(row.get("num_query_groups", "")) or _int(row.get("num_kv_heads", ""))
+    if groups is None:
+        eight = re.search(r"llama[\s-]*3|mistral|llama[\s-]*2[\s-]*70b", name)
+        groups = 8 if eight and heads % 8 == 0 else heads
+    return gated, groups
+
+
 def _framework(source: str) -> str:
     s = source.lower()
     if "oneflow" in s and "oneflow-gpt" in s:
@@ -216,7 +236,8 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     if not all((L, h, a, s)):
         raise ValueError("model dimensions missing")
     vocab = _int(row.get("vocab_size", "")) or 51200
-    ffn = _int(row.get("ffn_hidden_size", "")) or 4 * h
+    gated, groups = _block_style(row, a)
+    ffn = _int(row.get("ffn_hidden_size", "")) or (-(-8 * h // 3 // 256) * 256 if gated else 4 * h)
     gb = _int(row.get("global_batch_size", ""))
     G = _int(row.get("num_gpus", ""))
     if not gb or not G:
@@ -261,7 +282,8 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     if cp > 1 and s % cp:
         raise ValueError(f"seq_len={s} does not split over cp={cp}")
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
-                  ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab)
+                  ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
+                  gated_mlp=gated, num_query_groups=groups)
     if cp > 1:
         training = replace(training, global_batch_size=gb * cp)
     rc_text = (row.get("recompute") or "").strip().lower()
@@ -316,14 +338,17 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
         elif m_low in ("samples_per_s", "sequences_per_s", "throughput_samples_per_s"):
             measured = gb / value
         elif m_low == "mfu":  # a fraction, not a percent
-            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False)
+            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False,
+                                   kv_hidden=model.kv_hidden_size, gated=gated)
             measured = flops / (value * cluster.gpu.peak_tflops(dtype) * 1e12 * G)
         elif metric == "tflops_per_gpu":
             flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn,
-                                   recompute_full=rc_text == "full" or "2104.04473" in source)
+                                   recompute_full=rc_text == "full" or "2104.04473" in source,
+                                   kv_hidden=model.kv_hidden_size, gated=gated)
             measured = flops / (value * 1e12 * G)
         elif metric == "mfu_percent":
-            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False)
+            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False,
+                                   kv_hidden=model.kv_hidden_size, gated=gated)
             measured = flops / (value / 100.0 * cluster.gpu.peak_tflops(dtype) * 1e12 * G)
         else:
             raise ValueError(f"metric {metric!r} is not a time metric")

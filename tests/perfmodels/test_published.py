@@ -85,3 +85,21 @@ def test_context_parallel_row_becomes_shorter_samples_over_more_data_ranks(tmp_p
     assert case.training.global_batch_size == 256
     assert {p.G_data for p in case.plans} == {64}
     assert case.measured_time_s == pytest.approx(3.0)
+
+
+def test_llama_style_rows_get_swiglu_and_grouped_query_attention(tmp_path: Path):
+    path = tmp_path / "dev.csv"
+    header = _DEV_HEADER.split(",")
+    row = _dev_row("tflops_per_gpu", "400").split(",")
+    for col, val in (("model_name", "Llama 3 70B"), ("num_layers", "80"), ("hidden_size", "8192"), ("num_heads", "64"),
+                     ("ffn_hidden_size", "28672"), ("vocab_size", "128256"), ("seq_len", "8192"), ("tp", "8"),
+                     ("pp", "4"), ("dp", "2"), ("global_batch_size", "64")):
+        row[header.index(col)] = val
+    path.write_text(_DEV_HEADER + "\n" + ",".join(row) + "\n")
+    (case,) = published.load([path]).cases
+    assert case.model.gated_mlp and case.model.num_query_groups == 8
+    # Megatron's count: per layer forward 2*T*(2h^2 + 2h*kv + 3*h*f) + 4*T*s*h, four passes with full
+    # recomputation (the row's), the head's three
+    T, h, kv, f, s, L, V = 64 * 8192, 8192, 1024, 28672, 8192, 80, 128256
+    flops = 4 * L * (2 * T * (2 * h * h + 2 * h * kv + 3 * h * f) + 4 * T * s * h) + 3 * 2 * T * h * V
+    assert case.measured_time_s == pytest.approx(flops / (400e12 * 64))
