@@ -297,7 +297,8 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     sps = (sp_text == "true",) if sp_text in ("true", "false") else ((False, True) if modern else (False,))
     tp, pp, dp = _int(row.get("tp", "")), _int(row.get("pp", "")), _int(row.get("dp", ""))
     mb = _int(row.get("micro_batch_size", ""))
-    vpp = _int(row.get("virtual_pp", "")) or 1
+    # virtual stages: as stated; unstated means none before 2023, any a tuned run could use after
+    vpp = _int(row.get("virtual_pp", "")) or (0 if modern else 1)
     zero_text = (row.get("notes", "") + source).lower()
     if framework == "deepspeed" and "zero-3" in zero_text:
         zeros: tuple[int, ...] = (3,)
@@ -381,13 +382,17 @@ def _candidate_plans(*, G: int, tp: int | None, pp: int | None, dp: int | None, 
         for micro in mbs:
             if per_replica % micro:
                 continue
-            v = vpp if p > 1 and vpp > 1 and (per_replica // micro) % p == 0 and layers % (p * vpp) == 0 else 1
             if sp and t == 1:
                 continue
-            plans.append(Plan(G_data=d, G_inter=p, G_intra_r=t, micro_batch_size=micro,
-                              schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
-                              recompute=recompute, sequence_parallel=sp, zero_stage=zero,  # type: ignore[arg-type]
-                              placement=order))
+            if vpp:  # stated: used where Megatron allows it (micro-batches and layers divide evenly)
+                vs = [vpp if p > 1 and vpp > 1 and (per_replica // micro) % p == 0 and layers % (p * vpp) == 0 else 1]
+            else:  # not stated (modern runs): any interleaving a tuned run could have used
+                vs = [1] + [v for v in (2, 3, 4, 6, 8) if p > 1 and (per_replica // micro) % p == 0 and layers >= p * v]
+            for v in vs:
+                plans.append(Plan(G_data=d, G_inter=p, G_intra_r=t, micro_batch_size=micro,
+                                  schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
+                                  recompute=recompute, sequence_parallel=sp, zero_stage=zero,  # type: ignore[arg-type]
+                                  placement=order))
     return plans
 
 

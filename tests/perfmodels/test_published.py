@@ -103,3 +103,19 @@ def test_llama_style_rows_get_swiglu_and_grouped_query_attention(tmp_path: Path)
     T, h, kv, f, s, L, V = 64 * 8192, 8192, 1024, 28672, 8192, 80, 128256
     flops = 4 * L * (2 * T * (2 * h * h + 2 * h * kv + 3 * h * f) + 4 * T * s * h) + 3 * 2 * T * h * V
     assert case.measured_time_s == pytest.approx(flops / (400e12 * 64))
+
+
+def test_unstated_virtual_stages_are_enumerated_for_modern_runs_only(tmp_path: Path):
+    path = tmp_path / "dev.csv"
+    header = _DEV_HEADER.split(",")
+    rows = []
+    for source in ("Megatron-LM README (2024)", "Megatron-LM SC21 (2021)"):
+        row = _dev_row("iteration_time_s", "5").split(",")
+        for col, val in (("source", source), ("tp", "8"), ("pp", "4"), ("dp", "2"), ("micro_batch_size", "1"),
+                         ("global_batch_size", "64")):
+            row[header.index(col)] = val
+        rows.append(",".join(row))
+    path.write_text(_DEV_HEADER + "\n" + "\n".join(rows) + "\n")
+    modern, old = published.load([path]).cases
+    assert {p.virtual_stages for p in modern.plans} == {1, 2, 3, 4, 6}  # 24 layers >= 4 stages x v
+    assert {p.virtual_stages for p in old.plans} == {1}
