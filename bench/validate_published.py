@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                      "predicted_s": pred, "memory_gib": mem, "fits": fits, "expect_oom": case.expect_oom,
                      "plan": case.plans[0].grid_string() if len(case.plans) == 1 else f"best of {len(case.plans)}"})
     timed = [r for r in rows if r["measured_s"]]
-    ape = np.array([abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in timed])
+    if not timed and not any(r["expect_oom"] for r in rows):
+        print("no usable rows: " + "; ".join(f"{s.case_id}: {s.reason}" for s in loaded.skipped[:10]), file=sys.stderr)
+        return 1
+    ape = np.array([abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in timed] or [np.nan])
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in timed:
         groups[r["group"]].append(r)
