@@ -19,7 +19,7 @@ import csv
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodels import presets
@@ -126,24 +126,14 @@ _NVLINK_PER_DIRECTION = {"V100": 150.0, "A100": 300.0, "H100": 450.0, "H200": 45
 
 def _gpu_preset(text: str) -> str:
     t = text.upper().replace(" ", "")
-    if "GH200" in t:
-        return "GH200"
     if "H20" in t and not re.search(r"H200|H100", t):
         return "H20"
-    if "L40S" in t:
-        return "L40S"
-    if "MI210" in t:
-        return "MI210"
-    if "H200" in t:
-        return "H200"
+    for key, preset in (("GH200", "GH200"), ("L40S", "L40S"), ("MI210", "MI210"), ("H200", "H200"),
+                        ("B200", "B200"), ("MI300", "MI300X"), ("MI250", "MI250X-GCD")):
+        if key in t:
+            return preset
     if "H100" in t or "H800" in t:  # H800: an H100 with NVLink cut to 400 GB/s
         return "H100-PCIe" if "PCIE" in t else "H100-SXM"
-    if "B200" in t:
-        return "B200"
-    if "MI300" in t:
-        return "MI300X"
-    if "MI250" in t:
-        return "MI250X-GCD"
     if "A100" in t or "A800" in t:  # A800: an A100 with NVLink cut to 400 GB/s
         return "A100-40GB" if "40GB" in t or "40G" in t else "A100-80GB"
     if "V100" in t:
@@ -270,10 +260,6 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     # DeepSpeed ZeRO-3 before 2022 gathered (and reduce-scattered) every parameter tensor with its
     # own collective when its module ran; later releases coalesce per module and prefetch
     early_zero3 = framework == "deepspeed" and year < 2022
-    training = Training(global_batch_size=gb, dtype=dtype, overlap_grad_reduce=modern or framework == "deepspeed",
-                        overlap_tp_comm="tp-comm-overlap" in (row.get("notes") or ""), flash_attention=modern,
-                        p2p_scatter_gather=framework != "oneflow",
-                        zero3_gather="tensor" if early_zero3 else "layer", overlap_param_gather=not early_zero3)
     # context parallelism: each of cp ranks holds a 1/cp chunk of every sequence and attends over the
     # whole of it. In the grid that is cp x more, cp x shorter samples, data-parallel over dp x cp
     # ranks (the gradient all-reduce of context parallelism spans exactly those); the key/value ring
@@ -281,11 +267,14 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
     cp = _int(row.get("cp", "")) or 1
     if cp > 1 and s % cp:
         raise ValueError(f"seq_len={s} does not split over cp={cp}")
+    training = Training(global_batch_size=gb * cp, dtype=dtype,
+                        overlap_grad_reduce=modern or framework == "deepspeed",
+                        overlap_tp_comm="tp-comm-overlap" in (row.get("notes") or ""), flash_attention=modern,
+                        p2p_scatter_gather=framework != "oneflow",
+                        zero3_gather="tensor" if early_zero3 else "layer", overlap_param_gather=not early_zero3)
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
                   gated_mlp=gated, num_query_groups=groups)
-    if cp > 1:
-        training = replace(training, global_batch_size=gb * cp)
     rc_text = (row.get("recompute") or "").strip().lower()
     if rc_text in ("none", "selective", "full"):
         recomputes: tuple[str, ...] = (rc_text,)
@@ -328,6 +317,11 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
             raise ValueError(f"metric_value {value_text!r} is not a positive number")
         tokens = float(gb * s)
         m_low = metric.lower()
+
+        def model_flops(recompute_full: bool) -> float:
+            return megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn,
+                                  recompute_full=recompute_full, kv_hidden=model.kv_hidden_size, gated=gated)
+
         if metric == "iteration_time_s":
             measured = value
         elif m_low in ("iteration_time_ms", "step_time_ms"):
@@ -338,19 +332,12 @@ def _published_case(cid: str, row: dict[str, str]) -> Case:
             measured = tokens / (value * G)
         elif m_low in ("samples_per_s", "sequences_per_s", "throughput_samples_per_s"):
             measured = gb / value
-        elif m_low == "mfu":  # a fraction, not a percent
-            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False,
-                                   kv_hidden=model.kv_hidden_size, gated=gated)
-            measured = flops / (value * cluster.gpu.peak_tflops(dtype) * 1e12 * G)
         elif metric == "tflops_per_gpu":
-            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn,
-                                   recompute_full=rc_text == "full" or "2104.04473" in source,
-                                   kv_hidden=model.kv_hidden_size, gated=gated)
+            flops = model_flops(recompute_full=rc_text == "full" or "2104.04473" in source)
             measured = flops / (value * 1e12 * G)
-        elif metric == "mfu_percent":
-            flops = megatron_flops(batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn, recompute_full=False,
-                                   kv_hidden=model.kv_hidden_size, gated=gated)
-            measured = flops / (value / 100.0 * cluster.gpu.peak_tflops(dtype) * 1e12 * G)
+        elif m_low in ("mfu", "mfu_percent"):  # "mfu" is a fraction, "mfu_percent" a percent
+            fraction = value if m_low == "mfu" else value / 100.0
+            measured = model_flops(recompute_full=False) / (fraction * cluster.gpu.peak_tflops(dtype) * 1e12 * G)
         else:
             raise ValueError(f"metric {metric!r} is not a time metric")
     group = f"{framework} {model.name.split(' (')[0]} L{L} h{h} on {G} {gpu_name} gb{gb}"
