@@ -1,25 +1,33 @@
 """gridtune's training engine: AxoNN-style 3D tensor x pipeline x data parallelism on torch.distributed.
 
     import engine
-    grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)
-    loader = engine.create_dataloader(dataset, global_batch_size=64)
-    model = engine.ParallelGPT.from_serial(GPT(cfg), grid)     # or: with engine.auto_parallelize(): ...
+    grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)   # or AxoNN's positional order
+    loader = engine.create_dataloader(dataset, global_batch_size=64, micro_batch_size=4)
+    model = engine.ParallelGPT(cfg, grid)          # only this rank's shards; or: with engine.auto_parallelize(): ...
     loss = engine.forward_backward(model, tokens, targets, micro_batch_size=4)
-    engine.sync_gradients(model); optimizer.step()
+    engine.step(model, optimizer, max_grad_norm=1.0)    # sync gradients, clip, optimizer.step()
 
-See DESIGN.md section 1 for the layout and perfmodels/traffic.py for the bytes every step sends.
+See docs/engine.md for the AxoNN-style flow, DESIGN.md section 1 for the layout and
+perfmodels/traffic.py for the bytes every step sends.
 """
 
 from engine.auto import AutoLinear, auto_parallelize
-from engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
+from engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint, save_consolidated
 from engine.data import create_dataloader, local_batch_size
-from engine.grads import clip_grad_norm_, grad_norm, no_sync, sync_gradients
+from engine.grads import (
+    clip_grad_norm_,
+    grad_norm,
+    no_sync,
+    step,
+    sync_gradients,
+    wrap,
+)
 from engine.grid import Grid, GridError, current_grid, init
-from engine.linear import Linear
+from engine.linear import Linear, ShardedLinear
+from engine.loop import forward_backward
 from engine.parallel_gpt import ParallelGPT
 from engine.pipeline import Pipeline
 from engine.recorder import CommRecorder
-from engine.step import forward_backward
 from engine.train import TrainReport, train
 from engine.zero import ZeroOptimizer
 
@@ -31,6 +39,7 @@ __all__ = [
     "Linear",
     "ParallelGPT",
     "Pipeline",
+    "ShardedLinear",
     "TrainReport",
     "ZeroOptimizer",
     "auto_parallelize",
@@ -45,6 +54,9 @@ __all__ = [
     "local_batch_size",
     "no_sync",
     "save_checkpoint",
+    "save_consolidated",
+    "step",
     "sync_gradients",
     "train",
+    "wrap",
 ]

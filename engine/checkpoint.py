@@ -1,14 +1,21 @@
-"""Full state dicts and sharded checkpoints that reload under any grid (resharding).
+"""Full state dicts, per-rank checkpoints that reload under any grid (resharding), consolidated export.
 
-- `full_state_dict(model)`: the unsharded tensors on every rank, with the keys and shapes of the
-  unparallelized model's `state_dict()` (vocabulary padding removed). Built from every rank's
-  pieces and their `ShardSpec`s (engine.shard), so it needs no knowledge of the layers.
-- `save_checkpoint(dir, model, optimizer, step)`: every rank of data replica 0 writes its own
-  pieces (parameters and, for AdamW-style optimizers, their per-parameter state) with the grid
-  degrees and its coordinates to `dir/rank-XXXXX.pt`; nothing is gathered.
-- `load_checkpoint(dir, model, optimizer)`: every rank reads the pieces it overlaps with (all
-  files, for simplicity), reassembles full tensors and keeps its own shard under the *current*
-  grid, so a checkpoint saved on one grid loads on another. Returns the saved step.
+- `full_state_dict(model)`: the unsharded parameters and buffers (CPU tensors) on every rank, with
+  the keys and shapes of the unparallelized model's `state_dict()` (vocabulary padding removed).
+  Each piece is contributed once (by the first member of every axis it is replicated over) and
+  gathered over col, row, depth and pipeline stages only: never over data, never over the world.
+- `save_checkpoint(dir, model, optimizer, step, scheduler=...)`: every rank writes its own file
+  `dir/rank-XXXXX.pt`: data replica 0 its parameter/buffer pieces and, for AdamW-style optimizers,
+  their per-parameter state; every rank its RNG states (torch CPU and CUDA, Python, NumPy), the
+  optimizer's hyperparameters per group and the LR scheduler's state. Rank 0 adds `index.pt`
+  (grid, placement, which tensors and shard specs each file holds). Nothing is gathered (ZeRO-1
+  state excepted: it is gathered over data into the per-parameter form). `consolidated=True` (or
+  `save_consolidated(file, model)`) also writes one single-process `state_dict` file that
+  `GPT.load_state_dict` (or any unparallelized model) reads.
+- `load_checkpoint(dir, model, optimizer, scheduler=...)`: every rank reads only the files whose
+  pieces overlap its own shards (on the same grid: exactly one), assembles one tensor at a time,
+  keeps its shard under the *current* grid, restores hyperparameters, scheduler and (same grid)
+  its RNG states. Returns the saved step.
 
 Optimizer state is matched by parameter name (the model's `named_parameters()`), so it survives
 resharding too; scalar state (AdamW's `step`) is copied as is. engine.ZeroOptimizer (ZeRO-1) state
@@ -19,6 +26,7 @@ checkpoints move freely between ZeRO-1 and plain optimizers and between grids.
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 import torch
@@ -28,11 +36,31 @@ from torch import nn
 from engine.grid import Grid, current_grid
 from engine.shard import ShardSpec, spec_of
 from engine.zero import ZeroOptimizer
+from perfmodels.layout import rank_coords
 
 Pieces = dict[str, tuple[ShardSpec | None, dict[str, int], torch.Tensor]]
+INDEX = "index.pt"
+CONSOLIDATED = "consolidated.pt"
+TENSOR_AXES = ("depth", "row", "col")
 
 
-def _assemble(pieces_by_rank: list[tuple[dict[str, int], Pieces]]) -> dict[str, torch.Tensor]:
+def _file(path: str, rank: int) -> str:
+    return os.path.join(path, f"rank-{rank:05d}.pt")
+
+
+def _named_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, ShardSpec | None]]:
+    """The model's state_dict entries (parameters and persistent buffers) and their shard specs."""
+    state = model.state_dict(keep_vars=True)
+    return state, {name: spec_of(t) for name, t in state.items()}
+
+
+def _owner(spec: ShardSpec | None, grid: Grid) -> bool:
+    """Whether this rank contributes the piece: first member of every axis it is replicated over."""
+    axes = spec.replicated_axes() if spec is not None else TENSOR_AXES
+    return all(grid.coord(a) == 0 for a in axes)
+
+
+def _place_all(pieces_by_rank: list[tuple[dict[str, int], Pieces]]) -> dict[str, torch.Tensor]:
     full: dict[str, torch.Tensor] = {}
     specs: dict[str, ShardSpec | None] = {}
     for degrees, pieces in pieces_by_rank:
@@ -48,21 +76,36 @@ def _assemble(pieces_by_rank: list[tuple[dict[str, int], Pieces]]) -> dict[str, 
     return {name: (t if specs[name] is None else specs[name].trim(t)) for name, t in full.items()}
 
 
-def _local_pieces(named: dict[str, torch.Tensor], params: dict[str, torch.Tensor], grid: Grid) -> Pieces:
-    return {name: (spec_of(params[name]), dict(grid.coords), t.detach().cpu().clone()) for name, t in named.items()}
-
-
 def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, torch.Tensor]:
-    """Unsharded parameters (CPU tensors) on every rank; a collective over the whole world."""
+    """Unsharded parameters and buffers (CPU tensors) on every rank.
+
+    A collective over col, row, depth and pipeline stages (each data replica assembles its own)."""
     grid = current_grid(grid)
-    params = dict(model.named_parameters())
-    mine = _local_pieces(params, params, grid) if grid.coord("data") == 0 else {}
-    gathered: list[Any] = [None] * grid.world_size
+    state, specs = _named_tensors(model)
+    mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
+                    for name, t in state.items() if _owner(specs[name], grid)}
+    gathered: list[tuple[dict[str, int], Pieces]] = [(dict(grid.degrees), mine)]
+    for axis in ("col", "row", "depth", "inter"):
+        group = grid.comm_group(axis)
+        if group is None:
+            continue
+        box: list[Any] = [None] * grid.size(axis)
+        dist.all_gather_object(box, gathered, group=group)
+        gathered = [item for part in box for item in part]
+    full = _place_all(gathered)
+    order = list(state)
+    return {name: full[name] for name in order if name in full} | {k: v for k, v in full.items() if k not in state}
+
+
+def save_consolidated(file: str, model: nn.Module, *, grid: Grid | None = None) -> None:
+    """One single-process state_dict file (rank 0 writes it); a collective like full_state_dict."""
+    grid = current_grid(grid)
+    full = full_state_dict(model, grid=grid)
+    if grid.rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
+        torch.save(full, file)
     if grid.world_size > 1:
-        dist.all_gather_object(gathered, (grid.degrees, mine))
-    else:
-        gathered = [(grid.degrees, mine)]
-    return _assemble(gathered)
+        dist.barrier()
 
 
 def _optimizer_state_by_name(model: nn.Module, optimizer: Any) -> dict[str, dict[str, Any]]:
@@ -77,74 +120,209 @@ def _optimizer_state_by_name(model: nn.Module, optimizer: Any) -> dict[str, dict
     return out
 
 
-def save_checkpoint(path: str, model: nn.Module, optimizer: Any, step: int, *,
-                    grid: Grid | None = None) -> None:
-    """Each rank of data replica 0 writes its own pieces; every rank returns after a barrier."""
+def _rng_state(grid: Grid) -> dict[str, Any]:
+    out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if grid.device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(grid.device)
+    try:
+        import numpy as np
+
+        out["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy ships with the project
+        pass
+    return out
+
+
+def _restore_rng(state: dict[str, Any], grid: Grid) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and grid.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], grid.device)
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def _hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: int = 0, *,
+                    scheduler: Any = None, grid: Grid | None = None, consolidated: bool = False) -> None:
+    """Every rank writes its own file (data replica 0 with the model and optimizer pieces), rank 0
+    the index; every rank returns after a barrier. `consolidated=True` also writes
+    `dir/consolidated.pt` (the single-process state_dict)."""
     grid = current_grid(grid)
-    # every rank takes part (ZeRO-1 gathers its state over data); data replica 0 writes
+    # every rank takes part (ZeRO-1 gathers its state over data); data replica 0 writes the pieces
     states = _optimizer_state_by_name(model, optimizer) if optimizer is not None else {}
+    os.makedirs(path, exist_ok=True)
+    state, specs = _named_tensors(model)
+    model_pieces: Pieces = {}
+    optim: dict[str, Pieces] = {}
+    scalars: dict[str, dict[str, Any]] = {}
     if grid.coord("data") == 0:
-        os.makedirs(path, exist_ok=True)
+        model_pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone()) for name, t in state.items()}
         params = dict(model.named_parameters())
-        model_pieces = _local_pieces(params, params, grid)
-        optim: dict[str, Pieces] = {}
-        scalars: dict[str, dict[str, Any]] = {}
-        if optimizer is not None:
-            for name, state in states.items():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and value.shape == params[name].shape and value.dim() > 0:
-                        optim.setdefault(key, {})[name] = (spec_of(params[name]), dict(grid.coords),
-                                                            value.detach().cpu().clone())
-                    else:
-                        scalars.setdefault(name, {})[key] = value.clone() if isinstance(value, torch.Tensor) else value
-        payload = {"degrees": dict(grid.degrees), "step": int(step), "model": model_pieces, "optim": optim,
-                   "scalars": scalars}
-        torch.save(payload, os.path.join(path, f"rank-{grid.rank:05d}.pt"))
+        for name, st in states.items():
+            for key, value in st.items():
+                if isinstance(value, torch.Tensor) and value.shape == params[name].shape and value.dim() > 0:
+                    optim.setdefault(key, {})[name] = (spec_of(params[name]), dict(grid.coords),
+                                                        value.detach().cpu().clone())
+                else:
+                    scalars.setdefault(name, {})[key] = value.clone() if isinstance(value, torch.Tensor) else value
+    payload = {"degrees": dict(grid.degrees), "coords": dict(grid.coords), "step": int(step), "model": model_pieces,
+               "optim": optim, "scalars": scalars, "rng": _rng_state(grid),
+               "param_groups": _hyperparameters(optimizer) if optimizer is not None else None,
+               "scheduler": scheduler.state_dict() if scheduler is not None else None}
+    torch.save(payload, _file(path, grid.rank))
+    # the index: which tensors (and specs) each file holds, so a reader opens only what it needs
+    entry = {name: spec for name, (spec, _, _) in model_pieces.items()}
+    entries: list[Any] = [None] * grid.world_size
+    if grid.world_size > 1:
+        dist.all_gather_object(entries, entry)
+    else:
+        entries = [entry]
+    if grid.rank == 0:
+        torch.save({"degrees": dict(grid.degrees), "placement": tuple(grid.placement), "world_size": grid.world_size,
+                    "step": int(step), "files": {r: e for r, e in enumerate(entries) if e}},
+                   os.path.join(path, INDEX))
+    if consolidated:
+        save_consolidated(os.path.join(path, CONSOLIDATED), model, grid=grid)
     if grid.world_size > 1:
         dist.barrier()
 
 
-def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *,
-                    grid: Grid | None = None) -> int:
+def _bounds(spec: ShardSpec, coords: dict[str, int], degrees: dict[str, int]) -> tuple[tuple[int, int], ...]:
+    """A box (per dim: start, stop) of the padded full tensor that contains the piece at `coords`."""
+    shape = spec.padded_shape
+    slices = spec.block_slices(coords, degrees)
+    box = [(s.start or 0, s.stop if s.stop is not None else n) for s, n in zip(slices, shape)]
+    if spec.depth_flat and degrees["depth"] > 1:
+        block = spec.block_shape(degrees)
+        width = 1
+        for n in block[1:]:
+            width *= n
+        per = block[0] * width // degrees["depth"]
+        f0, f1 = coords["depth"] * per, (coords["depth"] + 1) * per
+        r0 = box[0][0]
+        box[0] = (r0 + f0 // width, r0 + (f1 - 1) // width + 1)
+    return tuple(box)
+
+
+def _overlaps(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
+    return all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a, b))
+
+
+def _needed_files(index: dict[str, Any], specs: dict[str, ShardSpec | None], grid: Grid) -> list[int]:
+    """Saved ranks whose pieces overlap this rank's (conservative boxes)."""
+    saved_degrees = index["degrees"]
+    placement = tuple(index["placement"])
+    needed = []
+    for rank, entry in sorted(index["files"].items()):
+        coords = rank_coords(rank, saved_degrees, placement)
+        for name, saved_spec in entry.items():
+            if name not in specs:
+                continue
+            spec = specs[name]
+            if saved_spec is None or spec is None:
+                if all(coords[a] == 0 for a in TENSOR_AXES):  # replicated: the first copy is enough
+                    needed.append(rank)
+                    break
+                continue
+            if any(coords[a] != 0 for a in saved_spec.replicated_axes()):
+                continue  # a copy of what the first member of that axis saved
+            if _overlaps(_bounds(saved_spec, coords, saved_degrees), _bounds(spec, grid.coords, grid.degrees)):
+                needed.append(rank)
+                break
+    return needed
+
+
+def _shard_for(full: torch.Tensor, t: torch.Tensor, spec: ShardSpec | None, grid: Grid) -> torch.Tensor:
+    local = full if spec is None else spec.shard(full, grid.coords, grid.degrees)
+    return local.to(device=t.device, dtype=t.dtype).view_as(t)
+
+
+def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch.Tensor, spec: ShardSpec | None,
+                   grid: Grid, optim_key: str | None = None) -> torch.Tensor | None:
+    """This rank's piece of tensor `name` from the loaded files (one full tensor at a time)."""
+    parts = []
+    for pl in payloads:
+        pieces = pl[key] if optim_key is None else pl[key].get(optim_key, {})
+        if name in pieces:
+            parts.append((pl["degrees"], {name: pieces[name]}))
+    if not parts:
+        return None
+    saved_spec, coords, local = parts[0][1][name]
+    if saved_spec == spec and parts[0][0] == grid.degrees and coords == grid.coords:
+        return local.to(device=t.device, dtype=t.dtype).view_as(t)  # same grid: the piece itself
+    full = _place_all(parts)[name]
+    return _shard_for(full, t, spec, grid)
+
+
+def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, scheduler: Any = None,
+                    grid: Grid | None = None, restore_rng: bool = True) -> int:
     """Load pieces saved under any grid into this rank's shards; returns the saved step."""
     grid = current_grid(grid)
-    files = sorted(f for f in os.listdir(path) if f.startswith("rank-") and f.endswith(".pt"))
-    payloads = [torch.load(os.path.join(path, f), weights_only=False) for f in files]
-    if not payloads:
-        raise FileNotFoundError(f"no rank-*.pt checkpoint files in {path}")
-    full = _assemble([(p["degrees"], p["model"]) for p in payloads])
-    params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(full))
+    index_path = os.path.join(path, INDEX)
+    if not os.path.exists(index_path):
+        raise FileNotFoundError(f"no checkpoint index {index_path} (written by engine.save_checkpoint)")
+    index = torch.load(index_path, weights_only=False)
+    state, specs = _named_tensors(model)
+    ranks = _needed_files(index, specs, grid)
+    payloads = [torch.load(_file(path, r), weights_only=False) for r in ranks]
+    available = {name for pl in payloads for name in pl["model"]}
+    missing = sorted(set(state) - available)
     if missing:
-        raise KeyError(f"checkpoint {path} lacks parameters {missing}")
+        raise KeyError(f"checkpoint {path} lacks {missing}")
     with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(_shard_for(full[name], p, grid))
+        for name, t in state.items():
+            local = _local_tensors(payloads, "model", name, t, specs[name], grid)
+            assert local is not None
+            t.copy_(local)
+    own = _file(path, grid.rank)
+    same_grid = index["degrees"] == grid.degrees and tuple(index["placement"]) == tuple(grid.placement)
+    mine = next((pl for r, pl in zip(ranks, payloads) if r == grid.rank), None)
+    if mine is None and os.path.exists(own):
+        mine = torch.load(own, weights_only=False)
+    meta = mine if mine is not None else payloads[0]
     if optimizer is not None:
-        keys = sorted({k for pl in payloads for k in pl["optim"]})
-        scalars = {}
-        for pl in payloads:
-            scalars.update(pl["scalars"])
-        per_param: dict[str, dict[str, Any]] = {name: {} for name in params}
-        for key in keys:
-            full_state = _assemble([(pl["degrees"], pl["optim"].get(key, {})) for pl in payloads])
-            for name, p in params.items():
-                if name in full_state:
-                    per_param[name][key] = _shard_for(full_state[name], p, grid).clone()
-        for name in params:
-            for key, value in scalars.get(name, {}).items():
-                per_param[name][key] = value.clone() if isinstance(value, torch.Tensor) else value
-        if isinstance(optimizer, ZeroOptimizer):
-            names = {id(p): name for name, p in params.items()}
-            optimizer.load_per_parameter_state([per_param[names[id(p)]] for p in optimizer.params])
-        else:
-            for name, p in params.items():
-                if per_param[name]:
-                    optimizer.state[p].update(per_param[name])
-    return int(payloads[0]["step"])
+        _load_optimizer(payloads, model, optimizer, grid)
+        if meta.get("param_groups") is not None:
+            groups = meta["param_groups"]
+            if len(groups) != len(optimizer.param_groups):
+                raise ValueError(f"checkpoint {path} has {len(groups)} optimizer parameter groups, "
+                                 f"the optimizer {len(optimizer.param_groups)}")
+            for g, saved in zip(optimizer.param_groups, groups):
+                g.update(saved)
+    if scheduler is not None:
+        if meta.get("scheduler") is None:
+            raise ValueError(f"checkpoint {path} holds no LR scheduler state (saved without scheduler=)")
+        scheduler.load_state_dict(meta["scheduler"])
+    if restore_rng and same_grid and mine is not None and "rng" in mine:
+        _restore_rng(mine["rng"], grid)
+    return int(index["step"])
 
 
-def _shard_for(full: torch.Tensor, p: torch.Tensor, grid: Grid) -> torch.Tensor:
-    spec = spec_of(p)
-    local = full if spec is None else spec.shard(full, grid.coords, grid.degrees)
-    return local.to(device=p.device, dtype=p.dtype).view_as(p)
+def _load_optimizer(payloads: list[dict[str, Any]], model: nn.Module, optimizer: Any, grid: Grid) -> None:
+    params = dict(model.named_parameters())
+    keys = sorted({k for pl in payloads for k in pl["optim"]})
+    scalars: dict[str, dict[str, Any]] = {}
+    for pl in payloads:
+        scalars.update(pl["scalars"])
+    per_param: dict[str, dict[str, Any]] = {name: {} for name in params}
+    for key in keys:
+        for name, p in params.items():
+            local = _local_tensors(payloads, "optim", name, p, spec_of(p), grid, optim_key=key)
+            if local is not None:
+                per_param[name][key] = local.clone()
+    for name in params:
+        for key, value in scalars.get(name, {}).items():
+            per_param[name][key] = value.clone() if isinstance(value, torch.Tensor) else value
+    if isinstance(optimizer, ZeroOptimizer):
+        names = {id(p): name for name, p in params.items()}
+        optimizer.load_per_parameter_state([per_param[names[id(p)]] for p in optimizer.params])
+    else:
+        for name, p in params.items():
+            if per_param[name]:
+                optimizer.state[p].update(per_param[name])

@@ -15,8 +15,17 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from engine.grid import Grid, GridError, current_grid
 
 
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
 def local_batch_size(global_batch_size: int, grid: Grid, micro_batch_size: int | None = None) -> int:
-    """Per-rank batch; raises GridError naming every factor when the split is uneven."""
+    """Per-rank batch; raises GridError (a ValueError) naming every factor when the split is uneven."""
+    _positive_int("global_batch_size", global_batch_size)
+    if micro_batch_size is not None:
+        _positive_int("micro_batch_size", micro_batch_size)
     G_data, G_d = grid.size("data"), grid.size("depth")
     shards = G_data * G_d
     if global_batch_size % shards:
@@ -29,18 +38,32 @@ def local_batch_size(global_batch_size: int, grid: Grid, micro_batch_size: int |
     return local
 
 
-def create_dataloader(dataset: Dataset, global_batch_size: int, micro_batch_size: int | None = None, *,
-                      grid: Grid | None = None, shuffle: bool = False, seed: int = 0,
+def create_dataloader(dataset: Dataset, global_batch_size: int, micro_batch_size: int | None = None,
+                      num_workers: int = 0, *, grid: Grid | None = None, shuffle: bool = False, seed: int = 0,
                       **dataloader_kwargs: Any) -> DataLoader:
     """A DataLoader yielding this rank's local batch (global / (G_data*G_intra_d) samples) per step.
 
-    `micro_batch_size` is validated against the local batch and stored as
-    `loader.micro_batch_size` (engine.forward_backward splits each local batch into micro-batches).
+    Positional order as AxoNN's `create_dataloader(dataset, global_batch_size, micro_batch_size,
+    num_workers)`. `micro_batch_size` (default: the whole local batch) is validated against the
+    local batch and stored as `loader.micro_batch_size` (engine.forward_backward splits each local
+    batch into micro-batches). Every argument is checked before anything else happens: a
+    non-positive size, an uneven split, or a global batch larger than the dataset (which would
+    yield no batch at all) raises ValueError naming the argument and its value.
     """
     grid = current_grid(grid)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
     local = local_batch_size(global_batch_size, grid, micro_batch_size)
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        size = None
+    if size is not None and size < global_batch_size:
+        raise ValueError(f"global_batch_size={global_batch_size} is larger than the dataset ({size} samples): "
+                         "the loader would yield no batch")
     sampler = DistributedSampler(dataset, num_replicas=grid.batch_shards, rank=grid.batch_shard_index,
                                  shuffle=shuffle, seed=seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=local, sampler=sampler, drop_last=True, **dataloader_kwargs)
+    loader = DataLoader(dataset, batch_size=local, sampler=sampler, drop_last=True, num_workers=num_workers,
+                        **dataloader_kwargs)
     loader.micro_batch_size = micro_batch_size or local  # type: ignore[attr-defined]
     return loader

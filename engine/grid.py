@@ -2,7 +2,17 @@
 
     import engine
     grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)
-    grid.size("row"), grid.coord("depth"), grid.group("col")   # ProcessGroup, or None when size 1
+    grid = engine.init(1, 2, 2, 1, 2)        # positional, AxoNN's order: G_inter, G_data, G_intra_r, G_intra_c, G_intra_d
+    grid.size("row"), grid.coord("depth"), grid.group("col")   # a real ProcessGroup, also for size-1 axes
+
+`grid.group(axis)` always returns a real group holding this rank (a single-rank group for an axis
+of size one: torch reads `group=None` as the whole world, so None would silently reduce over every
+rank). The engine's own collectives use `grid.comm_group(axis)`, which is None for size-1 axes, so
+nothing is ever issued on them (perfmodels.traffic counts nothing there either).
+
+Device: on NCCL every rank uses `cuda:LOCAL_RANK` (torchrun's LOCAL_RANK, Slurm's SLURM_LOCALID,
+else rank % gpus_per_node / the visible device count) and `init` calls `torch.cuda.set_device` on
+it, also when the user called `init_process_group("nccl")` first (as the AxoNN guide does).
 
 `init` works after `torch.distributed.init_process_group` (any launcher), or initializes the
 default group itself from the environment: torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
@@ -65,8 +75,8 @@ def check_degrees(degrees: dict[str, int], world_size: int) -> None:
 class Grid:
     """Degrees, this rank's coordinates, the DeviceMesh and one process group per axis.
 
-    `groups[axis]` is None for axes of size one: nothing is ever sent on them (the performance
-    model counts nothing there either).
+    `groups[axis]` is the ProcessGroup of every axis (size-1 axes included); `comm_group(axis)` is
+    None for size-1 axes, which is what the engine's collectives take (nothing is sent there).
     """
 
     degrees: dict[str, int]
@@ -86,8 +96,14 @@ class Grid:
         return self.coords[axis]
 
     def group(self, axis: str) -> Any:
-        """The ProcessGroup along `axis` containing this rank, or None when the axis has size one."""
-        return self.groups.get(axis)
+        """The ProcessGroup along `axis` containing this rank (a one-rank group when the axis has size one)."""
+        if axis not in self.degrees:
+            raise ValueError(f"axis must be one of {list(self.degrees)}, got {axis!r}")
+        return self.groups[axis]
+
+    def comm_group(self, axis: str) -> Any:
+        """The group the engine's collectives use along `axis`: None when the axis has size one (skip)."""
+        return self.groups[axis] if self.degrees[axis] > 1 else None
 
     def axis_of_group(self, group_name: str) -> str | None:
         """Grid axis of a process group (by its c10d name), for the communication recorder."""
@@ -117,15 +133,30 @@ class Grid:
         return grid_string(self.degrees)
 
 
-def _init_default_group(backend: str | None, timeout_s: float) -> None:
+def local_device_index(rank: int | None = None, gpus_per_node: int | None = None) -> int:
+    """This process's GPU on its node: LOCAL_RANK (torchrun), SLURM_LOCALID (Slurm), else
+    rank % gpus_per_node (or % the visible device count)."""
+    env = os.environ
+    for key in ("LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        if key in env:
+            return int(env[key])
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else int(env.get("RANK", "0"))
+    per_node = gpus_per_node or (torch.cuda.device_count() if torch.cuda.is_available() else 1)
+    return rank % max(1, per_node)
+
+
+def _uses_cuda(backend: str) -> bool:
+    return "nccl" in backend or backend.startswith("cuda")
+
+
+def _init_default_group(backend: str | None, timeout_s: float, gpus_per_node: int | None = None) -> None:
     """Initialize torch.distributed from torchrun or Slurm variables (or a single process)."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        local = int(env.get("LOCAL_RANK", "0"))
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
-        local = int(env.get("SLURM_LOCALID", "0"))
         if "MASTER_ADDR" not in env:
             nodes = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "127.0.0.1"))
             # a plain first host ("nid001" or "a,b"); compressed lists ("nid[001-004]") need MASTER_ADDR
@@ -135,7 +166,7 @@ def _init_default_group(backend: str | None, timeout_s: float) -> None:
             env["MASTER_ADDR"] = first
         env.setdefault("MASTER_PORT", "29500")
     else:
-        rank, world, local = 0, 1, 0
+        rank, world = 0, 1
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in env:
             from engine.launch import free_port
@@ -143,8 +174,8 @@ def _init_default_group(backend: str | None, timeout_s: float) -> None:
             env["MASTER_PORT"] = str(free_port())
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local)
+    if _uses_cuda(backend):
+        torch.cuda.set_device(local_device_index(rank, gpus_per_node))
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
 
 
@@ -157,15 +188,23 @@ def _env_world_size() -> int:
     return 1
 
 
-def init(*, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1, G_inter: int = 1,
-         placement: tuple[str, ...] | list[str] | None = None, backend: str | None = None,
+def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1, *,
+         gpus_per_node: int | None = None, placement: tuple[str, ...] | list[str] | None = None,
+         backend: str | None = None, device: str | torch.device | None = None,
          timeout_s: float = 600.0) -> Grid:
     """Build the grid (and the default process group if needed); return it.
 
-    `placement` is the axis order innermost first (perfmodels' convention), default
-    ("col", "row", "depth", "inter", "data"). Raises GridError on every rank, before any
-    collective, when the degrees do not multiply to the world size.
+    Positional arguments follow AxoNN's `ax.init(G_inter, G_data, G_intra_r, G_intra_c, G_intra_d)`;
+    keywords work in any order. `placement` is the axis order innermost first (perfmodels'
+    convention), default ("col", "row", "depth", "inter", "data"). `device`: where this rank's
+    tensors live; default `cuda:<local rank>` on NCCL (set as the current device), else the CPU
+    (pass "cuda" with the fake backend to run one rank of a large layout on one GPU). Raises
+    GridError on every rank, before any collective, when the degrees do not multiply to the world
+    size.
     """
+    if gpus_per_node is not None and (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
+                                      or gpus_per_node < 1):
+        raise GridError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
     degrees = {"data": G_data, "inter": G_inter, "depth": G_intra_d, "row": G_intra_r, "col": G_intra_c}
     order = tuple(placement) if placement is not None else AXES
     if sorted(order) != sorted(AXES):
@@ -173,10 +212,15 @@ def init(*, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: 
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
     check_degrees(degrees, world)
     if not dist.is_initialized():
-        _init_default_group(backend, timeout_s)
+        _init_default_group(backend, timeout_s, gpus_per_node)
     rank = dist.get_rank()
-    on_cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    if device is None:
+        device = "cuda" if _uses_cuda(str(dist.get_backend())) else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", local_device_index(rank, gpus_per_node))
+        torch.cuda.set_device(device)
     device_type = device.type
     names = MESH_ORDER
     shape = tuple(degrees[a] for a in names)
@@ -198,9 +242,9 @@ def init(*, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: 
     groups: dict[str, Any] = {}
     group_names: dict[str, str] = {}
     for axis in names:
-        if degrees[axis] > 1:
-            pg = mesh[axis].get_group()
-            groups[axis] = pg
+        pg = mesh[axis].get_group()
+        groups[axis] = pg
+        if degrees[axis] > 1:  # the recorder and timers attribute traffic only to real axes
             group_names[axis] = pg.group_name
     grid = Grid(degrees=degrees, placement=order, rank=rank, world_size=world,
                 coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.comm import group_rank, group_size
-from engine.shard import ShardSpec, mark
+from engine.shard import ShardSpec, mark, tensor_chunks
 
 
 def _all_reduce(t: torch.Tensor, group: Any, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
@@ -64,16 +65,18 @@ class ParallelLayerNorm(nn.Module):
     `group_rank`); gamma and beta are split the same way (replicated over the other axes)."""
 
     def __init__(self, hidden_size: int, group: Any, *, eps: float = 1e-5, split_axis: str = "col",
-                 weight: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
+                 weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 device: Any = None) -> None:
         super().__init__()
         self.group, self.hidden_size, self.eps = group, hidden_size, eps
         p, r = group_size(group), group_rank(group)
-        full_w = torch.ones(hidden_size) if weight is None else weight.detach()
-        full_b = torch.zeros(hidden_size) if bias is None else bias.detach()
+        n = hidden_size // p
         spec = ShardSpec(full_shape=(hidden_size,), col_dim=0 if split_axis == "col" else None,
                          row_dim=0 if split_axis == "row" else None)
-        self.weight = mark(nn.Parameter(full_w.chunk(p)[r].clone()), spec)
-        self.bias = mark(nn.Parameter(full_b.chunk(p)[r].clone()), spec)
+        w = torch.ones(n, device=device) if weight is None else weight.detach()[r * n:(r + 1) * n].clone().to(device)
+        b = torch.zeros(n, device=device) if bias is None else bias.detach()[r * n:(r + 1) * n].clone().to(device)
+        self.weight = mark(nn.Parameter(w), spec)
+        self.bias = mark(nn.Parameter(b), spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:  # all features here: torch's fused kernel
@@ -85,15 +88,24 @@ class SplitEmbedding(nn.Module):
     """Embedding(num, hidden) with the hidden dim split over a group (col): returns [*, hidden/G]."""
 
     def __init__(self, num_embeddings: int, hidden_size: int, group: Any, *, weight: torch.Tensor | None = None,
-                 split_axis: str = "col") -> None:
+                 split_axis: str = "col", chunks: Iterable[tuple[int, torch.Tensor]] | None = None,
+                 device: Any = None) -> None:
+        """Values from `weight` (a full table), from `chunks` (row chunks of the full table, see
+        engine.shard.materialize; only this rank's columns are kept), or drawn for this shard alone."""
         super().__init__()
         p, r = group_size(group), group_rank(group)
-        if weight is None:
-            weight = torch.empty(num_embeddings, hidden_size)
-            nn.init.normal_(weight)  # torch.nn.Embedding's init
         spec = ShardSpec(full_shape=(num_embeddings, hidden_size), col_dim=1 if split_axis == "col" else None,
                          row_dim=1 if split_axis == "row" else None)
-        self.weight = mark(nn.Parameter(weight.detach().chunk(p, dim=1)[r].clone()), spec)
+        if weight is not None:
+            chunks = tensor_chunks(weight)
+        n = hidden_size // p
+        if chunks is None:
+            local = torch.empty(num_embeddings, n, device=device).normal_()  # torch.nn.Embedding's init
+        else:
+            local = torch.zeros(num_embeddings, n, device=device)
+            for start, t in chunks:
+                local[start:start + t.shape[0]] = t[:, r * n:(r + 1) * n].to(local.device)
+        self.weight = mark(nn.Parameter(local), spec)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return F.embedding(idx, self.weight)

@@ -1,4 +1,5 @@
-"""`engine.Linear`: AxoNN's 3D-parallel Linear (DESIGN.md section 1), normal and transposed.
+"""`engine.Linear` (drop-in, full activations) and `engine.ShardedLinear` (3D layout in and out):
+AxoNN's 3D-parallel Linear (DESIGN.md section 1), normal and transposed.
 
 Normal Linear(k -> n): input [*, k/G_c] (features split over col, replicated over row), output
 [*, n/G_r] (split over row, replicated over col). Transposed: input split over row, output over
@@ -13,47 +14,66 @@ Per call, exactly the collectives perfmodels.traffic counts (each skipped on a g
   bwd  all-reduce of the input grad                normal: row, transposed: col
 
 Initialization draws the full weight exactly as `torch.nn.Linear` does (same RNG calls, same
-order) and keeps this rank's slice, so `engine.full_state_dict` of a model built with the same seed
-equals the single-process model's `state_dict()`.
+order), chunk by chunk, and keeps only this rank's slice, so `engine.full_state_dict` of a model
+built with the same seed equals the single-process model's `state_dict()` while peak memory grows
+with the shard, not with the layer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.comm import all_gather_flat, copy_to, reduce_from, reduce_scatter_flat
+from engine.comm import all_gather_flat, copy_to, gather_last, reduce_from, reduce_scatter_flat, scatter_last
+from engine.grads import install_sync_guard
 from engine.grid import Grid, GridError, current_grid
-from engine.shard import ShardSpec, mark
+from engine.shard import ShardSpec, drawn_chunks, mark, materialize, tensor_chunks
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes matmuls in on this device type, or None when it is off."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
 
 
 class _DepthShardedLinearFn(torch.autograd.Function):
-    """y = x @ W^T with W gathered over depth in forward and again in backward (never saved)."""
+    """y = x @ W^T with W gathered over depth in forward and again in backward (never saved).
+
+    Under autocast the shard is cast to the autocast dtype before it is gathered (half the bytes,
+    as perfmodels.traffic counts with the training dtype), the GEMMs run in that dtype, and the
+    weight gradient is reduce-scattered in it and handed back in the parameter's dtype: the same
+    dtypes torch.nn.Linear gets under autocast, on every grid.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w_shard: torch.Tensor, block_shape: tuple[int, int],
-                depth_group: Any) -> torch.Tensor:
-        w = all_gather_flat(w_shard, depth_group).view(block_shape)
-        ctx.save_for_backward(x, w_shard)
-        ctx.block_shape = block_shape
-        ctx.depth_group = depth_group
-        return F.linear(x, w)
+                depth_group: Any, compute_dtype: torch.dtype | None) -> torch.Tensor:
+        dtype = compute_dtype or torch.promote_types(x.dtype, w_shard.dtype)
+        xc = x.to(dtype)
+        w = all_gather_flat(w_shard.to(dtype), depth_group).view(block_shape)
+        ctx.save_for_backward(xc, w_shard)
+        ctx.block_shape, ctx.depth_group, ctx.dtype, ctx.x_dtype = block_shape, depth_group, dtype, x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(xc, w)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        x, w_shard = ctx.saved_tensors
-        w = all_gather_flat(w_shard, ctx.depth_group).view(ctx.block_shape)
-        grad_x = g.matmul(w) if ctx.needs_input_grad[0] else None
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        xc, w_shard = ctx.saved_tensors
+        g = g.to(ctx.dtype)
+        w = all_gather_flat(w_shard.to(ctx.dtype), ctx.depth_group).view(ctx.block_shape)
+        grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
             n, k = ctx.block_shape
-            full = g.reshape(-1, n).t().matmul(x.reshape(-1, k))
-            grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard)
-        return grad_x, grad_w, None, None
+            full = g.reshape(-1, n).t().matmul(xc.reshape(-1, k))
+            grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard).to(w_shard.dtype)
+        return grad_x, grad_w, None, None, None
 
 
 def linear_specs(in_features: int, out_features: int, bias: bool, transpose: bool,
@@ -89,15 +109,39 @@ def split_problems(in_features: int, out_features: int, transpose: bool, degrees
     return problems
 
 
-class Linear(nn.Module):
-    """3D-parallel Linear; see the module docstring for layouts and traffic.
+def _kaiming_bound(fan_in: int) -> float:
+    """torch.nn.Linear's weight init: kaiming_uniform_(a=sqrt(5)) == uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    gain = math.sqrt(2.0 / (1 + 5.0))
+    return math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
+
+def linear_init_chunks(out_features: int, in_features: int, bias: bool) -> tuple[Iterator, Iterator | None]:
+    """Row chunks of a fresh torch.nn.Linear's weight and bias, drawn from the default generator in
+    the order nn.Linear draws them (weight first, then bias); consume the weight's before the bias's."""
+    wb = _kaiming_bound(in_features)
+    weight = drawn_chunks((out_features, in_features), lambda t: t.uniform_(-wb, wb))
+    if not bias:
+        return weight, None
+    bb = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
+    return weight, drawn_chunks((out_features,), lambda t: t.uniform_(-bb, bb))
+
+
+class ShardedLinear(nn.Module):
+    """3D-parallel Linear on sharded activations (the form ParallelGPT uses; module docstring).
+
+    Input [*, in/G_c] (transposed: in/G_r), output [*, out/G_r] (transposed: out/G_c).
     `weight` is this rank's flat depth shard of its (row, col) block; `bias` this rank's slice of
     the output features (replicated over the other tensor axis and over depth).
+
+    Built with no `_full_weight`, only this rank's shard is ever allocated: the full weight is drawn
+    chunk by chunk from the CPU generator exactly as torch.nn.Linear draws it (`init="serial"`, the
+    default: same values as single-process construction with the same seed), or the shard alone is
+    drawn on the device with the same distribution (`init="local"`: fast, different values).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, transpose: bool = False, *,
-                 grid: Grid | None = None, padded_out_features: int | None = None,
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: torch.dtype | None = None, *, transpose: bool = False, grid: Grid | None = None,
+                 padded_out_features: int | None = None, init: str = "serial",
                  _full_weight: torch.Tensor | None = None, _full_bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.grid = current_grid(grid)
@@ -105,51 +149,78 @@ class Linear(nn.Module):
         self.transpose = transpose
         problems = split_problems(in_features, out_features, transpose, self.grid.degrees, padded_out_features)
         if problems:
-            raise GridError(f"engine.Linear({in_features}, {out_features}, transpose={transpose}) on grid "
-                            f"{self.grid.describe()}: " + "; ".join(problems))
-        if _full_weight is None:
-            _full_weight = torch.empty(out_features, in_features)
-            nn.init.kaiming_uniform_(_full_weight, a=math.sqrt(5))  # what torch.nn.Linear does
-            if bias:
-                bound = 1 / math.sqrt(in_features) if in_features > 0 else 0
-                _full_bias = torch.empty(out_features).uniform_(-bound, bound)
-        self.w_spec, self.b_spec = linear_specs(in_features, out_features, bias, transpose, padded_out_features)
+            raise GridError(f"engine.{type(self).__name__}({in_features}, {out_features}, transpose={transpose}) "
+                            f"on grid {self.grid.describe()}: " + "; ".join(problems))
+        if init not in ("serial", "local"):
+            raise ValueError(f"init must be 'serial' or 'local', got {init!r}")
         g = self.grid
+        device = torch.device(device) if device is not None else g.device
+        self.w_spec, self.b_spec = linear_specs(in_features, out_features, bias, transpose, padded_out_features)
         self.block_shape = self.w_spec.block_shape(g.degrees)
-        self.weight = nn.Parameter(self.w_spec.shard(_full_weight.detach(), g.coords, g.degrees).to(g.device))
-        mark(self.weight, self.w_spec)
+        if _full_weight is not None:
+            w_chunks, b_chunks = tensor_chunks(_full_weight), (tensor_chunks(_full_bias) if bias else None)
+        elif init == "serial":
+            w_chunks, b_chunks = linear_init_chunks(out_features, in_features, bias)
+        else:
+            w_chunks = b_chunks = None
+        if w_chunks is not None:
+            weight = materialize(self.w_spec, w_chunks, g.coords, g.degrees, dtype=dtype, device=device)
+        else:
+            wb = _kaiming_bound(in_features)
+            weight = torch.empty(self.w_spec.local_shape(g.degrees), dtype=dtype, device=device).uniform_(-wb, wb)
+        self.weight = mark(nn.Parameter(weight), self.w_spec)
         if bias:
-            assert self.b_spec is not None and _full_bias is not None
-            self.bias = nn.Parameter(self.b_spec.shard(_full_bias.detach(), g.coords, g.degrees).to(g.device))
-            mark(self.bias, self.b_spec)
+            assert self.b_spec is not None
+            if b_chunks is not None:
+                b = materialize(self.b_spec, b_chunks, g.coords, g.degrees, dtype=dtype, device=device)
+            else:
+                bb = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
+                b = torch.empty(self.b_spec.local_shape(g.degrees), dtype=dtype, device=device).uniform_(-bb, bb)
+            self.bias = mark(nn.Parameter(b), self.b_spec)
         else:
             self.register_parameter("bias", None)
-        self.in_group = g.group("col" if transpose else "row")  # input grad all-reduce
-        self.out_group = g.group("row" if transpose else "col")  # partial output all-reduce
+        self.in_group = g.comm_group("col" if transpose else "row")  # input grad all-reduce
+        self.out_group = g.comm_group("row" if transpose else "col")  # partial output all-reduce
+        install_sync_guard(self, g)
 
     @classmethod
     def from_dense(cls, dense: nn.Linear, *, transpose: bool = False, grid: Grid | None = None,
-                   padded_out_features: int | None = None) -> Linear:
+                   padded_out_features: int | None = None) -> ShardedLinear:
         """Shard an existing torch.nn.Linear (same values, this rank's slice)."""
-        return cls(dense.in_features, dense.out_features, dense.bias is not None, transpose, grid=grid,
+        return cls(dense.in_features, dense.out_features, dense.bias is not None, transpose=transpose, grid=grid,
                    padded_out_features=padded_out_features, _full_weight=dense.weight.detach(),
                    _full_bias=None if dense.bias is None else dense.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to(x, self.in_group)
-        depth = self.grid.group("depth")
+        depth = self.grid.comm_group("depth")
         if depth is None:  # nothing to gather: plain autograd (and the bias fused when no reduction follows)
             fused_bias = self.bias if self.out_group is None else None
             y = F.linear(x, self.weight.view(self.block_shape), fused_bias)
             if self.out_group is None:
                 return y
         else:
-            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth)
+            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, autocast_dtype(x.device.type))
         y = reduce_from(y, self.out_group)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(y.dtype)  # as nn.Linear under autocast: the output keeps the GEMM's dtype
         return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, transpose={self.transpose}, grid=({self.grid.describe()})")
+
+
+class Linear(ShardedLinear):
+    """Drop-in torch.nn.Linear (same signature, parameter names and initial values for the same
+    seed) that splits its weight over the grid: ordinary full-feature activations in and out, local
+    batch shard. It keeps this rank's input features (free), runs the 3D layer and all-gathers the
+    output features (normal: over row; backward all-gathers the input grad over col; transposed:
+    row and col swap), the "convert" events of perfmodels.traffic. For activations already in the
+    3D layout, use `engine.ShardedLinear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_axis, out_axis = ("row", "col") if self.transpose else ("col", "row")
+        x = scatter_last(x, self.grid.comm_group(in_axis))
+        y = super().forward(x)
+        return gather_last(y, self.grid.comm_group(out_axis))

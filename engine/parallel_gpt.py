@@ -1,7 +1,8 @@
 """The 4D-parallel version of engine.models.gpt.GPT (AxoNN pattern), built from a serial one.
 
     grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=2)
-    model = ParallelGPT.from_serial(GPT(cfg), grid)          # same values, this rank's shards
+    model = ParallelGPT(cfg, grid)                            # same values as GPT(cfg), only this rank's shards
+    model = ParallelGPT.from_serial(GPT(cfg), grid)          # or shard an existing serial GPT
     loss = model(tokens_local, targets_local)                 # G_inter == 1
 
 Layout: the residual stream is [b, s, hidden/G_c] (features split over col, replicated over row);
@@ -20,14 +21,18 @@ equal the serial model's (blocks are a ModuleDict keyed by the global block inde
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from engine.grads import STAGE_SPLIT_ATTR, wrap
 from engine.grid import Grid, GridError, current_grid
 from engine.layers import ParallelLayerNorm, SplitEmbedding, vocab_parallel_cross_entropy
-from engine.linear import Linear
+from engine.linear import ShardedLinear, linear_init_chunks
 from engine.models.gpt import GPT, GPTConfig, causal_attention
+from engine.shard import drawn_chunks, tensor_chunks
 from perfmodels.layout import partition_chunks
 
 
@@ -59,36 +64,78 @@ def gpt_split_problems(cfg: GPTConfig, degrees: dict[str, int], virtual_stages: 
     return problems
 
 
+class _Source:
+    """Where the full tensors come from, in GPT.__init__'s order: a serial GPT (slices of its tensors),
+    the CPU generator drawn chunk by chunk exactly as GPT(cfg) draws ("serial"), or nothing ("local":
+    each shard drawn on its own on the device). Parts of other pipeline stages are drawn and dropped
+    ("serial"), so every stage's values equal GPT(cfg)'s with the same seed."""
+
+    def __init__(self, serial: GPT | None, init: str) -> None:
+        if init not in ("serial", "local"):
+            raise ValueError(f"init must be 'serial' or 'local', got {init!r}")
+        self.serial, self.init = serial, init
+
+    def skip_block(self, cfg: GPTConfig) -> None:
+        if self.serial is not None or self.init == "local":
+            return
+        h, f = cfg.hidden_size, cfg.ffn
+        for n, k in ((3 * h, h), (h, h), (f, h), (h, f)):
+            for chunks in linear_init_chunks(n, k, True):
+                for _ in chunks or ():
+                    pass
+
+    def embedding(self, rows: int, hidden: int, serial: nn.Embedding | None) -> Iterator | None:
+        if serial is not None:
+            return tensor_chunks(serial.weight)
+        if self.init == "local":
+            return None
+        return drawn_chunks((rows, hidden), lambda t: t.normal_())
+
+
+def _linear(source: _Source, serial: nn.Linear | None, k: int, n: int, bias: bool, grid: Grid, *,
+            transpose: bool = False, padded_out_features: int | None = None) -> ShardedLinear:
+    if serial is not None:
+        return ShardedLinear.from_dense(serial, transpose=transpose, grid=grid, padded_out_features=padded_out_features)
+    return ShardedLinear(k, n, bias, transpose=transpose, grid=grid, padded_out_features=padded_out_features,
+                         init=source.init)
+
+
 class ParallelAttention(nn.Module):
-    def __init__(self, serial: nn.Module, cfg: GPTConfig, grid: Grid) -> None:
+    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source) -> None:
         super().__init__()
+        h = cfg.hidden_size
         self.local_heads = cfg.num_attention_heads // grid.size("row")
         self.head_dim = cfg.head_dim
-        self.qkv = Linear.from_dense(serial.qkv, grid=grid)
-        self.proj = Linear.from_dense(serial.proj, transpose=True, grid=grid)
+        self.qkv = _linear(source, serial and serial.qkv, h, 3 * h, True, grid)
+        self.proj = _linear(source, serial and serial.proj, h, h, True, grid, transpose=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(causal_attention(self.qkv(x), self.local_heads, self.head_dim))
 
 
 class ParallelMLP(nn.Module):
-    def __init__(self, serial: nn.Module, grid: Grid) -> None:
+    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source) -> None:
         super().__init__()
-        self.fc1 = Linear.from_dense(serial.fc1, grid=grid)
-        self.fc2 = Linear.from_dense(serial.fc2, transpose=True, grid=grid)
+        h, f = cfg.hidden_size, cfg.ffn
+        self.fc1 = _linear(source, serial and serial.fc1, h, f, True, grid)
+        self.fc2 = _linear(source, serial and serial.fc2, f, h, True, grid, transpose=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
 
+def _norm(cfg: GPTConfig, grid: Grid, serial: nn.LayerNorm | None) -> ParallelLayerNorm:
+    return ParallelLayerNorm(cfg.hidden_size, grid.comm_group("col"), weight=serial and serial.weight,
+                             bias=serial and serial.bias, device=grid.device)
+
+
 class ParallelBlock(nn.Module):
-    def __init__(self, serial: nn.Module, cfg: GPTConfig, grid: Grid) -> None:
+    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source) -> None:
         super().__init__()
-        col = grid.group("col")
-        self.ln1 = ParallelLayerNorm(cfg.hidden_size, col, weight=serial.ln1.weight, bias=serial.ln1.bias)
-        self.attn = ParallelAttention(serial.attn, cfg, grid)
-        self.ln2 = ParallelLayerNorm(cfg.hidden_size, col, weight=serial.ln2.weight, bias=serial.ln2.bias)
-        self.mlp = ParallelMLP(serial.mlp, grid)
+        self.ln1 = _norm(cfg, grid, serial and serial.ln1)
+        self.attn = ParallelAttention(serial and serial.attn, cfg, grid, source)
+        self.ln2 = _norm(cfg, grid, serial and serial.ln2)
+        self.mlp = ParallelMLP(serial and serial.mlp, cfg, grid, source)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -97,40 +144,64 @@ class ParallelBlock(nn.Module):
 
 class ParallelGPT(nn.Module):
     """This rank's part of the GPT: its blocks, plus the embedding (first stage) and the final norm,
-    head and loss (last stage)."""
+    head and loss (last stage).
 
-    def __init__(self, serial: GPT, grid: Grid, *, virtual_stages: int = 1, recompute: bool = False) -> None:
+    `ParallelGPT(cfg, grid)` builds only this rank's shards (peak memory follows the shard, not the
+    model): with `init="serial"` (default) the values equal `GPT(cfg)`'s for the same seed (the full
+    tensors are drawn chunk by chunk on the CPU and dropped), with `init="local"` each shard is drawn
+    on its own on the device (fast, for benchmarks). `from_serial(gpt)` shards an existing GPT.
+    """
+
+    def __init__(self, cfg: GPTConfig | GPT, grid: Grid | None = None, *, virtual_stages: int = 1,
+                 recompute: bool = False, init: str = "serial") -> None:
         super().__init__()
-        cfg = serial.cfg
+        serial = cfg if isinstance(cfg, GPT) else None
+        cfg = serial.cfg if serial is not None else cfg
+        grid = current_grid(grid)
+        source = _Source(serial, init)
         self.recompute = recompute
         problems = gpt_split_problems(cfg, grid.degrees, virtual_stages)
         if problems:
             raise GridError(f"GPT cannot be split on grid {grid.describe()}: " + "; ".join(problems))
         self.cfg, self.grid, self.virtual_stages = cfg, grid, virtual_stages
         S, s = grid.size("inter"), grid.coord("inter")
+        setattr(self, STAGE_SPLIT_ATTR, S > 1)
         self.chunk_ranges = partition_chunks(cfg.num_layers, S, virtual_stages)[s]
         self.has_embedding = s == 0
         self.has_head = s == S - 1
-        col = grid.group("col")
+        col = grid.comm_group("col")
+        tok = source.embedding(cfg.vocab_size, cfg.hidden_size, serial and serial.tok_emb)
+        pos = source.embedding(cfg.seq_length, cfg.hidden_size, serial and serial.pos_emb)
         if self.has_embedding:
-            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, weight=serial.tok_emb.weight)
-            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, weight=serial.pos_emb.weight)
+            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, chunks=tok, device=grid.device)
+            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, chunks=pos, device=grid.device)
+        else:
+            for chunks in (tok, pos):
+                for _ in chunks or ():
+                    pass
+        mine = {i for start, end in self.chunk_ranges for i in range(start, end)}
         self.blocks = nn.ModuleDict()
-        for start, end in self.chunk_ranges:
-            for i in range(start, end):
-                self.blocks[str(i)] = ParallelBlock(serial.blocks[i], cfg, grid)
+        built = {}
+        for i in range(cfg.num_layers):  # GPT.__init__'s order, so the RNG stream matches
+            if i in mine:
+                built[i] = ParallelBlock(serial.blocks[i] if serial is not None else None, cfg, grid, source)
+            else:
+                source.skip_block(cfg)
+        for i in sorted(built):
+            self.blocks[str(i)] = built[i]
         if self.has_head:
-            self.ln_f = ParallelLayerNorm(cfg.hidden_size, col, weight=serial.ln_f.weight, bias=serial.ln_f.bias)
+            self.ln_f = _norm(cfg, grid, serial and serial.ln_f)
             self.padded_vocab = padded_vocab_size(cfg.vocab_size, grid.degrees)
-            self.head = Linear.from_dense(serial.head, grid=grid, padded_out_features=self.padded_vocab)
+            self.head = _linear(source, serial and serial.head, cfg.hidden_size, cfg.vocab_size, False, grid,
+                                padded_out_features=self.padded_vocab)
             self.vocab_start = grid.coord("row") * (self.padded_vocab // grid.size("row"))
-        self.to(grid.device)  # norms and embeddings are built on the CPU (a no-op there)
+        wrap(self, grid=grid)
 
     @classmethod
     def from_serial(cls, serial: GPT, grid: Grid | None = None, *, virtual_stages: int = 1,
                     recompute: bool = False) -> ParallelGPT:
-        """`recompute=True`: full activation recomputation (each block checkpointed; its forward,
-        collectives included, runs again in backward)."""
+        """Shard an existing GPT. `recompute=True`: full activation recomputation (each block
+        checkpointed; its forward, collectives included, runs again in backward)."""
         return cls(serial, current_grid(grid), virtual_stages=virtual_stages, recompute=recompute)
 
     def run_block(self, i: int, x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +224,7 @@ class ParallelGPT(nn.Module):
         return self.head(self.ln_f(x))
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, targets, self.grid.group("row"), self.vocab_start,
+        return vocab_parallel_cross_entropy(logits, targets, self.grid.comm_group("row"), self.vocab_start,
                                            self.cfg.vocab_size)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ class Pipeline:
         if v > 1 and schedule != "interleaved-1f1b":
             raise GridError(f"virtual_stages={v} needs schedule='interleaved-1f1b', got {schedule!r}")
         self.model, self.grid = model, grid
+        self.local_batch_size, self.micro_batch_size = local_batch_size, micro_batch_size
         self.n_microbatches = local_batch_size // micro_batch_size
         if schedule != "gpipe" and self.n_microbatches < S:
             raise GridError(f"{schedule} needs at least G_inter={S} micro-batches per step, got "
@@ -65,8 +66,23 @@ class Pipeline:
         self.is_first = any(st.is_first for st in self.stages)
         self.is_last = any(st.is_last for st in self.stages)
 
+    def check_batch(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
+        """The static shapes the stages were built for; a mismatch would abort every rank inside the
+        schedule's send/recv (SIGABRT), so it is refused here, before any collective, on every rank."""
+        want = (self.local_batch_size, self.model.cfg.seq_length)
+        for name, t in (("tokens", tokens), ("targets", targets)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(
+                    f"{name} has shape {got} but this pipeline was built for the local batch "
+                    f"[local_batch_size={self.local_batch_size}, seq_length={want[1]}] "
+                    f"(global batch / (G_data*G_intra_d) samples of micro_batch_size={self.micro_batch_size}); "
+                    "pass the batch engine.create_dataloader yields, or build the Pipeline with this local batch")
+
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float | None:
         """Forward and backward of all micro-batches of this local batch; mean loss on the last stage."""
+        self.check_batch(tokens, targets)
+        tokens, targets = tokens.to(self.grid.device), targets.to(self.grid.device)
         losses: list[torch.Tensor] = []
         kwargs = {"target": targets, "losses": losses} if self.is_last else {}
         args = (tokens,) if self.is_first else ()

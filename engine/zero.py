@@ -1,45 +1,86 @@
-"""ZeRO-1: optimizer state sharded over G_data.
+"""ZeRO-1: optimizer state sharded over G_data, as a real `torch.optim.Optimizer`.
 
-    opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=1e-3)
+    opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=1e-3)      # or model.parameters() / groups
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)                     # schedulers see opt.param_groups
     loss = engine.forward_backward(...)
-    engine.sync_gradients(model, data=False)   # depth reductions and the 1/(G_data*G_d) scaling
-    opt.step()                                   # reduce-scatter grads, step the shard, all-gather params
+    engine.step(model, opt, max_grad_norm=1.0)   # depth reductions + 1/(G_data*G_d) scaling, clip, step
     opt.zero_grad()
 
-All of this rank's trainable parameters are viewed as one flat vector, padded with zeros to a
-multiple of G_data; data rank i owns the i-th equal segment, and the wrapped optimizer only ever
-sees that segment (so its state is 1/G_data of the usual). Per step the data group carries one
-reduce-scatter of the padded flat gradient and one all-gather of the padded flat parameters
-(perfmodels.traffic: "dp_grad" reduce_scatter and "dp_param" all_gather, padded the same way).
-Element-wise optimizers (SGD, Adam, AdamW) give exactly the unsharded result.
+All of this rank's trainable parameters (group by group) are viewed as one flat vector, padded with
+zeros to a multiple of G_data; data rank i owns the i-th equal segment, and the wrapped optimizer
+only ever sees that segment (one shard tensor per parameter group it overlaps, with that group's
+hyperparameters, copied from `opt.param_groups` at every step so LR schedulers work). Per step the
+data group carries one reduce-scatter of the padded flat gradient and one all-gather of the padded
+flat parameters (perfmodels.traffic: "dp_grad" reduce_scatter and "dp_param" all_gather, padded
+the same way). Element-wise optimizers (SGD, Adam, AdamW) give exactly the unsharded result.
+
+`engine.sync_gradients(model)` knows the model is sharded (it skips the data all-reduce), and
+`engine.clip_grad_norm_` / `engine.grad_norm` reduce-scatter first and take the norm of the
+reduced shards summed over data, so clipping uses the global norm on every rank.
+`state_dict()` is this rank's (its shard of the state plus the hyperparameters); engine's
+checkpoints store the unsharded per-parameter state instead, which reloads under any grid.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
+from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies
 from engine.grid import Grid, current_grid
 
 
-class ZeroOptimizer:
-    def __init__(self, model: nn.Module, optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW, *,
+class ZeroOptimizer(torch.optim.Optimizer):
+    def __init__(self, params: nn.Module | Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *,
                  grid: Grid | None = None, **optimizer_kwargs: Any) -> None:
         self.grid = current_grid(grid)
-        self.group = self.grid.group("data")
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.group = self.grid.comm_group("data")
+        if isinstance(params, nn.Module):
+            params = [p for p in params.parameters() if p.requires_grad]
+        super().__init__(params, dict(optimizer_kwargs))
+        self.params = [p for g in self.param_groups for p in g["params"]]
         total = sum(p.numel() for p in self.params)
         world = group_size(self.group)
         self.padded = -(-total // world) * world
         self.segment = self.padded // world
-        start = group_rank(self.group) * self.segment
+        self.start = group_rank(self.group) * self.segment
+        end = self.start + self.segment
         flat = self._flat([p.detach() for p in self.params])
-        self.shard = nn.Parameter(flat[start:start + self.segment].clone())
-        self.start = start
-        self.inner = optimizer_class([self.shard], **optimizer_kwargs)
+        # one shard tensor per parameter group, covering the part of this rank's segment in it
+        self.pieces: list[tuple[int, int, int]] = []  # (group index, flat start, flat end)
+        inner_groups = []
+        offset = 0
+        for gi, g in enumerate(self.param_groups):
+            n = sum(p.numel() for p in g["params"])
+            g_end = offset + n + (self.padded - total if gi == len(self.param_groups) - 1 else 0)
+            a, b = max(offset, self.start), min(g_end, end)
+            if a < b:
+                shard = nn.Parameter(flat[a:b].clone())
+                self.pieces.append((gi, a, b))
+                inner_groups.append({**self._hyper(g), "params": [shard]})
+            offset += n
+        if not inner_groups:  # a rank whose whole segment is padding still needs an optimizer
+            gi = len(self.param_groups) - 1
+            self.pieces.append((gi, end, end))
+            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [nn.Parameter(flat[:0].clone())]})
+        self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
+        self._reduced = False
+        for p in self.params:
+            setattr(p, ZERO_ATTR, weakref.ref(self))
+
+    @staticmethod
+    def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in group.items() if k != "params"}
+
+    @property
+    def shards(self) -> list[torch.Tensor]:
+        return [g["params"][0] for g in self.inner.param_groups]
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -48,62 +89,144 @@ class ZeroOptimizer:
         return flat
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+        super().zero_grad(set_to_none=set_to_none)
+        self._reduced = False
 
     @torch.no_grad()
-    def step(self) -> None:
-        # the parameters are the truth (a checkpoint load or user code may have changed them)
-        flat_params = self._flat([p.detach() for p in self.params])
-        self.shard.copy_(flat_params[self.start:self.start + self.segment])
+    def reduce_gradients(self) -> None:
+        """Reduce-scatter the flat gradient over data into the shards (once per step)."""
+        if self._reduced:
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat_grad = self._flat(grads)
-        if self.group is None:
-            self.shard.grad = flat_grad[self.start:self.start + self.segment].clone()
+        mine = flat_grad[self.start:self.start + self.segment] if self.group is None else \
+            reduce_scatter_flat(flat_grad, self.group)
+        for shard, (_, a, b) in zip(self.shards, self.pieces):
+            shard.grad = mine[a - self.start:b - self.start].clone()
+        self._reduced = True
+
+    def _shard_weights(self) -> torch.Tensor:
+        """Per element of this rank's segment: 1 / (tensor-parallel ranks holding the same value)."""
+        weights = torch.zeros(self.padded, dtype=torch.float64)
+        offset = 0
+        for p in self.params:
+            weights[offset:offset + p.numel()] = 1.0 / replica_copies(p, self.grid)
+            offset += p.numel()
+        return weights[self.start:self.start + self.segment]
+
+    @torch.no_grad()
+    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
+        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
+        self.reduce_gradients()
+        device = self.grid.device
+        weights = self._shard_weights().to(device)
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for shard, (_, a, b) in zip(self.shards, self.pieces):
+            if b > a:
+                w = weights[a - self.start:b - self.start]
+                total += (shard.grad.detach().double().abs().pow(norm_type) * w).sum()
+        if self.group is not None:
+            dist.all_reduce(total, group=self.group)
+        if model is not None:
+            reduce_norm_over_model(total, model, self.grid)
         else:
-            self.shard.grad = reduce_scatter_flat(flat_grad, self.group)
+            for axis in ("depth", "row", "col"):
+                group = self.grid.comm_group(axis)
+                if group is not None:
+                    dist.all_reduce(total, group=group)
+        return total.pow(1.0 / norm_type)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
+                        model: nn.Module | None = None) -> torch.Tensor:
+        norm = self.grad_norm(norm_type=norm_type, model=model)
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for shard in self.shards:
+            if shard.grad is not None:
+                shard.grad.mul_(coef.to(shard.grad.dtype))
+        return norm.float()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        if closure is not None:
+            raise ValueError("ZeroOptimizer.step does not take a closure (got one)")
+        # the parameters are the truth (a checkpoint load or user code may have changed them)
+        flat_params = self._flat([p.detach() for p in self.params])
+        for shard, (_, a, b) in zip(self.shards, self.pieces):
+            shard.copy_(flat_params[a:b])
+        self.reduce_gradients()
+        for inner, (gi, _, _) in zip(self.inner.param_groups, self.pieces):
+            inner.update(self._hyper(self.param_groups[gi]))  # LR schedulers write to self.param_groups
         self.inner.step()
-        full = all_gather_flat(self.shard.detach(), self.group)
+        mine = flat_params[self.start:self.start + self.segment].clone()
+        for shard, (_, a, b) in zip(self.shards, self.pieces):
+            mine[a - self.start:b - self.start] = shard.detach()
+        full = all_gather_flat(mine, self.group)
         offset = 0
         for p in self.params:
             n = p.numel()
             p.copy_(full[offset:offset + n].view_as(p))
             offset += n
+        self._reduced = False
+        return None
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
+    # ---- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard of the inner optimizer's state, plus every group's hyperparameters."""
+        return {"inner": self.inner.state_dict(), "param_groups": [self._hyper(g) for g in self.param_groups],
+                "zero": {"start": self.start, "segment": self.segment, "padded": self.padded}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        zero = state_dict.get("zero", {})
+        if zero and (zero["start"], zero["segment"], zero["padded"]) != (self.start, self.segment, self.padded):
+            raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns start={self.start}, "
+                             f"segment={self.segment}, padded={self.padded}; use engine.load_checkpoint to reshard")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(groups)} parameter groups, the optimizer {len(self.param_groups)}")
+        for g, saved in zip(self.param_groups, groups):
+            g.update(saved)
+        self.inner.load_state_dict(state_dict["inner"])
 
     def per_parameter_state(self) -> list[dict[str, Any]]:
         """The unsharded optimizer state, one dict per parameter (in `self.params` order), shaped like
         the parameter: what a plain optimizer would hold. A collective over the data group."""
-        state = self.inner.state.get(self.shard, {})
+        keys: dict[str, Any] = {}
+        for shard in self.shards:
+            for key, value in self.inner.state.get(shard, {}).items():
+                keys.setdefault(key, value)
         out: list[dict[str, Any]] = [{} for _ in self.params]
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.shape == self.shard.shape:
-                full = all_gather_flat(value.detach(), self.group)
+        for key, sample in keys.items():
+            if isinstance(sample, torch.Tensor) and sample.dim() > 0:
+                mine = torch.zeros(self.segment, dtype=sample.dtype, device=sample.device)
+                for shard, (_, a, b) in zip(self.shards, self.pieces):
+                    value = self.inner.state.get(shard, {}).get(key)
+                    if value is not None and b > a:
+                        mine[a - self.start:b - self.start] = value.detach()
+                full = all_gather_flat(mine, self.group)
                 offset = 0
                 for i, p in enumerate(self.params):
                     out[i][key] = full[offset:offset + p.numel()].view_as(p).clone()
                     offset += p.numel()
             else:
                 for entry in out:
-                    entry[key] = value.clone() if isinstance(value, torch.Tensor) else value
+                    entry[key] = sample.clone() if isinstance(sample, torch.Tensor) else sample
         return out
 
     def load_per_parameter_state(self, states: list[dict[str, Any]]) -> None:
         """Inverse of `per_parameter_state`: keep this rank's segment of each per-parameter tensor."""
         keys = {k for entry in states for k in entry}
-        target: dict[str, Any] = {}
+        target: list[dict[str, Any]] = [{} for _ in self.shards]
         for key in keys:
             values = [entry.get(key) for entry in states]
             if all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, self.params)):
-                flat = self._flat([v.to(self.shard.dtype) for v in values])
-                target[key] = flat[self.start:self.start + self.segment].clone()
+                flat = self._flat([v.to(self.shards[0].dtype) for v in values])
+                for entry, (_, a, b) in zip(target, self.pieces):
+                    entry[key] = flat[a:b].clone()
             else:
                 value = next(v for v in values if v is not None)
-                target[key] = value.clone() if isinstance(value, torch.Tensor) else value
-        self.inner.state[self.shard] = target
+                for entry in target:
+                    entry[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        for shard, entry in zip(self.shards, target):
+            self.inner.state[shard] = entry

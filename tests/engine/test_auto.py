@@ -102,7 +102,7 @@ def predicted(degrees: dict[str, int], kinds: list[str]) -> tuple[dict[str, floa
             specs.append(LayerSpec(name=f"{i}", kind="other", params=0))
         else:
             k, n = next(linears)
-            specs.append(LayerSpec(name=f"{i}", in_features=k, out_features=n, parallel=kind == "AutoLinear"))
+            specs.append(LayerSpec(name=f"{i}", in_features=k, out_features=n, parallel=kind == "Linear"))
     model = Model(layers=tuple(specs))
     local = BATCH // (degrees["data"] * degrees["depth"])
     plan = Plan(**{FIELDS[a]: degrees[a] for a in AXES5}, micro_batch_size=local)
@@ -136,7 +136,7 @@ def test_auto_parallelized_mlp_matches_single_process_and_traffic(degrees):
     assert set(state) == set(ref_state)
     for name, ref in ref_state.items():
         assert (state[name] - ref).abs().max().item() <= 1e-5, name
-    assert "AutoLinear" in results[0]["kinds"]
+    assert "Linear" in results[0]["kinds"]
     for r in results:
         want_bytes, want_calls = predicted(degrees, r["kinds"])
         assert {k: float(v) for k, v in r["bytes"].items()} == want_bytes, r["table"]

@@ -1,4 +1,4 @@
-"""engine.Linear on its own: same initial weights as torch.nn.Linear for the same seed, a normal ->
+"""engine.ShardedLinear on its own: same initial weights as torch.nn.Linear for the same seed, a normal ->
 transposed pair computes the dense result in the AxoNN layout (input and output split over col)
 with the dense gradients, and clip_grad_norm_ over the grid equals torch's on the dense layers.
 
@@ -20,7 +20,7 @@ def _pair(rank: int, world: int) -> dict[str, Any]:
 
     grid = engine.init(G_intra_d=2, G_intra_r=2, G_intra_c=2)
     torch.manual_seed(0)
-    model = nn.Sequential(engine.Linear(16, 32), nn.GELU(), engine.Linear(32, 16, transpose=True))
+    model = nn.Sequential(engine.ShardedLinear(16, 32), nn.GELU(), engine.ShardedLinear(32, 16, transpose=True))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 16, generator=g)
     # the batch is split over depth; features over col

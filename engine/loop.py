@@ -2,9 +2,9 @@
 
     loss = forward_backward(model, tokens, targets, micro_batch_size=2)       # G_inter == 1
     loss = forward_backward(model, tokens, targets, pipeline=pipe)            # G_inter > 1
-    engine.sync_gradients(model); optimizer.step()
+    engine.step(model, optimizer)          # sync_gradients + (clip) + optimizer.step()
 
-Without a pipeline, the local batch is split into micro-batches whose losses are scaled by
+Inputs are moved to the model's device (the data loader yields CPU tensors). Without a pipeline, the local batch is split into micro-batches whose losses are scaled by
 1/n_microbatches (gradient accumulation, no gradient sync in between), which matches the mean loss
 over the local batch. Returns the mean local loss (None on pipeline ranks without the loss).
 """
@@ -21,9 +21,14 @@ def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tens
                      micro_batch_size: int | None = None, pipeline: Pipeline | None = None) -> float | None:
     if pipeline is not None:
         return pipeline.step(tokens, targets)
+    if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int)
+                                         or micro_batch_size < 1):
+        raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
     mb = micro_batch_size or tokens.shape[0]
     if tokens.shape[0] % mb:
         raise ValueError(f"local batch {tokens.shape[0]} is not divisible by micro_batch_size={mb}")
+    device = next((p.device for p in model.parameters()), tokens.device)
+    tokens, targets = tokens.to(device), targets.to(device)
     n = tokens.shape[0] // mb
     total = 0.0
     for i in range(n):
