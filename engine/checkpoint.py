@@ -218,6 +218,10 @@ def _needed_files(index: dict[str, Any], specs: dict[str, ShardSpec | None], gri
     """Saved ranks whose pieces overlap this rank's (conservative boxes)."""
     saved_degrees = index["degrees"]
     placement = tuple(index["placement"])
+    if saved_degrees == grid.degrees and placement == tuple(grid.placement):  # same grid: own counterpart
+        from perfmodels.layout import rank_of
+
+        return [rank_of({**grid.coords, "data": 0}, saved_degrees, placement)]
     needed = []
     for rank, entry in sorted(index["files"].items()):
         coords = rank_coords(rank, saved_degrees, placement)

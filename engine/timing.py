@@ -8,9 +8,13 @@ How (cheap enough to leave on for every step):
   all_gather_into_tensor / all_gather_single, reduce_scatter_tensor / reduce_scatter_single,
   broadcast, all_to_all_single, ...) by timing wrappers, wherever a module holds a reference to
   them (torch.distributed itself and every loaded `engine.*` module, e.g. engine.comm binds its
-  flat all-gather at import). The engine's collectives are synchronous, so a call's wall time is
-  its communication wait, which is added to the grid axis of its process group ("row", "col",
-  "depth", "data", "inter"; anything else, e.g. the world group, is "other").
+  flat all-gather at import). On gloo the engine's collectives are synchronous, so a call's wall
+  time is its communication wait. On CUDA (NCCL) a call only enqueues work, so each one is fenced
+  by two CUDA events on the current stream (which NCCL makes wait for the collective) and its time
+  is the events' elapsed time, read when the step ends (`StepClock` synchronizes the device at both
+  ends of a step, so wall time covers the GPU work too). The time is added to the grid axis of its
+  process group ("row", "col", "depth", "data", "inter"; anything else, e.g. the world group, is
+  "other").
 - The time the pipeline schedule spends in `torch.distributed.pipelining.schedules._wait_batch_p2p`
   (waiting for activations or gradients of the neighbouring stage: bubble plus transfer) is
   counted as "pp_wait".
@@ -32,10 +36,11 @@ the step time of a small GPT on CPU; wrapping only the collectives costs a few m
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +78,8 @@ class CommTimer:
         self.calls: collections.Counter[str] = collections.Counter()
         self._restore: list[tuple[Any, str, Any]] = []
         self._axis_cache: dict[int, str] = {}
+        self.cuda = grid.device.type == "cuda"
+        self._pending: list[tuple[str, Any, Any]] = []  # (axis, start event, end event) not yet read
 
     def _axis(self, group: Any) -> str:
         if group is None:
@@ -89,15 +96,40 @@ class CommTimer:
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
+            axis = self._axis(_group_of(args, kwargs, position))
+            self.calls[axis] += 1
+            with self.span(axis):
                 return fn(*args, **kwargs)
-            finally:
-                axis = self._axis(_group_of(args, kwargs, position))
-                self.seconds[axis] += time.perf_counter() - t0
-                self.calls[axis] += 1
 
         return timed
+
+    @contextlib.contextmanager
+    def span(self, key: str) -> Iterator[None]:
+        """Add the time of the block to `key`: host wall time, or CUDA-event time on the GPU."""
+        if self.cuda:
+            import torch
+
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._pending.append((key, start, end))
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[key] += time.perf_counter() - t0
+
+    def resolve(self) -> None:
+        """Read the CUDA events recorded so far (waits for them)."""
+        for key, start, end in self._pending:
+            end.synchronize()
+            self.seconds[key] += start.elapsed_time(end) / 1e3
+        self._pending.clear()
 
     def __enter__(self) -> CommTimer:
         from torch.distributed import distributed_c10d
@@ -116,11 +148,8 @@ class CommTimer:
         wait = getattr(schedules, "_wait_batch_p2p", None)
         if wait is not None:
             def timed_wait(work: Any) -> Any:
-                t0 = time.perf_counter()
-                try:
+                with self.span("pp_wait"):
                     return wait(work)
-                finally:
-                    self.seconds["pp_wait"] += time.perf_counter() - t0
 
             self._restore.append((schedules, "_wait_batch_p2p", wait))
             schedules._wait_batch_p2p = timed_wait
@@ -132,6 +161,7 @@ class CommTimer:
         self._restore.clear()
 
     def totals(self) -> dict[str, float]:
+        self.resolve()
         out = dict.fromkeys((*AXES_TIMED, "pp_wait"), 0.0)
         out.update(self.seconds)
         return out
@@ -163,11 +193,19 @@ class StepClock:
         self._t0 = 0.0
         self._before: dict[str, float] = {}
 
+    def _sync(self) -> None:
+        if self.timer.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
     def start(self) -> None:
+        self._sync()
         self._before = self.timer.totals()
         self._t0 = time.perf_counter()
 
     def stop(self) -> StepSample:
+        self._sync()
         wall = time.perf_counter() - self._t0
         after = self.timer.totals()
         delta = {k: after[k] - self._before.get(k, 0.0) for k in after}

@@ -51,6 +51,39 @@ OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryStats:
+    """Peak memory of one rank over an engine.train call (bytes): on a GPU the CUDA caching
+    allocator's peak allocated and reserved; on the CPU the process's peak resident set size."""
+
+    rank: int
+    device: str
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    peak_rss_bytes: int = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        """The figure to compare with a memory prediction: allocated on GPU, RSS on CPU."""
+        return self.peak_allocated_bytes if self.device.startswith("cuda") else self.peak_rss_bytes
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def memory_stats(rank: int, device: torch.device) -> MemoryStats:
+    if device.type == "cuda":
+        return MemoryStats(rank=rank, device=str(device), peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+                           peak_reserved_bytes=torch.cuda.max_memory_reserved(device), peak_rss_bytes=peak_rss_bytes())
+    return MemoryStats(rank=rank, device=str(device), peak_rss_bytes=peak_rss_bytes())
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainReport:
     """What one engine.train call did and measured (identical on every rank).
 
@@ -76,6 +109,13 @@ class TrainReport:
     cluster_id: str = ""
     measurement_id: int | None = None
     stored_in: str | None = None
+    memory: tuple[MemoryStats, ...] = ()
+    dtype: str = "fp32"
+
+    @property
+    def peak_memory_gib(self) -> float:
+        """The largest per-rank peak (allocated on GPU, RSS on CPU), GiB."""
+        return max((m.peak_bytes for m in self.memory), default=0) / 2**30
 
     def summary(self) -> str:
         pred = f"{self.predicted_step_time_s:.4g} s" if self.predicted_step_time_s else "-"
@@ -84,7 +124,8 @@ class TrainReport:
         band = f" +/- {self.prediction.uncertainty_rel:.0%}" if self.prediction is not None else ""
         return (f"{self.plan.grid_string()} mb={self.plan.micro_batch_size}: {loss}median step "
                 f"{self.median_step_time_s:.4g} s measured vs {pred}{band} predicted{err} "
-                f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s")
+                f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s, "
+                f"peak memory {self.peak_memory_gib:.2f} GiB/rank")
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,6 +195,10 @@ def ensure_process_group(timeout_s: float = 600.0) -> None:
         env.setdefault("MASTER_PORT", str(free_port()))
         env["RANK"], env["WORLD_SIZE"] = "0", "1"
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":  # every rank on its own GPU (LOCAL_RANK), before NCCL binds one
+        from engine.grid import local_device_index
+
+        torch.cuda.set_device(local_device_index(int(env["RANK"])))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
@@ -236,8 +281,13 @@ def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: 
 
     `splittable=False`: a net passed already built (not as a factory), which can only be replicated."""
     problems = []
-    if plan.zero_stage or plan.recompute != "none" or plan.sequence_parallel:
-        problems.append("ZeRO, recomputation and sequence parallelism are not in the engine yet")
+    if plan.zero_stage not in (0, 1):
+        problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 and 1")
+    if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
+        problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in GPT "
+                        "(recompute='full') or nothing")
+    if plan.sequence_parallel:
+        problems.append("sequence parallelism is not in the engine")
     shards = plan.G_data * plan.G_intra_d
     if training.global_batch_size % (shards * plan.micro_batch_size):
         problems.append(f"global_batch_size={training.global_batch_size} is not divisible by "
@@ -262,10 +312,18 @@ def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: 
     return problems
 
 
-def _make_optimizer(optimizer: OptimizerFactory | type | None, params: Any) -> torch.optim.Optimizer:
-    if optimizer is None:
-        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
-    return optimizer(params)
+def _make_optimizer(optimizer: OptimizerFactory | type | None, net: nn.Module, zero_stage: int,
+                    grid: Any) -> torch.optim.Optimizer:
+    """The optimizer over `net`'s trainable parameters; ZeRO-1 wraps the same factory."""
+    factory: Any = optimizer
+    kwargs: dict[str, Any] = {}
+    if factory is None:
+        factory, kwargs = torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01}
+    if zero_stage == 1:
+        from engine.zero import ZeroOptimizer
+
+        return ZeroOptimizer(net, factory, grid=grid, **kwargs)
+    return factory([p for p in net.parameters() if p.requires_grad], **kwargs)
 
 
 def _progress(enabled: bool, total: int, title: str) -> Any:
@@ -325,17 +383,22 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           cluster: Cluster | None = None, cluster_id: str | None = None, database_url: str | None = None,
           micro_batch_size: int | None = None, warmup_steps: int = 2,
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
-          progress: bool = True, seed: int = 0, max_grad_norm: float | None = None) -> TrainReport:
+          progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
+          dtype: str = "fp32") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
     the meta device first to read its shapes). `dataset` yields (input, target) pairs; nets other
     than the GPT compute `loss_fn(net(input), target)` (default cross entropy). `optimizer`: a
     callable taking the parameters (default AdamW lr 1e-3). `profile`: constants (a Profile or a
-    `gridtune profile` JSON file) for this cluster. `record=False` stores nothing.
+    `gridtune profile` JSON file) for this cluster. `record=False` stores nothing. `dtype="bf16"`
+    runs forward and backward under bf16 autocast (parameters, gradients and optimizer in fp32).
+    The plan may use zero_stage=1 (engine.ZeroOptimizer) and, for the GPT, recompute="full".
     """
     if steps <= warmup_steps:
         raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
     from tuner import closed_loop as cl
 
     ensure_process_group()
@@ -345,7 +408,7 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     # the GPT is split by ParallelGPT; another net only when we build it (engine.auto_parallelize)
     splittable = cfg is not None or not isinstance(model, nn.Module)
     url = cl.service_url(service_url)
-    training = cl.engine_training(global_batch_size)
+    training = cl.engine_training(global_batch_size, dtype=dtype)
     base_cluster = cluster or cl.local_cluster(world)
     if base_cluster.num_gpus != world:
         base_cluster = dataclasses.replace(base_cluster, num_gpus=world)
@@ -376,11 +439,18 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     grid = engine.init(G_data=chosen.G_data, G_inter=chosen.G_inter, G_intra_d=chosen.G_intra_d,
                        G_intra_r=chosen.G_intra_r, G_intra_c=chosen.G_intra_c, placement=chosen.placement)
     torch.manual_seed(seed)
+    if grid.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(grid.device)
     pipe = None
+    recompute = chosen.recompute == "full"
     if cfg is not None:
-        serial = model if isinstance(model, GPT) else GPT(cfg) if isinstance(model, GPTConfig) else model()
-        net: nn.Module = engine.ParallelGPT.from_serial(serial, grid)
-        del serial
+        if isinstance(model, GPTConfig):  # only this rank's shards are ever allocated
+            net: nn.Module = engine.ParallelGPT(cfg, grid, virtual_stages=chosen.virtual_stages, recompute=recompute)
+        else:
+            serial = model if isinstance(model, GPT) else model()
+            net = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=chosen.virtual_stages,
+                                                 recompute=recompute)
+            del serial
         local = engine.local_batch_size(global_batch_size, grid, chosen.micro_batch_size)
         if chosen.G_inter > 1:
             pipe = engine.Pipeline(net, grid, schedule=chosen.schedule, micro_batch_size=chosen.micro_batch_size,
@@ -392,14 +462,15 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
         else:
             with engine.auto_parallelize(grid):
                 inner = model()
-        net = _WithLoss(inner, loss_fn or nn.functional.cross_entropy)
+        net = engine.wrap(_WithLoss(inner.to(grid.device), loss_fn or nn.functional.cross_entropy), grid=grid)
         tokens_per_sample = 1
-    opt = _make_optimizer(optimizer, [p for p in net.parameters() if p.requires_grad])
+    opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid)
     # shuffled windows (same seed on every rank, so the batch split stays consistent): sequential
     # windows would walk the corpus file by file and the loss would follow the files, not training
     loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid, shuffle=True)
     batches = _cycle(loader)
 
+    autocast = torch.autocast(grid.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
     timer = CommTimer(grid)
     clock = StepClock(timer)
     samples: list[StepSample] = []
@@ -413,12 +484,10 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                 tokens, targets = tokens.to(grid.device), targets.to(grid.device)
                 clock.start()
                 opt.zero_grad(set_to_none=True)
-                loss = engine.forward_backward(net, tokens, targets, micro_batch_size=chosen.micro_batch_size,
-                                               pipeline=pipe)
-                engine.sync_gradients(net, grid=grid)
-                if max_grad_norm is not None:
-                    engine.clip_grad_norm_(net, max_grad_norm, grid=grid)
-                opt.step()
+                with autocast:
+                    loss = engine.forward_backward(net, tokens, targets, micro_batch_size=chosen.micro_batch_size,
+                                                   pipeline=pipe)
+                engine.step(net, opt, max_grad_norm=max_grad_norm, grid=grid)
                 sample = clock.stop()
                 samples.append(sample)
                 losses.append(loss)
@@ -431,13 +500,13 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
             bar.stop()
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (samples, losses))
+    dist.all_gather_object(gathered, (samples, losses, memory_stats(rank, grid.device)))
     report: TrainReport | BaseException | None = None
     if rank == 0:
         try:
             report = _report(gathered, decision=decision, steps=steps, warmup_steps=warmup_steps,
                              tokens_per_step=global_batch_size * tokens_per_sample, record=record, url=url,
-                             database_url=database_url)
+                             database_url=database_url, dtype=dtype)
         except Exception as exc:  # as above: the other ranks wait in the broadcast
             report = exc if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
     report = _broadcast(report)
@@ -451,7 +520,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_steps: int, tokens_per_step: int,
-            record: bool, url: str | None, database_url: str | None) -> TrainReport:
+            record: bool, url: str | None, database_url: str | None, dtype: str = "fp32") -> TrainReport:
     from tuner import closed_loop as cl
 
     per_rank = [g[0] for g in gathered]
@@ -503,5 +572,5 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
         measured=measured, prediction=pred, predicted_step_time_s=predicted,
         relative_error=(predicted - median_step) / median_step if predicted and median_step > 0 else None,
         constants_source=pred.constants_source if pred is not None else "preset", cluster_id=decision.cluster_id,
-        measurement_id=measurement_id, stored_in=stored_in,
+        measurement_id=measurement_id, stored_in=stored_in, memory=tuple(g[2] for g in gathered), dtype=dtype,
     )
