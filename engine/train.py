@@ -384,7 +384,7 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           micro_batch_size: int | None = None, warmup_steps: int = 2,
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
           progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
-          dtype: str = "fp32") -> TrainReport:
+          dtype: str = "fp32", init: str = "serial") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
@@ -393,6 +393,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     callable taking the parameters (default AdamW lr 1e-3). `profile`: constants (a Profile or a
     `gridtune profile` JSON file) for this cluster. `record=False` stores nothing. `dtype="bf16"`
     runs forward and backward under bf16 autocast (parameters, gradients and optimizer in fp32).
+    `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
+    differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
     The plan may use zero_stage=1 (engine.ZeroOptimizer) and, for the GPT, recompute="full".
     """
     if steps <= warmup_steps:
@@ -445,7 +447,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     recompute = chosen.recompute == "full"
     if cfg is not None:
         if isinstance(model, GPTConfig):  # only this rank's shards are ever allocated
-            net: nn.Module = engine.ParallelGPT(cfg, grid, virtual_stages=chosen.virtual_stages, recompute=recompute)
+            net: nn.Module = engine.ParallelGPT(cfg, grid, virtual_stages=chosen.virtual_stages, recompute=recompute,
+                                                init=init)
         else:
             serial = model if isinstance(model, GPT) else model()
             net = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=chosen.virtual_stages,

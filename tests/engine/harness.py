@@ -3,12 +3,17 @@ the per-rank training function launched with engine.launch (fork).
 
 Sizes are tiny on purpose (hidden 32, 8 heads, seq 8, vocab 60 so the LM head needs padding): the
 machine has two cores shared by up to 8 ranks.
+
+On a GPU machine scripts/gpu_check.sh sets GRIDTUNE_TEST_BACKEND=nccl and GRIDTUNE_TEST_MAX_WORLD
+(the number of GPUs): `run_grid` then launches NCCL ranks, one GPU each (cuda:LOCAL_RANK), and
+skips grids with more ranks than GPUs. The single-process reference stays on the CPU.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import os
 from typing import Any
 
 import torch
@@ -20,6 +25,8 @@ FIELDS = {"data": "G_data", "inter": "G_inter", "depth": "G_intra_d", "row": "G_
 GLOBAL_BATCH = 8
 STEPS = 3
 LR = 1e-3
+BACKEND = os.environ.get("GRIDTUNE_TEST_BACKEND", "gloo")
+MAX_WORLD = int(os.environ.get("GRIDTUNE_TEST_MAX_WORLD", "1024"))
 
 
 def factorizations(world: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
@@ -195,5 +202,9 @@ def run_grid(degrees: dict[str, int], options: dict[str, Any] | None = None) -> 
         world = 1
         for a in AXES5:
             world *= degrees[a]
-        _RUNS[key] = launch(train_gpt, world_size=world, args=(degrees, options), timeout_s=60)
+        if world > MAX_WORLD:
+            import pytest
+
+            pytest.skip(f"{world} ranks but GRIDTUNE_TEST_MAX_WORLD={MAX_WORLD} ({BACKEND})")
+        _RUNS[key] = launch(train_gpt, world_size=world, args=(degrees, options), backend=BACKEND, timeout_s=120)
     return _RUNS[key]
