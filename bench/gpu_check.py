@@ -85,7 +85,7 @@ def _sync() -> None:
     torch.cuda.synchronize()
 
 
-def _measure_layout(layout: Layout, steps: int, warmup: int) -> dict[str, Any]:
+def _measure_layout(layout: Layout, steps: int, warmup: int, trace: bool = False) -> dict[str, Any]:
     """One rank (rank 0) of `layout` on this GPU with the fake process group."""
     import torch
     import torch.distributed as dist
@@ -121,6 +121,14 @@ def _measure_layout(layout: Layout, steps: int, warmup: int) -> dict[str, Any]:
             if i >= warmup:
                 fwd_bwd.append(t1 - t0)
                 opt_s.append(t2 - t1)
+        if trace:  # where one forward+backward's GPU time goes (kernels by total CUDA time)
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    engine.forward_backward(model, tokens, tokens)
+                _sync()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
         free, total = torch.cuda.mem_get_info()
         outside = max(0, (total - free) - torch.cuda.memory_reserved())  # CUDA context, cuBLAS workspaces
         measured = {
@@ -166,13 +174,13 @@ def h100_cluster(world: int) -> Any:
     return dataclasses.replace(base, num_gpus=world, gpus_per_node=per_node)
 
 
-def layouts(out: Path, steps: int = 3, warmup: int = 2) -> list[dict[str, Any]]:
+def layouts(out: Path, steps: int = 3, warmup: int = 2, trace: int | None = None) -> list[dict[str, Any]]:
     from rich.console import Console
     from rich.table import Table
 
     rows = []
-    for layout in LAYOUTS:
-        meas = _measure_layout(layout, steps, warmup)
+    for i, layout in enumerate(LAYOUTS):
+        meas = _measure_layout(layout, steps, warmup, trace=trace == i)
         pred = _predict_layout(layout)
         meas_mem = meas["peak_reserved_gib"] + meas["outside_allocator_gib"]
         row = {"layout": layout.label(), **asdict(layout), "measured": meas, "predicted": pred,
@@ -202,11 +210,15 @@ def _train_1b(rank: int, world: int) -> Any:
     from perfmodels.specs import Plan
 
     cfg = GPTConfig(num_layers=20, hidden_size=2048, num_attention_heads=16, seq_length=1024, vocab_size=50304)
+    # counting runs (start, start+1, ...) mod vocab with random restarts: a learnable next token
     g = torch.Generator().manual_seed(0)
-    data = TokenWindows(torch.randint(0, cfg.vocab_size, (200_000,), generator=g), cfg.seq_length)
+    starts = torch.randint(0, cfg.vocab_size, (200,), generator=g)
+    runs = (starts[:, None] + torch.arange(1000)[None, :]) % cfg.vocab_size
+    data = TokenWindows(runs.reshape(-1), cfg.seq_length)
     cluster = h100_cluster(1)
     report = train(cfg, data, 8, 12, plan=Plan(micro_batch_size=4), warmup_steps=4, cluster=cluster, record=False,
-                   use_calibrated=False, progress=False, dtype="bf16", init="local", max_grad_norm=1.0)
+                   use_calibrated=False, progress=False, dtype="bf16", init="local", max_grad_norm=1.0,
+                   optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01))
     return report, cfg
 
 
@@ -241,10 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("gpt1b", "layouts"))
     parser.add_argument("--out", default=".")
+    parser.add_argument("--trace", type=int, default=None, help="layouts: print a kernel profile of layout #N")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    {"gpt1b": gpt1b, "layouts": layouts}[args.what](out)
+    if args.what == "layouts":
+        layouts(out, trace=args.trace)
+    else:
+        gpt1b(out)
     return 0
 
 

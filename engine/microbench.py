@@ -455,6 +455,9 @@ def launched_externally() -> bool:
 
 
 def default_backend() -> str:
+    """nccl when GPUs are visible. Asked through NVML, so this process can still fork ranks that use
+    CUDA (torch.cuda.is_available() otherwise initializes the driver and poisons fork)."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch
 
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"

@@ -1,7 +1,8 @@
 """Train the built-in GPT on a 4D grid with the engine's building blocks, by hand (no tuner).
 
 Shows the whole public API in one place: engine.init, ParallelGPT, create_dataloader, Pipeline,
-forward_backward, sync_gradients, clip_grad_norm_, CommRecorder, full_state_dict, checkpoints;
+forward_backward, sync_gradients, engine.step (sync + global-norm clip + optimizer step),
+CommRecorder, full_state_dict, checkpoints with the LR scheduler;
 and compares the recorded bytes per group with perfmodels.traffic. Runs on CPU with forked gloo
 ranks:
 
@@ -22,7 +23,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from engine.launch import launch
-from engine.models.gpt import GPT, GPTConfig
+from engine.models.gpt import GPTConfig
 
 CFG = GPTConfig(num_layers=4, hidden_size=64, num_attention_heads=8, seq_length=16, vocab_size=100)
 
@@ -36,8 +37,9 @@ def worker(rank: int, world: int, args: argparse.Namespace, ckpt: str) -> dict[s
     grid = engine.init(G_data=args.data, G_inter=args.inter, G_intra_d=args.depth, G_intra_r=args.row,
                        G_intra_c=args.col)
     torch.manual_seed(0)
-    model = engine.ParallelGPT.from_serial(GPT(CFG), grid)
+    model = engine.ParallelGPT(CFG, grid)  # only this rank's shards; the values GPT(CFG) would have
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 2))
     g = torch.Generator().manual_seed(0)
     # counting sequences (start, start+1, ...) mod vocab: the next token is learnable
     start = torch.randint(0, CFG.vocab_size, (args.steps * args.batch, 1), generator=g)
@@ -56,10 +58,10 @@ def worker(rank: int, world: int, args: argparse.Namespace, ckpt: str) -> dict[s
         with rec:
             loss = engine.forward_backward(model, x, y, micro_batch_size=args.micro_batch, pipeline=pipe)
             engine.sync_gradients(model)
-        engine.clip_grad_norm_(model, 1.0)
-        opt.step()
+        engine.step(model, opt, max_grad_norm=1.0)  # gradients already synced above: clip and step
+        sched.step()
         losses.append(loss)
-    engine.save_checkpoint(ckpt, model, opt, step=args.steps)
+    engine.save_checkpoint(ckpt, model, opt, step=args.steps, scheduler=sched)
     plan = Plan(G_data=args.data, G_inter=args.inter, G_intra_d=args.depth, G_intra_r=args.row,
                 G_intra_c=args.col, micro_batch_size=args.micro_batch, schedule=args.schedule)
     predicted = bytes_per_group(CFG.to_spec(), Training(global_batch_size=args.batch, dtype="fp32"),

@@ -22,7 +22,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-${OUT:-./gpu_check_out}}"
 mkdir -p "$OUT_DIR"
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# NVML answers "is there a GPU" without initializing CUDA, so processes can still fork GPU ranks
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTORCH_NVML_BASED_CUDA_CHECK=1
 PY=python3
 ROWS=()
 FAILED=0
