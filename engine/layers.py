@@ -36,15 +36,20 @@ class _SplitLayerNormFn(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, group: Any,
                 full_features: int, eps: float) -> torch.Tensor:
         xf = x.float()
-        stats = torch.stack([xf.sum(-1), (xf * xf).sum(-1)], dim=-1)
+        # one pass for the local statistics (Welford), then the group's: every member holds the same
+        # number of features, so the global mean is the mean of the local means and
+        # E[x^2] = mean over members of (var_local + mean_local^2)
+        var_l, mean_l = torch.var_mean(xf, dim=-1, correction=0, keepdim=True)
+        stats = torch.cat([mean_l, torch.addcmul(var_l, mean_l, mean_l)], dim=-1)
         _all_reduce(stats, group)
-        mean = stats[..., 0:1] / full_features
-        var = (stats[..., 1:2] / full_features - mean * mean).clamp_min(0)
+        stats = stats / group_size(group)
+        mean = stats[..., 0:1]
+        var = (stats[..., 1:2] - mean * mean).clamp_min(0)
         rstd = torch.rsqrt(var + eps)
-        xhat = (xf - mean) * rstd
+        xhat = (xf - mean).mul_(rstd)
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.group, ctx.n = group, full_features
-        return (xhat * weight + bias).to(x.dtype)
+        return torch.addcmul(bias, xhat, weight).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
@@ -53,7 +58,8 @@ class _SplitLayerNormFn(torch.autograd.Function):
         gx = gf * weight
         sums = torch.stack([gx.sum(-1), (gx * xhat).sum(-1)], dim=-1)
         _all_reduce(sums, ctx.group)
-        dx = rstd * (gx - sums[..., 0:1] / ctx.n - xhat * sums[..., 1:2] / ctx.n)
+        sums = sums / ctx.n
+        dx = torch.addcmul(gx.sub_(sums[..., 0:1]), xhat, sums[..., 1:2], value=-1.0).mul_(rstd)
         lead = tuple(range(g.dim() - 1))
         dw = (gf * xhat).sum(lead)
         db = gf.sum(lead)

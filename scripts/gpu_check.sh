@@ -24,6 +24,9 @@ OUT_DIR="${1:-${OUT:-./gpu_check_out}}"
 mkdir -p "$OUT_DIR"
 # NVML answers "is there a GPU" without initializing CUDA, so processes can still fork GPU ranks
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTORCH_NVML_BASED_CUDA_CHECK=1
+# growable segments: the caching allocator's reserve stays close to what is allocated (less
+# fragmentation), as a production job would run
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 PY=python3
 ROWS=()
 FAILED=0

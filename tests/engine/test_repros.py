@@ -112,7 +112,7 @@ def _reference_clipped() -> tuple[list[float], list[float], dict[str, torch.Tens
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         lrs.append(opt.param_groups[0]["lr"])
     return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}, lrs
 
