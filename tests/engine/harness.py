@@ -63,9 +63,27 @@ def make_optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.01)
 
 
+def _call(rank: int, world: int, fn: Any, args: tuple) -> Any:
+    return fn(*args)
+
+
+def isolated(fn: Any, *args: Any) -> Any:
+    """`fn(*args)` in a forked process: the test process itself never runs autograd. On CUDA builds
+    of torch the first backward starts autograd's device threads, after which forked ranks cannot
+    run backward ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"), so single-process references run in a child too."""
+    from engine.launch import launch
+
+    return launch(_call, 1, args=(fn, args), timeout_s=120)[0]
+
+
 @functools.lru_cache(maxsize=8)
 def reference(num_layers: int = 2, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor], float]:
     """Single-process training: losses per step, the final state_dict, the first step's gradient norm."""
+    return isolated(_reference, num_layers, steps)
+
+
+def _reference(num_layers: int, steps: int) -> tuple[list[float], dict[str, torch.Tensor], float]:
     torch.set_num_threads(1)
     cfg = config(num_layers)
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ import torch
 from engine.grid import local_device_index
 from engine.launch import launch
 from engine.models.gpt import GPT
-from tests.engine.harness import GLOBAL_BATCH, batches, config, make_optimizer
+from tests.engine.harness import GLOBAL_BATCH, batches, config, isolated, make_optimizer
 
 
 def _build(rank: int, world: int, degrees: dict[str, int], path: str) -> dict[str, Any]:
@@ -97,15 +97,21 @@ def test_replicas_agree_and_an_unsynced_step_raises():
             assert torch.equal(a[key][name], b[key][name]), (key, name)
     for r in (a, b):
         assert "engine.sync_gradients(model)" in r["error"] and "AdamW.step()" in r["error"]
+    first, after = isolated(_guard_reference)
+    for n, p in first.items():
+        assert torch.equal(a["first"][n].view_as(p), p), n
+        assert (a["after"][n].view_as(p) - after[n]).abs().max() <= 1e-5, n
+
+
+def _guard_reference() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     ref = GPT(config())
-    assert all(torch.equal(a["first"][n].view_as(p), p) for n, p in ref.named_parameters())
+    first = {n: p.detach().clone() for n, p in ref.named_parameters()}
     opt = make_optimizer(ref.parameters())
     tokens, targets = batches(config(), 1)
     ref(tokens[:GLOBAL_BATCH], targets[:GLOBAL_BATCH]).backward()
     opt.step()
-    for n, p in ref.named_parameters():
-        assert (a["after"][n].view_as(p) - p.detach()).abs().max() <= 1e-5, n
+    return first, {n: p.detach().clone() for n, p in ref.named_parameters()}
 
 
 def test_device_index_comes_from_the_launcher(monkeypatch):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.launch import launch
-from tests.engine.harness import AXES5, FIELDS, factorizations, grid_id
+from tests.engine.harness import AXES5, FIELDS, factorizations, grid_id, isolated
 
 BATCH, STEPS = 8, 3
 SIZES = [(8, 32), (32, 16), (16, 6)]
@@ -44,6 +44,10 @@ def optimizer(params: Any) -> torch.optim.Optimizer:
 
 
 def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+    return isolated(_reference)
+
+
+def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     net = mlp()
     opt = optimizer(net.parameters())

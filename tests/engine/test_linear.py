@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from engine.launch import launch
+from tests.engine.harness import isolated
 
 
 def _pair(rank: int, world: int) -> dict[str, Any]:
@@ -34,8 +35,7 @@ def _pair(rank: int, world: int) -> dict[str, Any]:
             "state": engine.full_state_dict(model), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
 
 
-def test_linear_pair_equals_dense():
-    results = launch(_pair, world_size=8, timeout_s=60)
+def _dense() -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
     init = {k: v.clone() for k, v in dense.state_dict().items()}
@@ -44,6 +44,12 @@ def test_linear_pair_equals_dense():
     y = dense(x)
     (y.square().sum() / 4 / 2).backward()  # each depth rank's loss covers half the batch, summed
     dense_norm = float(torch.nn.utils.clip_grad_norm_(dense.parameters(), max_norm=0.01))
+    return init, y.detach(), dense_norm
+
+
+def test_linear_pair_equals_dense():
+    results = launch(_pair, world_size=8, timeout_s=60)
+    init, y, dense_norm = isolated(_dense)
     for r in results:
         assert set(r["state"]) == set(init)
         for name, value in init.items():

@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 from engine.launch import RankFailed, launch
 from engine.models.gpt import GPT
 from perfmodels.specs import Plan
-from tests.engine.harness import GLOBAL_BATCH, LR, STEPS, batches, config, make_optimizer
+from tests.engine.harness import GLOBAL_BATCH, LR, STEPS, batches, config, isolated, make_optimizer
 
 # ---------------------------------------------------------------------------------------------
 # 1. autocast on every axis, and an output dtype that does not depend on the grid
@@ -64,27 +64,31 @@ def _autocast(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def test_autocast_works_with_depth_and_dtype_does_not_depend_on_grid():
-    results = launch(_autocast, world_size=4, timeout_s=60)
+def _autocast_reference() -> tuple[torch.Tensor, torch.Tensor, float]:
     torch.manual_seed(0)
     dense = nn.Linear(16, 16)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = dense(x)
         y.float().sum().backward()
-    for r in results:
-        dtype, y_local, state, _grads, coords = r["linear"]
-        assert dtype == y.dtype == torch.bfloat16
-        ref = y.detach().float().chunk(2)[coords["depth"]]
-        assert torch.allclose(y_local, ref, rtol=2e-2, atol=2e-2)
-        assert torch.equal(state["weight"], dense.weight.detach())
-        assert r["dtypes"] == [torch.bfloat16] * 12
-    # the sum over the batch: sync divides by G_d, so the grid's grad is half the dense one
     torch.manual_seed(0)
     gpt = GPT(config())
     tokens, targets = batches(config(), 1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref_loss = float(gpt(tokens[:GLOBAL_BATCH], targets[:GLOBAL_BATCH]).detach())
+    return y.detach(), dense.weight.detach(), ref_loss
+
+
+def test_autocast_works_with_depth_and_dtype_does_not_depend_on_grid():
+    results = launch(_autocast, world_size=4, timeout_s=60)
+    y, dense_weight, ref_loss = isolated(_autocast_reference)
+    for r in results:
+        dtype, y_local, state, _grads, coords = r["linear"]
+        assert dtype == y.dtype == torch.bfloat16
+        ref = y.detach().float().chunk(2)[coords["depth"]]
+        assert torch.allclose(y_local, ref, rtol=2e-2, atol=2e-2)
+        assert torch.equal(state["weight"], dense_weight)
+        assert r["dtypes"] == [torch.bfloat16] * 12
     mean = sum(r["gpt_loss"] for r in results if r["linear"][4]["row"] == 0) / 2
     assert mean == pytest.approx(ref_loss, rel=2e-2)
 
@@ -140,7 +144,7 @@ def _zero_clip(rank: int, world: int, degrees: dict[str, int]) -> dict[str, Any]
 
 @pytest.mark.parametrize("degrees", [{"G_data": 4}, {"G_data": 2, "G_intra_d": 2}], ids=["data4", "data2-depth2"])
 def test_zero1_clipping_uses_the_global_norm(degrees):
-    ref_losses, ref_norms, ref_state, ref_lrs = _reference_clipped()
+    ref_losses, ref_norms, ref_state, ref_lrs = isolated(_reference_clipped)
     assert ref_norms[0] > CLIP  # clipping is active
     results = launch(_zero_clip, world_size=4, args=(degrees,), timeout_s=60)
     for r in results:
@@ -185,12 +189,16 @@ def _inter_norm(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def test_grad_norm_of_a_model_without_stages_does_not_count_g_inter():
-    results = launch(_inter_norm, world_size=4, timeout_s=60)
+def _true_norm() -> float:
     torch.manual_seed(0)
     net = _mlp()
     net(torch.randn(4, 8, generator=torch.Generator().manual_seed(2))).square().mean().backward()
-    true = float(torch.nn.utils.get_total_norm([p.grad for p in net.parameters()]))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in net.parameters()]))
+
+
+def test_grad_norm_of_a_model_without_stages_does_not_count_g_inter():
+    results = launch(_inter_norm, world_size=4, timeout_s=60)
+    true = isolated(_true_norm)
     for r in results:
         assert r["norm"] == pytest.approx(true, rel=1e-5)
         assert "G_inter=2" in r["auto"] and "auto_parallelize" in r["auto"]
@@ -262,8 +270,7 @@ def _buffers(rank: int, world: int, path: str) -> dict[str, Any]:
     return {"full": full, "reloaded": engine.full_state_dict(fresh)}
 
 
-def test_buffers_are_kept_by_full_state_dict_and_checkpoints(tmp_path):
-    results = launch(_buffers, world_size=2, args=(str(tmp_path),), timeout_s=60)
+def _bn_reference() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     net = _bn_net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -272,7 +279,12 @@ def test_buffers_are_kept_by_full_state_dict_and_checkpoints(tmp_path):
         opt.zero_grad()
         net(x).square().mean().backward()
         opt.step()
-    ref = net.state_dict()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def test_buffers_are_kept_by_full_state_dict_and_checkpoints(tmp_path):
+    results = launch(_buffers, world_size=2, args=(str(tmp_path),), timeout_s=60)
+    ref = isolated(_bn_reference)
     consolidated = torch.load(tmp_path / "consolidated.pt")
     for r in results:
         for state in (r["full"], r["reloaded"], consolidated):
