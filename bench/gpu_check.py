@@ -15,7 +15,9 @@ performance model's memory and compute predictions need a GPU to be checked at a
   memory (CUDA caching allocator, plus the context's memory outside it) and the forward+backward
   time, and compares them with `perfmodels.predict` under the engine's own Training options
   (`tuner.closed_loop.engine_training(dtype="bf16")`) on an H100 cluster preset. Targets:
-  memory within 10%, compute within 15%.
+  memory within 10%, compute within 15%. The same GPT in plain PyTorch (no engine) is timed too,
+  so a gap can be told apart: the engine's own overhead (engine 1 rank vs plain) or the model's.
+- `summary-gpt1b` / `summary-layouts`: the table rows gpu_check.sh prints from the JSON files.
 (`gridtune profile` on the GPU is run by scripts/gpu_check.sh itself: `python3 -m tuner.cli profile`
 imports none of the service stack.)
 
@@ -147,6 +149,38 @@ def _measure_layout(layout: Layout, steps: int, warmup: int, trace: bool = False
     return measured
 
 
+def _measure_plain(steps: int, warmup: int) -> dict[str, float]:
+    """The same GPT in plain PyTorch (engine.models.gpt.GPT, no grid, no engine), micro-batch 1: what
+    the engine's one-rank layout costs on top of it, separately from what the model predicts."""
+    import torch
+
+    from engine.models.gpt import GPT
+
+    cfg = _gpt_layouts_config()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.device("cuda"):
+        model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_length), device="cuda")
+    times = []
+    for i in range(warmup + steps):
+        opt.zero_grad(set_to_none=True)
+        _sync()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(tokens, tokens).backward()
+        _sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        opt.step()
+    out = {"fwd_bwd_s": statistics.median(times), "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB}
+    del model, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
 def _predict_layout(layout: Layout) -> dict[str, float]:
     from perfmodels.specs import Plan
     from perfmodels.steptime import predict
@@ -178,6 +212,10 @@ def layouts(out: Path, steps: int = 3, warmup: int = 2, trace: int | None = None
     from rich.console import Console
     from rich.table import Table
 
+    plain = _measure_plain(steps, warmup)
+    print(f"plain PyTorch GPT (no engine), micro-batch 1: fwd+bwd {plain['fwd_bwd_s'] * 1e3:.1f} ms, peak allocated "
+          f"{plain['peak_allocated_gib']:.2f} GiB", flush=True)
+    (out / "plain.json").write_text(json.dumps(plain))
     rows = []
     for i, layout in enumerate(LAYOUTS):
         meas = _measure_layout(layout, steps, warmup, trace=trace == i)
@@ -249,15 +287,45 @@ def gpt1b(out: Path) -> dict[str, Any]:
     return result
 
 
+def summary_rows(out: Path, what: str) -> list[str]:
+    """The table rows "check|result|target|status" of scripts/gpu_check.sh for `what`'s JSON."""
+    if what == "gpt1b":
+        r = json.loads((out / "gpt1b.json").read_text())
+        ok = r["loss_last"] < r["loss_first"] and r["mfu"] > 0.2
+        return [f"GPT {r['params'] / 1e9:.2f}B bf16, 1 GPU (engine.train)|step {r['step_s'] * 1e3:.0f} ms, MFU "
+                f"{r['mfu']:.1%}, peak alloc {r['peak_allocated_gib']:.1f} / reserved {r['peak_reserved_gib']:.1f} GiB, "
+                f"loss {r['loss_first']:.2f}->{r['loss_last']:.2f}|trains, MFU > 20%|{'ok' if ok else 'FAIL'}"]
+    rows = json.loads((out / "layouts.json").read_text())
+    mem = [r["memory_ratio"] for r in rows]
+    comp = [r["compute_ratio"] for r in rows]
+    mi = sum(abs(x - 1) <= 0.10 for x in mem)
+    ci = sum(abs(x - 1) <= 0.15 for x in comp)
+    n = len(rows)
+    plain = json.loads((out / "plain.json").read_text())
+    one = rows[0]["measured"]
+    ratio = one["fwd_bwd_s"] / plain["fwd_bwd_s"]
+    return [
+        f"memory pred/meas, {n} layouts|{mi}/{n} within 10% (ratios {min(mem):.2f}-{max(mem):.2f})|all within 10%|"
+        + ("ok" if mi == n else "MISS"),
+        f"fwd+bwd time pred/meas, {n} layouts|{ci}/{n} within 15% (ratios {min(comp):.2f}-{max(comp):.2f})|"
+        "all within 15%|" + ("ok" if ci == n else "MISS"),
+        f"engine 1 rank vs plain PyTorch (fwd+bwd)|{one['fwd_bwd_s'] * 1e3:.1f} / {plain['fwd_bwd_s'] * 1e3:.1f} ms = "
+        f"{ratio:.2f}; alloc {one['peak_allocated_gib']:.1f} / {plain['peak_allocated_gib']:.1f} GiB|<= 1.05|"
+        + ("ok" if ratio <= 1.05 else "MISS"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("gpt1b", "layouts"))
+    parser.add_argument("what", choices=("gpt1b", "layouts", "summary-gpt1b", "summary-layouts"))
     parser.add_argument("--out", default=".")
     parser.add_argument("--trace", type=int, default=None, help="layouts: print a kernel profile of layout #N")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.what == "layouts":
+    if args.what.startswith("summary-"):
+        print("\n".join(summary_rows(out, args.what.removeprefix("summary-"))))
+    elif args.what == "layouts":
         layouts(out, trace=args.trace)
     else:
         gpt1b(out)

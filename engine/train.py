@@ -17,10 +17,14 @@ What happens:
 2. with auto=True rank 0 asks the tuner (in process, or the service at `service_url` /
    GRIDTUNE_URL) for the best plan the engine can run and broadcasts it; the newest calibrated
    profile of this cluster in the store is used when no `profile=` is given;
-3. the grid is built, the built-in GPT is split (ParallelGPT, plus a Pipeline when G_inter > 1);
-   other nets run data-parallel (until engine.auto_parallelize exists);
-4. every step is timed (engine.timing: wall time, collective wait per grid axis, pipeline wait),
-   with a progress bar on rank 0 (loss, step time, tokens/s);
+3. the grid is built, the built-in GPT is split (ParallelGPT, only this rank's shards, plus a
+   Pipeline when G_inter > 1; full recomputation when the plan says so); other nets are built
+   under engine.auto_parallelize when passed as a factory (replicated when passed built) and
+   wrapped (engine.wrap); ZeRO-1 plans get an engine.ZeroOptimizer; dtype="bf16" runs under
+   autocast;
+4. every step is timed (engine.timing: wall time, collective wait per grid axis, pipeline wait;
+   CUDA events and a synchronized clock on GPUs), with a progress bar on rank 0 (loss, step time,
+   tokens/s), and each rank's peak memory is recorded (TrainReport.memory);
 5. after the warm-up steps, rank 0 stores one measurement (plan, prediction, median measured
    times) in the store (GRIDTUNE_DATABASE_URL or the default SQLite file) or POSTs it to the
    service, and every rank returns the same TrainReport.

@@ -18,7 +18,7 @@
 #
 # Runs with PYTHONPATH=. and the machine's python3 (or .venv/bin/python when it exists and no GPU
 # is present); needs torch, numpy, scipy, pandas, rich, pytest; never imports the service (api/).
-set -u
+set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-${OUT:-./gpu_check_out}}"
 mkdir -p "$OUT_DIR"
@@ -59,25 +59,16 @@ if [ "$NGPU" -gt 0 ]; then
 
     echo "== 2. built-in GPT ~1B, bf16, engine.train on one GPU"
     if $PY bench/gpu_check.py gpt1b --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/gpt1b.log"; then
-        res=$($PY -c "
-import json; r = json.load(open('$OUT_DIR/gpt1b.json'))
-print(f\"{r['params']/1e9:.2f}B: step {r['step_s']*1e3:.0f} ms, MFU {r['mfu']:.1%}, peak alloc {r['peak_allocated_gib']:.1f} / reserved {r['peak_reserved_gib']:.1f} GiB, loss {r['loss_first']:.2f}->{r['loss_last']:.2f}\")")
-        ok=$($PY -c "
-import json, math; r = json.load(open('$OUT_DIR/gpt1b.json'))
-print('ok' if r['loss_last'] < r['loss_first'] and math.isfinite(r['loss_last']) and r['mfu'] > 0.2 else 'FAIL')")
-        row "GPT 1.1B bf16, 1 GPU (engine.train)" "$res" "trains, MFU > 20%" "$ok"
+        while IFS='|' read -r a b c d; do row "$a" "$b" "$c" "$d"; done \
+            < <($PY bench/gpu_check.py summary-gpt1b --out "$OUT_DIR")
     else
         row "GPT 1.1B bf16, 1 GPU (engine.train)" "crashed (see gpt1b.log)" "trains" "FAIL"
     fi
 
     echo "== 3. one rank of 12 layouts, fake process group, predicted vs measured"
     if $PY bench/gpu_check.py layouts --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/layouts.log"; then
-        while IFS='|' read -r a b c d; do row "$a" "$b" "$c" "$d"; done < <($PY -c "
-import json; rows = json.load(open('$OUT_DIR/layouts.json'))
-mem = [r['memory_ratio'] for r in rows]; comp = [r['compute_ratio'] for r in rows]
-mi = sum(abs(x - 1) <= 0.10 for x in mem); ci = sum(abs(x - 1) <= 0.15 for x in comp)
-print(f'memory pred/meas, {len(rows)} layouts|{mi}/{len(rows)} within 10% (ratios {min(mem):.2f}-{max(mem):.2f})|all within 10%|' + ('ok' if mi == len(rows) else 'MISS'))
-print(f'fwd+bwd time pred/meas, {len(rows)} layouts|{ci}/{len(rows)} within 15% (ratios {min(comp):.2f}-{max(comp):.2f})|all within 15%|' + ('ok' if ci == len(rows) else 'MISS'))")
+        while IFS='|' read -r a b c d; do row "$a" "$b" "$c" "$d"; done \
+            < <($PY bench/gpu_check.py summary-layouts --out "$OUT_DIR")
     else
         row "fake-group layouts" "crashed (see layouts.log)" "runs" "FAIL"
     fi
