@@ -200,6 +200,19 @@ def reduce_norm_over_model(total: torch.Tensor, model: nn.Module, grid: Grid) ->
             dist.all_reduce(total, group=group)
 
 
+def sum_of_powers(grads: list[torch.Tensor], weights: list[float], norm_type: float,
+                  device: torch.device) -> torch.Tensor:
+    """sum_i weights[i] * ||grads[i]||_p^p in float64, one fused norm kernel per dtype/device batch
+    (no float64 copies of the gradients: those cost more than the step on a GPU)."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    if not grads:
+        return total
+    norms = torch._foreach_norm(grads, norm_type)
+    stacked = torch.stack([n.to(device=device, dtype=torch.float64) for n in norms])
+    w = torch.tensor(weights, dtype=torch.float64, device=device)
+    return total + (stacked.pow(norm_type) * w).sum()
+
+
 def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 2.0) -> torch.Tensor:
     """Norm of the full (unsharded) gradient of the whole model, on every rank; call after sync.
 
@@ -212,11 +225,9 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.grad_norm(norm_type=norm_type, model=model)
-    total = torch.zeros((), dtype=torch.float64, device=grid.device)
-    for p in model.parameters():
-        if p.grad is None:
-            continue
-        total += p.grad.detach().double().abs().pow(norm_type).sum().to(total.device) / replica_copies(p, grid)
+    params = [p for p in model.parameters() if p.grad is not None]
+    total = sum_of_powers([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
+                          norm_type, grid.device)
     reduce_norm_over_model(total, model, grid)
     return total.pow(1.0 / norm_type)
 
@@ -231,9 +242,9 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
         return zero.clip_grad_norm_(max_norm, norm_type=norm_type, model=model)
     norm = grad_norm(model, grid=grid, norm_type=norm_type)
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.mul_(coef.to(p.grad.dtype))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, coef.to(dtype=grads[0].dtype))
     return norm.float()
 
 

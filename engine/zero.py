@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
-from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies
+from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies, sum_of_powers
 from engine.grid import Grid, current_grid
 
 
@@ -105,26 +105,31 @@ class ZeroOptimizer(torch.optim.Optimizer):
             shard.grad = mine[a - self.start:b - self.start].clone()
         self._reduced = True
 
-    def _shard_weights(self) -> torch.Tensor:
-        """Per element of this rank's segment: 1 / (tensor-parallel ranks holding the same value)."""
-        weights = torch.zeros(self.padded, dtype=torch.float64)
+    def _weighted_pieces(self) -> tuple[list[torch.Tensor], list[float]]:
+        """This rank's reduced gradient cut at parameter boundaries, each with 1 / (tensor-parallel
+        ranks holding the same values)."""
+        pieces, weights = [], []
+        bounds = []
         offset = 0
         for p in self.params:
-            weights[offset:offset + p.numel()] = 1.0 / replica_copies(p, self.grid)
+            bounds.append((offset, offset + p.numel(), 1.0 / replica_copies(p, self.grid)))
             offset += p.numel()
-        return weights[self.start:self.start + self.segment]
+        for shard, (_, a, b) in zip(self.shards, self.pieces):
+            if b <= a:
+                continue
+            for p0, p1, w in bounds:
+                lo, hi = max(a, p0), min(b, p1)
+                if lo < hi:
+                    pieces.append(shard.grad[lo - a:hi - a])
+                    weights.append(w)
+        return pieces, weights
 
     @torch.no_grad()
     def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
         """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
         self.reduce_gradients()
-        device = self.grid.device
-        weights = self._shard_weights().to(device)
-        total = torch.zeros((), dtype=torch.float64, device=device)
-        for shard, (_, a, b) in zip(self.shards, self.pieces):
-            if b > a:
-                w = weights[a - self.start:b - self.start]
-                total += (shard.grad.detach().double().abs().pow(norm_type) * w).sum()
+        pieces, weights = self._weighted_pieces()
+        total = sum_of_powers(pieces, weights, norm_type, self.grid.device)
         if self.group is not None:
             dist.all_reduce(total, group=self.group)
         if model is not None:
