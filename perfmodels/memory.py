@@ -1,11 +1,10 @@
 """Memory per GPU of the busiest pipeline stage, in GiB, vectorized over plans.
 
 Parts:
-- model states: weights (training dtype), gradients (fp32 accumulation buffers in mixed precision),
-  Adam state (fp32 master copy + two moments = 12 bytes/param; 8 in pure fp32), sharded by the 3D
-  tensor degrees G_intra_r*G_intra_c*G_intra_d and, per ZeRO stage, over G_data (1: optimizer,
-  2: + gradients, 3: + weights); plus the transient full (row, col) blocks that depth sharding
-  gathers for the layer being computed and the one prefetched;
+- model states: weights, gradients and optimizer state as the training stack holds them
+  (`model_state_bytes`, `perfmodels.stacks`), sharded by the 3D tensor degrees
+  G_intra_r*G_intra_c*G_intra_d and, per ZeRO stage, over G_data; plus the transient full
+  (row, col) blocks that depth sharding gathers for the layer being computed and the one prefetched;
 - activations (Korthikanti et al. 2022, bytes per layer per micro-batch at 16-bit):
   34 s b h + 5 a s^2 b without recomputation. Of the 34, 10 sit on the residual stream (split over
   G_intra_c here, replicated by Megatron's row-only tensor parallelism) and 24 inside attention/MLP
@@ -14,8 +13,8 @@ Parts:
   (2 s b h) plus one layer's working set. 1F1B keeps min(m, G_inter) micro-batches in flight on the
   first stage (interleaved: times 1 + (G_inter-1)/(G_inter*v)), GPipe all m;
 - the LM head's logits (16-bit + fp32 copy for the loss) on the last stage;
-- explicit overheads: CUDA context and library workspaces, collective buffers, and allocator
-  fragmentation (a fraction of activations).
+- explicit overheads, per stack: CUDA context and library workspaces, NCCL buffers per
+  communicator, and allocator fragmentation (a fraction of activations).
 """
 
 from __future__ import annotations
@@ -29,9 +28,62 @@ from perfmodels.specs import Cluster, Model, Training
 from perfmodels.traffic import StageShape, padded_vocab
 
 GIB = float(1 << 30)
-CONTEXT_GIB = {"nvidia": 0.9, "amd": 1.0, "cpu": 0.0}
-COMM_BUFFER_GIB = {"nccl": 0.6, "rccl": 0.6, "gloo": 0.0}
-FRAGMENTATION = 0.08
+PER_OP_SELECTIVE_KEEP = 0.5
+"""Fraction of a block's activations that torchtitan's per-op selective checkpointing keeps (the
+matmul and attention outputs of every second matmul; element-wise outputs are recomputed)."""
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per rank of weights, gradients and optimizer state (arrays over plans)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+
+
+def weight_bytes_in_use(training: Training) -> float:
+    """Bytes per element of the weights the GEMMs read once gathered (16-bit in mixed precision)."""
+    return 4.0 if training.dtype in ("fp32", "tf32") else 2.0
+
+
+def model_state_bytes(training: Training, local: np.ndarray, arrays: PlanArrays) -> ModelStates:
+    """Weights, gradients and optimizer state for `local` parameters per rank, as the stack holds
+    them and as the ZeRO stage shards them over G_data (see `perfmodels.stacks` for the bytes):
+
+    - ZeRO-1 shards the fp32 master and the Adam moments (Megatron's distributed optimizer:
+      bf16 weights 2 + fp32 gradients 4 + 12/d);
+    - ZeRO-2 also shards the gradients where the stack keeps only its shard (DeepSpeed, FSDP
+      SHARD_GRAD_OP: reduce-scatter per micro-batch); Megatron-Core / Apex DistributedFusedAdam keep
+      accumulating into the full buffer and reduce-scatter once per step;
+    - ZeRO-3 shards the weights too. Combined with a pipeline (G_inter > 1) the stage's parameters are
+      gathered once per step and stay gathered in the compute dtype until the step ends (FSDP with
+      pipelining does not reshard after forward), so a full 16-bit copy is held.
+    FP8 training adds the cached FP8 weight copies of Transformer Engine.
+    """
+    stack = training.effective_stack
+    z = arrays.zero_stage
+    d = arrays.G_data.astype(np.float64)
+    mixed = training.dtype not in ("fp32", "tf32")
+    weight_b = stack.weight_bytes if mixed else 4.0
+    master_b = stack.master_bytes if mixed else 0.0
+    grad_b = stack.grad_bytes(training.dtype)
+    fp32_grad_b = stack.fp32_grad_bytes if mixed else 0.0
+    opt_b = stack.optimizer_state_bytes if training.optimizer != "sgd" else 4.0  # SGD: momentum
+    one = np.ones(len(arrays))
+    shard_states = np.where(z >= 1, d, one)
+    grads_sharded = (z == 3) | ((z == 2) & (stack.zero2_grad_reduce == "per_microbatch"))
+    shard_grads = np.where(grads_sharded, d, one)
+    shard_fp32_grads = np.where(z >= 2, d, one)
+    shard_weights = np.where(z >= 3, d, one)
+    params = local * weight_b / shard_weights
+    pipelined_zero3 = (z == 3) & (arrays.G_inter > 1)
+    params = params + np.where(pipelined_zero3, local * weight_bytes_in_use(training), 0.0)
+    if training.dtype == "fp8":
+        params = params + local * stack.fp8_weight_cache_bytes
+    grads = local * grad_b / shard_grads + local * fp32_grad_b / shard_fp32_grads
+    optimizer = local * (master_b + opt_b) / shard_states
+    return ModelStates(params=params, grads=grads, optimizer=optimizer)
 
 
 @dataclass(frozen=True)
@@ -58,8 +110,13 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     f_up = (2.0 if model.gated_mlp else 1.0) * f
     replicated = 10.0 * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
-    scores = 0.0 if training.flash_attention else 5.0 * a * s * float(model.span) * b
+    stack = training.effective_stack
+    scores = 0.0 if stack.flash_attention else 5.0 * a * s * float(model.span) * b
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
+    if stack.selective_recompute == "per-op":
+        # torchtitan's op-level policy drops the element-wise outputs and every second matmul's
+        kept = np.where(selective, PER_OP_SELECTIVE_KEEP, 1.0)
+        return scale * kept * (replicated / resid + split / G_r + scores / G_r)
     scores = np.where(selective, 0.0, scores)
     return scale * (replicated / resid + split / G_r + scores / G_r)
 
@@ -67,11 +124,8 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
 def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
                  m: np.ndarray) -> StageMemory:
     G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
-    G_data = arrays.G_data.astype(np.float64)
     S, v = arrays.G_inter.astype(np.float64), arrays.virtual_stages.astype(np.float64)
-    z = arrays.zero_stage
     e = training.bytes_per_element
-    mixed = training.dtype not in ("fp32", "tf32")
     blocks = st.blocks.astype(np.float64)
 
     if model.is_transformer:
@@ -81,6 +135,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         local = blocks * per_block + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
             model.vocab_size + model.seq_length) * h / G_c
         gathered = np.where(G_d > 1, 2.0 * model.params_per_layer / 4 / (G_r * G_c), 0.0)  # two Linear blocks
+        per_unit = per_block
         act_layer = activation_bytes_per_layer(model, training, arrays)
         s, b = model.seq_length, arrays.micro_batch_size.astype(np.float64)
         layer_input = 2.0 * s * b * h / np.where(arrays.sequence_parallel, G_r, G_c) * (e / 2.0)
@@ -91,6 +146,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
             local = local + layer.num_params / np.where(layer.parallel and layer.kind == "linear", G_r * G_c * G_d, 1)
         local = local / S
         gathered = np.zeros(len(arrays))
+        per_unit = local / max(1, len(model.layers))
         b = arrays.micro_batch_size.astype(np.float64)
         acts = sum(
             (layer.rows_per_sample * (layer.in_features + layer.out_features) if layer.kind == "linear"
@@ -99,16 +155,14 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         layer_input = act_layer / 2
         logits = np.zeros(len(arrays))
 
-    weight_b = float(e)
-    # bf16 accumulates gradients in fp32 buffers (Megatron's default); fp16 keeps them in fp16
-    # (loss scaling) with the fp32 master copy in the optimizer state
-    grad_b = 4.0 if training.dtype in ("bf16", "fp8") else float(e)
-    opt_b = 12.0 if mixed else 8.0
-    if training.optimizer == "sgd":
-        opt_b = 4.0 if mixed else 0.0
-    params = local * weight_b / np.where(z >= 3, G_data, 1.0) + gathered * weight_b
-    grads = local * grad_b / np.where(z >= 2, G_data, 1.0)
-    optimizer = local * opt_b / np.where(z >= 1, G_data, 1.0)
+    states = model_state_bytes(training, local, arrays)
+    mixed = training.dtype not in ("fp32", "tf32")
+    stored_b = training.effective_stack.weight_bytes if mixed else 4.0
+    # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
+    # holds the unit being computed and the prefetched next one, gathered in the compute dtype
+    zero3_units = np.where((arrays.zero_stage == 3) & (arrays.G_inter == 1), 2.0 * per_unit, 0.0)
+    params = states.params + gathered * stored_b + zero3_units * weight_bytes_in_use(training)
+    grads, optimizer = states.grads, states.optimizer
 
     sched = arrays.schedule
     in_flight = np.where(sched == SCHEDULE_CODE["gpipe"], m, np.minimum(m, S))
@@ -118,9 +172,13 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     working = np.where(full, act_layer, 0.0)  # one layer recomputed at a time
     activations = per_mb * in_flight + working + logits
 
-    comm = np.full(len(arrays), COMM_BUFFER_GIB.get(cluster.backend, 0.5) * GIB)
-    comm = comm + 2 * 25e6 * 4 * (G_data > 1)  # two DP buckets of 25 M fp32 elements
-    overhead = CONTEXT_GIB.get(cluster.gpu.vendor, 0.9) * GIB + FRAGMENTATION * activations
+    stack = training.effective_stack
+    on_gpu = cluster.gpu.vendor != "cpu"
+    # one set of NCCL buffers per communicator this rank talks through (each axis with peers, and
+    # the pipeline's point-to-point pairs)
+    communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values())
+    comm = stack.comm_buffer_gib * GIB * communicators * (cluster.backend != "gloo")
+    overhead = stack.context_gib * GIB * on_gpu + stack.fragmentation * activations
     total = params + grads + optimizer + activations + comm + overhead
     return StageMemory(
         params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,

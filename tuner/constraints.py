@@ -108,10 +108,13 @@ def gpipe_dominated(model: Model, cluster: Cluster, training: Training, cols: Co
 
 
 def selective_without_scores(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
-    """Selective recomputation drops the s x s attention scores (Korthikanti et al.); with flash
-    attention none are stored, so it only adds recomputation time: never better than none."""
+    """Megatron's selective recomputation drops the s x s attention scores (Korthikanti et al.);
+    with flash attention none are stored, so it only adds recomputation time: never better than none.
+    A stack whose selective policy is per-op (torchtitan) saves other activations, so it stays."""
 
-    bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(training.flash_attention and model.is_transformer)
+    stack = training.effective_stack
+    pointless = stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+    bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(pointless)
     return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",
                      lambda i: f"selective recompute with {_grid_str(cols, i)}")
 

@@ -157,7 +157,7 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
     cluster = presets.cluster("selene", 1024)
 
     def zero3(G: int, gather: str) -> tuple[float, float]:
-        training = Training(global_batch_size=G, dtype="fp16", flash_attention=False, zero3_gather=gather)
+        training = Training(global_batch_size=G, dtype="fp16", stack="deepspeed", zero3_gather=gather)
         plan = Plan(G_data=G, micro_batch_size=1, zero_stage=3, recompute="full")
         calls = sum(float(ev.calls[0]) for ev in comm_events(model, training, from_plans([plan])) if ev.tag == "zero3")
         return predict(model, presets.cluster("selene", G), training, plan).breakdown.dp_comm_s, calls
@@ -166,7 +166,7 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
         (t512, calls), (t1024, _) = zero3(512, gather), zero3(1024, gather)
         assert t1024 - t512 == pytest.approx(calls * 512 * cluster.inter_node_latency_us * 1e-6, rel=0.05)
     assert zero3(512, "tensor")[1] == pytest.approx(zero3(512, "layer")[1] * (96 * 12 + 5) / (96 + 2))
-    training = Training(global_batch_size=512, dtype="fp16", flash_attention=False)
+    training = Training(global_batch_size=512, dtype="fp16", stack="deepspeed")
     plan = Plan(G_data=512, micro_batch_size=1, zero_stage=3, recompute="full")
     hidden = predict(model, presets.cluster("selene", 512), training, plan)
     exposed = predict(model, presets.cluster("selene", 512), dataclasses.replace(training, overlap_param_gather=False),
