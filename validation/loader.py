@@ -90,14 +90,18 @@ def _load_rows(path: Path, make_case: Callable[[str, Mapping[str, str]], Case]) 
     return out
 
 
-def _int(value: str | None) -> int | None:
-    text = (value or "").strip()
+def _int(row: Mapping[str, str], column: str) -> int | None:
+    """A whole number from a cell; None when empty; ValueError naming the column for other text."""
+    text = (row.get(column) or "").strip()
     if not text:
         return None
     try:
-        return int(float(text))
+        value = float(text)
     except ValueError:
-        return None
+        raise ValueError(f"{column}={text!r} is not a number") from None
+    if not value.is_integer() or value < 0:
+        raise ValueError(f"{column}={text!r} is not a whole number")
+    return int(value)
 
 
 def _float(column: str, value: str | None) -> float | None:
@@ -119,7 +123,7 @@ def _float(column: str, value: str | None) -> float | None:
 
 
 def _vtrain_case(cid: str, row: Mapping[str, str]) -> Case:
-    gpus, h, L = (int(row[k]) for k in ("# GPUs", "hidden size", "# layers"))
+    gpus, h, L = (_int(row, k) for k in ("# GPUs", "hidden size", "# layers"))
     size = (row.get("Parameters (billion)") or "").strip()
     published = {
         "source": "vTrain ground truth (VIA-Research/vTrain, MICRO'24)",
@@ -152,7 +156,7 @@ def _block_style(row: Mapping[str, str], heads: int) -> tuple[bool, int]:
     gated = parse_bool("gated_mlp", row.get("gated_mlp"))
     if gated is None:
         gated = any(k in name for k in _LLAMA_STYLE)
-    groups = _int(row.get("num_query_groups")) or _int(row.get("num_kv_heads"))
+    groups = _int(row, "num_query_groups") or _int(row, "num_kv_heads")
     if groups is None:
         eight = re.search(r"llama[\s-]*3|mistral|llama[\s-]*2[\s-]*70b", name)
         groups = 8 if eight and heads % 8 == 0 else heads
@@ -164,20 +168,20 @@ def _published_case(cid: str, row: Mapping[str, str], *,
     metric = (row.get("metric_name") or "").strip()
     value_text = (row.get("metric_value") or "").strip()
     expect_oom = "oom" in metric.lower() or value_text.upper() == "OOM"
-    L, h, a, s = (_int(row.get(k)) for k in ("num_layers", "hidden_size", "num_heads", "seq_len"))
+    L, h, a, s = (_int(row, k) for k in ("num_layers", "hidden_size", "num_heads", "seq_len"))
     if not (L and h and a and s):
         raise ValueError("model dimensions missing")
-    gb, G = _int(row.get("global_batch_size")), _int(row.get("num_gpus"))
+    gb, G = _int(row, "global_batch_size"), _int(row, "num_gpus")
     if not gb or not G:
         raise ValueError("global batch size or GPU count not stated")
-    vocab = _int(row.get("vocab_size")) or DEFAULT_VOCAB
+    vocab = _int(row, "vocab_size") or DEFAULT_VOCAB
     gated, groups = _block_style(row, a)
-    ffn = _int(row.get("ffn_hidden_size")) or (-(-8 * h // 3 // 256) * 256 if gated else 4 * h)
+    ffn = _int(row, "ffn_hidden_size") or (-(-8 * h // 3 // 256) * 256 if gated else 4 * h)
 
     if cluster is None:
         cluster = cluster_from_columns(
             gpu_type=row.get("gpu_type") or "", memory_gb=_float("gpu_memory_gb", row.get("gpu_memory_gb")),
-            num_gpus=G, gpus_per_node=_int(row.get("gpus_per_node")),
+            num_gpus=G, gpus_per_node=_int(row, "gpus_per_node"),
             intra_text=row.get("intra_node_interconnect") or "", inter_text=row.get("inter_node_interconnect") or "")
     the_cluster, memory = cluster
     stack = read_stack(row, the_cluster.gpu)
@@ -186,17 +190,17 @@ def _published_case(cid: str, row: Mapping[str, str], *,
     # whole of it. In the grid that is cp x more, cp x shorter samples, data-parallel over dp x cp
     # ranks (the gradient all-reduce of context parallelism spans exactly those); the key/value ring
     # exchange is taken as hidden behind attention, as Transformer Engine overlaps it
-    cp = _int(row.get("cp")) or 1
+    cp = _int(row, "cp") or 1
     if cp > 1 and s % cp:
         raise ValueError(f"seq_len={s} does not split over cp={cp}")
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
                   gated_mlp=gated, num_query_groups=groups)
 
-    dp = _int(row.get("dp"))
-    layout = Layout(num_gpus=G, global_batch=gb * cp, tp=_int(row.get("tp")), pp=_int(row.get("pp")),
-                    dp=dp * cp if dp else None, micro_batch=_int(row.get("micro_batch_size")),
-                    virtual_pp=_int(row.get("virtual_pp")),
+    dp = _int(row, "dp")
+    layout = Layout(num_gpus=G, global_batch=gb * cp, tp=_int(row, "tp"), pp=_int(row, "pp"),
+                    dp=dp * cp if dp else None, micro_batch=_int(row, "micro_batch_size"),
+                    virtual_pp=_int(row, "virtual_pp"),
                     sequence_parallel=parse_bool("sequence_parallel", row.get("sequence_parallel")))
     plans = candidate_plans(layout, layers=L, heads=a, recomputes=stack.recomputes, zero_stages=stack.zero_stages,
                             placement=stack.placement)
