@@ -13,7 +13,7 @@ from perfmodels import presets
 from perfmodels.compute import model_flops_per_token
 from perfmodels.memory import activation_bytes_per_layer
 from perfmodels.plans import from_plans
-from perfmodels.published import megatron_flops
+from validation.metrics import megatron_flops
 from perfmodels.specs import Plan, Training
 from perfmodels.steptime import predict
 

@@ -182,7 +182,7 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
 # halving as GPUs double at a fixed batch is the per-tensor ring latency over thousands of ranks.
 @pytest.mark.parametrize("gpus, mb, tflops", [(384, 4, 144.0), (768, 2, 88.0), (1536, 1, 44.0)])
 def test_sc21_table2_zero3_rows(gpus, mb, tflops):
-    from perfmodels.published import megatron_flops
+    from validation.metrics import megatron_flops
     model = presets.model("gpt3-175b")
     measured_s = megatron_flops(batch=1536, seq=2048, layers=96, hidden=12288, vocab=51200,
                                 recompute_full=True) / (gpus * tflops * 1e12)
