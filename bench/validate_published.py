@@ -68,6 +68,12 @@ def _score_all(cases: list[Case], skipped: list[Skipped]) -> list[tuple[Case, Ca
     return scored
 
 
+def _spread_stats(spreads: list[float]) -> dict:
+    if not spreads:
+        return {"rows": 0, "median": None, "max": None}
+    return {"rows": len(spreads), "median": float(np.median(spreads)), "max": float(np.max(spreads))}
+
+
 def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], pps: float) -> dict:
     timed = [(c, s) for c, s in scored if c.measured_time_s]
     median = summary.error_stats(summary.ape(c, s) for c, s in timed)
@@ -76,6 +82,7 @@ def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], p
     return {
         "rows_used": len(timed), "rows_skipped": len(skipped),
         "multi_candidate_rows": sum(1 for c, _ in timed if c.candidate_count > 1),
+        "candidate_spread": _spread_stats([s.spread for c, s in timed if c.candidate_count > 1]),
         "iteration_time_median_candidate": asdict(median),
         "iteration_time_fastest_fitting_candidate": asdict(fastest),
         "per_source": {k: asdict(v) for k, v in summary.by_key(timed, "source").items()},
@@ -95,6 +102,17 @@ def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], p
     }
 
 
+def _finite(obj: object) -> object:
+    """NaN (e.g. the Spearman of a group whose predictions tie) as null, so the JSON is strict."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _stats_line(label: str, st: dict) -> str:
     return f"{label}: {st['mape']:.1%} (median {st['median']:.1%}, p90 {st['p90']:.1%}, n={st['rows']})"
 
@@ -106,12 +124,17 @@ def print_report(report: dict, *, verbose: bool) -> None:
                 err = (r["predicted_median_s"] - r["measured_s"]) / r["measured_s"]
                 print(f"{r['case']:<24} {r['group'][:52]:<52} meas {r['measured_s']:9.3f}s "
                       f"pred {r['predicted_median_s']:9.3f}s {err:+6.1%} spread {r['spread']:4.2f}x "
-                      f"n={r['candidates']:<5d} mem {r['memory_gib']:5.1f}/{r['capacity_gib']:.0f} GiB")
+                      f"n={r['candidates']:<5d} mem {r['memory_gib']:5.1f}/{r['capacity_gib']:.0f} GiB"
+                      + (f" unknown: {','.join(r['unknown'])}" if r["unknown"] else ""))
     print(f"rows used: {report['rows_used']}  skipped: {report['rows_skipped']}  "
           f"(with unknown options, scored as the median over candidates: {report['multi_candidate_rows']})")
     print(_stats_line("iteration-time MAPE (median candidate)", report["iteration_time_median_candidate"]))
     print(_stats_line("  for comparison, fastest fitting candidate (flatters the model)",
                       report["iteration_time_fastest_fitting_candidate"]))
+    spread = report["candidate_spread"]
+    if spread["rows"]:
+        print(f"  spread of the candidates (slowest / fastest) on rows with unknown options: median "
+              f"{spread['median']:.2f}x, max {spread['max']:.2f}x")
     print("per source:")
     for name, st in report["per_source"].items():
         print("  " + _stats_line(name[:90], st))
@@ -161,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report = build_report(scored, loaded.skipped, plans_per_second())
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(_finite(report), indent=2, allow_nan=False))
     else:
         print_report(report, verbose=args.verbose)
     return 0

@@ -206,10 +206,10 @@ def _published_case(cid: str, row: Mapping[str, str], *,
                             placement=stack.placement)
     if not plans:
         raise ValueError("no layout consistent with the stated degrees")
-    unknown = list(stack.unknown)
-    for column, value in (("tp", layout.tp), ("pp", layout.pp), ("micro_batch_size", layout.micro_batch),
-                          ("virtual_pp", layout.virtual_pp), ("sequence_parallel", layout.sequence_parallel)):
-        if value is None:
+    unknown = list(stack.unknown)  # and the layout columns whose emptiness leaves more than one value
+    for column, fieldname in (("tp", "G_intra_r"), ("pp", "G_inter"), ("micro_batch_size", "micro_batch_size"),
+                              ("virtual_pp", "virtual_stages"), ("sequence_parallel", "sequence_parallel")):
+        if len({getattr(p, fieldname) for p in plans}) > 1:
             unknown.append(column)
 
     measured = None
