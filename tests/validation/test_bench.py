@@ -48,3 +48,8 @@ def test_no_usable_row_exits_1_naming_the_options(tmp_path: Path, capsys):
     err = capsys.readouterr().err
     assert "--data-dir" in err and "--csv" in err and "global batch size" in err
     assert _bench().main(["--data-dir", str(tmp_path / "nowhere")]) == 1
+
+
+def test_a_missing_extra_csv_is_named(tmp_path: Path, capsys):
+    assert _bench().main(["--csv", str(tmp_path / "absent.csv")]) == 1
+    assert "absent.csv" in capsys.readouterr().err

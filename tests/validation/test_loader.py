@@ -156,3 +156,8 @@ def test_llama_style_rows_get_swiglu_and_grouped_query_attention(tmp_path: Path)
     explicit = loader.load([write(tmp_path / "e.csv", {**row(model_name="Llama 3 8B"), "gated_mlp": "false",
                                                        "num_query_groups": "4"})]).cases
     assert not explicit[0].model.gated_mlp and explicit[0].model.num_query_groups == 4
+
+
+def test_an_oom_row_has_no_measured_time_and_is_flagged(tmp_path: Path):
+    case = _case(tmp_path, metric_value="OOM")
+    assert case.expect_oom and case.measured_time_s is None
