@@ -47,7 +47,8 @@ def weight_bytes_in_use(training: Training) -> float:
     return 4.0 if training.dtype in ("fp32", "tf32") else 2.0
 
 
-def model_state_bytes(training: Training, local: np.ndarray, arrays: PlanArrays) -> ModelStates:
+def model_state_bytes(training: Training, local: np.ndarray, arrays: PlanArrays,
+                      linear_local: np.ndarray | None = None) -> ModelStates:
     """Weights, gradients and optimizer state for `local` parameters per rank, as the stack holds
     them and as the ZeRO stage shards them over G_data (see `perfmodels.stacks` for the bytes):
 
@@ -59,16 +60,22 @@ def model_state_bytes(training: Training, local: np.ndarray, arrays: PlanArrays)
     - ZeRO-3 shards the weights too. Combined with a pipeline (G_inter > 1) the stage's parameters are
       gathered once per step and stay gathered in the compute dtype until the step ends (FSDP with
       pipelining does not reshard after forward), so a full 16-bit copy is held.
-    FP8 training adds the cached FP8 weight copies of Transformer Engine.
+    FP8 training adds the cached FP8 weight copies of Transformer Engine for the `linear_local`
+    parameters (the linear layers' share of `local`; all of it when None).
     """
     stack = training.effective_stack
     z = arrays.zero_stage
     d = arrays.G_data.astype(np.float64)
     mixed = training.dtype not in ("fp32", "tf32")
     weight_b = stack.weight_bytes if mixed else 4.0
+    z2 = z == 2
     master_b = stack.master_bytes if mixed else 0.0
+    if mixed and stack.zero2_master_bytes is not None:
+        master_b = np.where(z2, stack.zero2_master_bytes, master_b)
     grad_b = stack.grad_bytes(training.dtype)
-    fp32_grad_b = stack.fp32_grad_bytes if mixed else 0.0
+    if mixed and stack.zero2_grad_bytes is not None:
+        grad_b = np.where(z2, stack.zero2_grad_bytes, grad_b)
+    fp32_grad_b = stack.fp32_grad_bytes_bf16 if training.dtype == "bf16" else 0.0
     opt_b = stack.optimizer_state_bytes if training.optimizer != "sgd" else 4.0  # SGD: momentum
     one = np.ones(len(arrays))
     shard_states = np.where(z >= 1, d, one)
@@ -80,7 +87,7 @@ def model_state_bytes(training: Training, local: np.ndarray, arrays: PlanArrays)
     pipelined_zero3 = (z == 3) & (arrays.G_inter > 1)
     params = params + np.where(pipelined_zero3, local * weight_bytes_in_use(training), 0.0)
     if training.dtype == "fp8":
-        params = params + local * stack.fp8_weight_cache_bytes
+        params = params + (local if linear_local is None else linear_local) * stack.fp8_weight_cache_bytes
     grads = local * grad_b / shard_grads + local * fp32_grad_b / shard_fp32_grads
     optimizer = local * (master_b + opt_b) / shard_states
     return ModelStates(params=params, grads=grads, optimizer=optimizer)
@@ -110,6 +117,11 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     f_up = (2.0 if model.gated_mlp else 1.0) * f
     replicated = 10.0 * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
+    if training.dtype == "fp8":
+        # Transformer Engine saves each linear layer's input for backward in FP8 (1 byte), not bf16:
+        # the QKV and fc1 inputs on the residual stream, the out-proj and fc2 inputs inside
+        replicated = replicated - 2.0 * s * b * h
+        split = split - s * b * (h + f)
     stack = training.effective_stack
     scores = 0.0 if stack.flash_attention else 5.0 * a * s * float(model.span) * b
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
@@ -136,6 +148,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
             model.vocab_size + model.seq_length) * h / G_c
         gathered = np.where(G_d > 1, 2.0 * model.params_per_layer / 4 / (G_r * G_c), 0.0)  # two Linear blocks
         per_unit = per_block
+        linear_local = blocks * per_block
         act_layer = activation_bytes_per_layer(model, training, arrays)
         s, b = model.seq_length, arrays.micro_batch_size.astype(np.float64)
         layer_input = 2.0 * s * b * h / np.where(arrays.sequence_parallel, G_r, G_c) * (e / 2.0)
@@ -147,6 +160,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         local = local / S
         gathered = np.zeros(len(arrays))
         per_unit = local / max(1, len(model.layers))
+        linear_local = None
         b = arrays.micro_batch_size.astype(np.float64)
         acts = sum(
             (layer.rows_per_sample * (layer.in_features + layer.out_features) if layer.kind == "linear"
@@ -155,12 +169,14 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         layer_input = act_layer / 2
         logits = np.zeros(len(arrays))
 
-    states = model_state_bytes(training, local, arrays)
+    states = model_state_bytes(training, local, arrays, linear_local)
     mixed = training.dtype not in ("fp32", "tf32")
     stored_b = training.effective_stack.weight_bytes if mixed else 4.0
     # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
     # holds the unit being computed and the prefetched next one, gathered in the compute dtype
-    zero3_units = np.where((arrays.zero_stage == 3) & (arrays.G_inter == 1), 2.0 * per_unit, 0.0)
+    # (per-tensor gathering holds two tensors: the largest, an MLP matrix, is a third of a block)
+    unit_share = 1.0 if training.effective_stack.zero3_gather == "layer" else 1.0 / 3.0
+    zero3_units = np.where((arrays.zero_stage == 3) & (arrays.G_inter == 1), 2.0 * per_unit * unit_share, 0.0)
     params = states.params + gathered * stored_b + zero3_units * weight_bytes_in_use(training)
     grads, optimizer = states.grads, states.optimizer
 
