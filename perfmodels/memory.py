@@ -144,7 +144,9 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         h = model.hidden_size
         V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
         per_block = model.params_per_layer / (G_r * G_c * G_d)
-        local = blocks * per_block + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
+        # a tied LM head shares the word embedding's weights where both sit on one stage
+        own_head = st.has_head * (1.0 - model.tied_embeddings * st.has_embedding)
+        local = blocks * per_block + own_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
             model.vocab_size + model.seq_length) * h / G_c
         gathered = np.where(G_d > 1, 2.0 * model.params_per_layer / 4 / (G_r * G_c), 0.0)  # two Linear blocks
         per_unit = per_block

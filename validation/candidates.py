@@ -62,10 +62,18 @@ def _degree_combos(lay: Layout, *, layers: int, heads: int) -> list[tuple[int, i
 
 
 def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[str, ...],
-                    zero_stages: tuple[int, ...], placement: tuple[str, ...] | None) -> list[Plan]:
-    """Every Plan consistent with the stated layout columns and the stack's recompute/ZeRO options."""
+                    zero_stages: tuple[int, ...], placement: tuple[str, ...] | None,
+                    can_interleave: bool = True, can_sequence_parallel: bool = True) -> list[Plan]:
+    """Every Plan consistent with the stated layout columns and the stack's recompute/ZeRO options.
+
+    An empty virtual-stage or sequence-parallel cell only expands to what the row's stack can run
+    (`Stack.schedules`, `Stack.sequence_parallel`): a framework without interleaving did not use it.
+    """
     plans: list[Plan] = []
-    sps = (lay.sequence_parallel,) if lay.sequence_parallel is not None else (False, True)
+    if lay.sequence_parallel is not None:
+        sps: tuple[bool, ...] = (lay.sequence_parallel,)
+    else:
+        sps = (False, True) if can_sequence_parallel else (False,)
     for t, p, d in _degree_combos(lay, layers=layers, heads=heads):
         if t * p * d != lay.num_gpus or lay.global_batch % d:
             continue
@@ -78,7 +86,8 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
             if lay.virtual_pp:  # stated: as stated wherever there is a pipeline to interleave
                 vs = [lay.virtual_pp if p > 1 else 1]
             else:  # not stated: any interleaving the schedule allows
-                vs = [1] + [v for v in _VIRTUAL_STAGES if p > 1 and n_micro % p == 0 and layers >= p * v]
+                vs = [1] + [v for v in _VIRTUAL_STAGES
+                            if can_interleave and p > 1 and n_micro % p == 0 and layers >= p * v]
             for v in vs:
                 for sp in sps:
                     if sp and t == 1 and lay.sequence_parallel is None:

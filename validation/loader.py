@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from perfmodels import presets
+from perfmodels import presets, stacks
 from perfmodels.specs import Cluster, Model
 from validation.candidates import Layout, candidate_plans
 from validation.cases import Case, Loaded, Skipped
@@ -195,15 +195,23 @@ def _published_case(cid: str, row: Mapping[str, str], *,
         raise ValueError(f"seq_len={s} does not split over cp={cp}")
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
-                  gated_mlp=gated, num_query_groups=groups)
+                  gated_mlp=gated, num_query_groups=groups,
+                  # GPT-style blocks (Megatron's GPT) tie the LM head to the word embedding; Llama-style
+                  # (gated) models keep their own head: a model convention, like the block style
+                  tied_embeddings=not gated)
 
     dp = _int(row, "dp")
     layout = Layout(num_gpus=G, global_batch=gb * cp, tp=_int(row, "tp"), pp=_int(row, "pp"),
                     dp=dp * cp if dp else None, micro_batch=_int(row, "micro_batch_size"),
                     virtual_pp=_int(row, "virtual_pp"),
                     sequence_parallel=parse_bool("sequence_parallel", row.get("sequence_parallel")))
-    plans = candidate_plans(layout, layers=L, heads=a, recomputes=stack.recomputes, zero_stages=stack.zero_stages,
-                            placement=stack.placement)
+    presets_ = [stacks.preset(name) for name in stack.stacks]
+    zero_stages = stack.zero_stages if "zero_stage" not in stack.unknown else tuple(
+        z for z in stack.zero_stages if any(z in st.zero_stages for st in presets_))
+    plans = candidate_plans(layout, layers=L, heads=a, recomputes=stack.recomputes, zero_stages=zero_stages,
+                            placement=stack.placement,
+                            can_interleave=any("interleaved-1f1b" in st.schedules for st in presets_),
+                            can_sequence_parallel=any(st.sequence_parallel for st in presets_))
     if not plans:
         raise ValueError("no layout consistent with the stated degrees")
     unknown = list(stack.unknown)  # and the layout columns whose emptiness leaves more than one value

@@ -108,10 +108,20 @@ def test_empty_framework_carries_every_stack(tmp_path: Path):
     assert case.framework == "any stack"
 
 
-def test_empty_zero_stage_and_checkpointing_carry_every_value(tmp_path: Path):
+def test_empty_zero_stage_and_checkpointing_carry_every_value_the_stack_offers(tmp_path: Path):
+    from perfmodels.stacks import preset
+
     case = _case(tmp_path, zero_stage="", activation_checkpointing="")
+    offered = {z for t in case.trainings for z in preset(t.effective_stack.name).zero_stages}
     assert {(p.zero_stage, p.recompute) for p in case.plans} == {
-        (z, r) for z in (0, 1, 2, 3) for r in ("none", "selective", "full")}
+        (z, r) for z in offered for r in ("none", "selective", "full")}
+
+
+def test_unknown_options_expand_only_to_what_the_stack_can_run(tmp_path: Path):
+    """OneFlow GPT (2021) had neither interleaved schedules nor sequence parallelism: empty cells
+    for them do not bring those in as candidates."""
+    case = _case(tmp_path, framework="oneflow", sequence_parallel="", virtual_pp="", zero_stage="")
+    assert case.plans and not any(p.sequence_parallel or p.virtual_stages > 1 or p.zero_stage for p in case.plans)
 
 
 def test_empty_layout_columns_expand_only_what_is_missing(tmp_path: Path):
