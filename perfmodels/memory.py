@@ -133,12 +133,52 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     return scale * (replicated / resid + split / G_r + scores / G_r)
 
 
-def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
-                 m: np.ndarray) -> StageMemory:
-    G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
+def peak_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, blocks: np.ndarray,
+                m: np.ndarray) -> StageMemory:
+    """Memory of the fuller of the first and the last pipeline stage, each holding `blocks` blocks.
+
+    The first stage holds the embedding and the most micro-batches in flight (1F1B warms up
+    G_inter of them there); the last holds the LM head, its logits and a single micro-batch (one
+    chunk per virtual stage plus the interleaved warm-up). Taking the first stage's activations with
+    the last stage's head would count both worst cases at once. Without a pipeline the two coincide.
+    """
+    one = arrays.G_inter == 1
+    n = len(arrays)
+    first = StageShape(blocks=blocks, has_embedding=np.ones(n, bool), has_head=one, is_first=np.ones(n, bool),
+                       is_last=one)
+    last = StageShape(blocks=blocks, has_embedding=one, has_head=np.ones(n, bool), is_first=one,
+                      is_last=np.ones(n, bool))
+    a = stage_memory(model, cluster, training, arrays, first, m, position="first")
+    b = stage_memory(model, cluster, training, arrays, last, m, position="last")
+    take_a = a.total_gib >= b.total_gib
+    pick = {name: np.where(take_a, getattr(a, name), getattr(b, name))
+            for name in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
+                         "overhead_gib", "total_gib")}
+    return StageMemory(**pick, capacity_gib=a.capacity_gib)
+
+
+def in_flight_layers(arrays: PlanArrays, m: np.ndarray, position: str) -> np.ndarray:
+    """Micro-batches' worth of a stage's activations held at the peak, on the first or last stage.
+
+    GPipe keeps all m. 1F1B keeps min(m, G_inter - r) on stage r. Interleaved 1F1B with v chunks
+    runs (G_inter - r - 1) * 2 + (v - 1) * G_inter warm-up chunk forwards before its first backward,
+    each 1/v of the stage, so stage r holds (that + 1) / v stages' worth (Megatron's schedule)."""
     S, v = arrays.G_inter.astype(np.float64), arrays.virtual_stages.astype(np.float64)
+    r = np.zeros(len(arrays)) if position == "first" else S - 1
+    sched = arrays.schedule
+    plain = np.minimum(m, S - r)
+    interleaved = np.minimum(m, ((S - r - 1) * 2 + (v - 1) * S + 1) / v)
+    out = np.where(sched == SCHEDULE_CODE["gpipe"], m, plain)
+    return np.where(sched == SCHEDULE_CODE["interleaved-1f1b"], interleaved, out)
+
+
+def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
+                 m: np.ndarray, position: str = "first") -> StageMemory:
+    G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
+    S = arrays.G_inter.astype(np.float64)
     e = training.bytes_per_element
     blocks = st.blocks.astype(np.float64)
+    stack = training.effective_stack
 
     if model.is_transformer:
         h = model.hidden_size
@@ -146,8 +186,11 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         per_block = model.params_per_layer / (G_r * G_c * G_d)
         # a tied LM head shares the word embedding's weights where both sit on one stage
         own_head = st.has_head * (1.0 - model.tied_embeddings * st.has_embedding)
+        # Megatron-style stacks split the embedding's vocabulary over the tensor-parallel ranks; the
+        # engine splits its hidden dimension over col
+        emb_split = G_r * G_c if stack.vocab_parallel_embedding else G_c
         local = blocks * per_block + own_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
-            model.vocab_size + model.seq_length) * h / G_c
+            model.vocab_size + model.seq_length) * h / emb_split
         gathered = np.where(G_d > 1, 2.0 * model.params_per_layer / 4 / (G_r * G_c), 0.0)  # two Linear blocks
         per_unit = per_block
         linear_local = blocks * per_block
@@ -182,15 +225,12 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     params = states.params + gathered * stored_b + zero3_units * weight_bytes_in_use(training)
     grads, optimizer = states.grads, states.optimizer
 
-    sched = arrays.schedule
-    in_flight = np.where(sched == SCHEDULE_CODE["gpipe"], m, np.minimum(m, S))
-    in_flight = np.where(sched == SCHEDULE_CODE["interleaved-1f1b"], in_flight * (1.0 + (S - 1) / (S * v)), in_flight)
+    in_flight = in_flight_layers(arrays, m, position)
     full = arrays.recompute == RECOMPUTE_CODE["full"]
     per_mb = np.where(full, blocks * layer_input, blocks * act_layer)
     working = np.where(full, act_layer, 0.0)  # one layer recomputed at a time
     activations = per_mb * in_flight + working + logits
 
-    stack = training.effective_stack
     on_gpu = cluster.gpu.vendor != "cpu"
     # one set of NCCL buffers per communicator this rank talks through (each axis with peers, and
     # the pipeline's point-to-point pairs)

@@ -90,6 +90,9 @@ class Stack:
     - `context_gib`: CUDA context, cuBLAS/cuDNN workspaces and the framework's own allocations.
     - `comm_buffer_gib`: NCCL's buffers per communicator with peers (measured ~0.1-0.3 GiB each).
     - `fragmentation`: caching-allocator slack as a fraction of the activation memory.
+    - `vocab_parallel_embedding`: the word embedding's rows (vocabulary) are split over the
+      tensor-parallel ranks (Megatron's VocabParallelEmbedding); the engine splits its hidden
+      dimension over the col axis instead.
     What the stack can run (the tuner ranks only these; the published-run loader only considers these
     for options a row leaves open):
     - `schedules`: pipeline schedules it implements; `zero_stages`: the ZeRO stages it offers;
@@ -128,6 +131,7 @@ class Stack:
     pipeline_parallel: bool = True
     tensor_parallel_3d: bool = False
     sequence_parallel: bool = True
+    vocab_parallel_embedding: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -220,7 +224,7 @@ STACK_PRESETS: dict[str, Stack] = {
               overlap_grad_reduce=False, overlap_param_gather=False, overlap_tp_comm=False, flash_attention=True,
               weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
               schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 1), tensor_parallel_3d=True,
-              sequence_parallel=False),
+              sequence_parallel=False, vocab_parallel_embedding=False),
     )
 }
 """The presets, by name. `perfmodels.stacks.preset(name, **overrides)` builds one with changes."""

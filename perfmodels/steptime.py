@@ -36,7 +36,7 @@ import numpy as np
 from perfmodels import collectives
 from perfmodels.compute import StageCompute, host_seconds_per_block, model_flops_per_token, stage_compute
 from perfmodels.layout import group_geometry
-from perfmodels.memory import StageMemory, stage_memory
+from perfmodels.memory import StageMemory, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, PlanArrays, from_plans
 from perfmodels.specs import (
@@ -293,7 +293,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "hidden_comm_s": np.maximum(comm_total - exposed, 0.0),
         "host_wait_s": m * (t_mb - t_mb_gpu),
     }
-    mem = stage_memory(model, cluster, training, arrays, st, m)
+    mem = peak_memory(model, cluster, training, arrays, st.blocks, m)
     byte_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
     call_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
     for ev in events:
@@ -315,7 +315,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
     m = arrays.num_microbatches(training).astype(np.float64)
-    return stage_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest"), m)
+    return peak_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m)
 
 
 def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:

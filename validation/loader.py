@@ -150,7 +150,7 @@ _LLAMA_STYLE = ("llama", "mistral", "qwen", "gemma", "deepseek", "internlm", "ba
 def _block_style(row: Mapping[str, str], heads: int) -> tuple[bool, int]:
     """(gated MLP, query groups): the row's own `gated_mlp` / `num_query_groups` columns when it has
     them, else the model family's published architecture (Llama-style blocks: SwiGLU; Llama 2 70B,
-    Llama 3 and Mistral: 8 key/value groups). This describes the model, not the training stack, so
+    Llama 3, Mistral and Nemotron-4: 8 key/value groups). This describes the model, not the training stack, so
     reading it from the model's name is not the stack guessing the loader avoids."""
     name = (row.get("model_name") or "").lower()
     gated = parse_bool("gated_mlp", row.get("gated_mlp"))
@@ -158,7 +158,7 @@ def _block_style(row: Mapping[str, str], heads: int) -> tuple[bool, int]:
         gated = any(k in name for k in _LLAMA_STYLE)
     groups = _int(row, "num_query_groups") or _int(row, "num_kv_heads")
     if groups is None:
-        eight = re.search(r"llama[\s-]*3|mistral|llama[\s-]*2[\s-]*70b", name)
+        eight = re.search(r"llama[\s-]*3|mistral|llama[\s-]*2[\s-]*70b|nemotron[\s-]*4", name)
         groups = 8 if eight and heads % 8 == 0 else heads
     return gated, groups
 
@@ -196,9 +196,9 @@ def _published_case(cid: str, row: Mapping[str, str], *,
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
                   gated_mlp=gated, num_query_groups=groups,
-                  # GPT-style blocks (Megatron's GPT) tie the LM head to the word embedding; Llama-style
-                  # (gated) models keep their own head: a model convention, like the block style
-                  tied_embeddings=not gated)
+                  # GPT-style blocks (Megatron's GPT, MPT) tie the LM head to the word embedding;
+                  # Llama-style (gated) models and Nemotron-4 keep their own head (their configs)
+                  tied_embeddings=not gated and "nemotron" not in (row.get("model_name") or "").lower())
 
     dp = _int(row, "dp")
     layout = Layout(num_gpus=G, global_batch=gb * cp, tp=_int(row, "tp"), pp=_int(row, "pp"),
