@@ -36,7 +36,7 @@ MUTATIONS: list[tuple[str, float, float]] = [
     ("gpu:H100-SXM:gemm_efficiency_max", 0.62, 0.80),
     ("gpu:H100-SXM:gemm_efficiency_fp8", 0.50, 0.70),
     ("gpu:H100-SXM:flash_fwd_efficiency", 0.45, 0.20),
-    ("gpu:H100-SXM:flash_bwd_efficiency", 0.35, 0.70),
+    ("gpu:H100-SXM:flash_bwd_efficiency", 0.40, 0.70),
     ("gpu:A100-80GB:gemm_efficiency_max", 0.80, 0.60),
     ("stack:megatron-deepspeed:host_exposed_fraction", 0.5, 0.0),
     ("stack:megatron-core:context_gib", 0.9, 3.0),

@@ -22,17 +22,21 @@ from perfmodels.specs import GPU, Cluster, Model
 # --------------------------------------------------------------------------------------------
 
 HOPPER_GEMM = 0.62
-"""Sustained fraction of the bf16 dense peak that a Hopper training step's GEMMs reach. The 989
-TFLOP/s peak assumes the boost clock; under the sustained power of a training run (700 W, NCCL
-kernels beside the GEMMs) the clock sits lower, and every published H100 run of Megatron-Core and
-NeMo (README 2024 weak scaling, dgxc-benchmarking 24.x) came out 10-20% slower than 0.70 predicts."""
+"""Sustained fraction of the bf16 dense peak that a Hopper training step's GEMMs reach. Isolated GEMMs
+at training shapes measure 0.68-0.70 on one H100 SXM (`bench/hopper_kernels.py`: 0.691 median over
+eight shapes from 2048x9216x12288 to 8192^3, at the full 1980 MHz clock). In a training step the
+NCCL kernels that overlap them take SMs and eight GPUs share a node's power, and every published H100
+run of Megatron-Core and NeMo (README 2024 weak scaling, dgxc-benchmarking 24.x) came out 10-20%
+slower than 0.70 predicts."""
 HOPPER_FP8_GEMM = 0.50
-"""Sustained fraction of the FP8 peak for Transformer Engine's FP8 GEMMs in training: with per-tensor
-scaling, amax bookkeeping and the casts around them, FP8 runs ~1.3-1.5x faster than bf16 end to end in
-NVIDIA's NeMo recipes, not 2x."""
-HOPPER_FLASH = {"flash_fwd_efficiency": 0.45, "flash_bwd_efficiency": 0.35}
-"""FlashAttention-2-class fused causal attention on Hopper (head dim 128): forward ~0.45 of the bf16
-peak, backward ~0.35 (it recomputes the scores and accumulates dQ atomically)."""
+"""Sustained fraction of the FP8 peak for Transformer Engine's FP8 GEMMs in training. Isolated FP8
+GEMMs (`torch._scaled_mm`, per-tensor scales) measure 0.61 on one H100 (`bench/hopper_kernels.py`);
+the same in-step losses as bf16 bring that to ~0.5, which is what NVIDIA's NeMo FP8 recipes show
+(1.3-1.5x over bf16 end to end, not 2x)."""
+HOPPER_FLASH = {"flash_fwd_efficiency": 0.45, "flash_bwd_efficiency": 0.40}
+"""Fused causal attention on Hopper (PyTorch SDPA, head dim 128), measured by `bench/hopper_kernels.py`
+on an H100: forward 0.42-0.55 of the bf16 peak (median 0.465), backward 0.34-0.49 (median 0.40; it
+recomputes the scores and accumulates dQ atomically)."""
 
 _GPUS: dict[str, GPU] = {
     g.name.lower(): g

@@ -42,12 +42,12 @@ def test_gemm_curve_on_hopper_by_hand():
 
 
 def test_flash_backward_efficiency_on_hopper():
-    """Backward does 2.5x the forward FLOPs at 0.35 of peak (forward: 0.45)."""
+    """Backward does 2.5x the forward FLOPs at 0.40 of peak (forward: 0.45), as measured on an H100."""
     model = presets.model("gpt3-1.7b")
     training = Training(global_batch_size=1, stack="megatron-core", host_us_per_block=0.0)
     comp = _compute(model, presets.cluster("eos", 1), training, Plan(micro_batch_size=1))
     flops = 4.0 * model.seq_length ** 2 * model.hidden_size * 0.5
-    fwd, bwd = flops / (989e12 * 0.45) + 4e-6, 2.5 * flops / (989e12 * 0.35) + 4e-6
+    fwd, bwd = flops / (989e12 * 0.45) + 4e-6, 2.5 * flops / (989e12 * 0.40) + 4e-6
     blocks = model.num_layers
     assert comp.attention_fwd_s[0] == pytest.approx(blocks * fwd, rel=1e-9)
     # bwd = 2 x GEMMs + attention backward + 2 x memory-bound per block; the head's backward is two

@@ -23,7 +23,8 @@ def _case(tmp_path: Path, **changes: str):
 def test_vendored_files_load_with_known_usable_and_skipped_counts():
     per_file = {p.name: loader.load_file(p) for p in loader.default_paths()}
     counts = {name: (len(part.cases), len(part.skipped)) for name, part in per_file.items()}
-    assert counts == {"published_dev.csv": (87, 4), "published_modern.csv": (97, 0), "vtrain_multi.csv": (109, 0)}
+    assert counts == {"published_dev.csv": (87, 4), "published_modern.csv": (97, 0), "vtrain_multi.csv": (109, 0),
+                      "published_torchtitan.csv": (7, 0)}
     reasons = sorted(s.reason.split(":")[0] for s in per_file["published_dev.csv"].skipped)
     assert reasons == ["global batch size or GPU count not stated"] * 2 + [
         "mfu_percent with linear_precision unstated"] * 2
