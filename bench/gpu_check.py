@@ -108,15 +108,18 @@ def _measure_layout(layout: Layout, steps: int, warmup: int, trace: bool = False
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         mb = layout.micro_batch_size
         tokens = torch.randint(0, cfg.vocab_size, (mb, cfg.seq_length), device=grid.device)
-        fwd_bwd, opt_s = [], []
+        fwd_bwd, opt_s, host = [], [], []
         for i in range(warmup + steps):
             opt.zero_grad(set_to_none=True)
             _sync()
             t0 = time.perf_counter()
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 engine.forward_backward(model, tokens, tokens)
-            _sync()
+            t_issued = time.perf_counter()  # the host has issued every kernel (the loss's .item() waits
+            _sync()                         # for the forward only)
             t1 = time.perf_counter()
+            if i >= warmup:
+                host.append(t_issued - t0)
             engine.step(model, opt)
             _sync()
             t2 = time.perf_counter()
@@ -138,6 +141,7 @@ def _measure_layout(layout: Layout, steps: int, warmup: int, trace: bool = False
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
             "outside_allocator_gib": outside / GIB,
             "fwd_bwd_s": statistics.median(fwd_bwd),
+            "host_issue_s": statistics.median(host),
             "optimizer_s": statistics.median(opt_s),
             "params_local": sum(p.numel() for p in model.parameters()),
         }
@@ -226,15 +230,17 @@ def layouts(out: Path, steps: int = 3, warmup: int = 2, trace: int | None = None
         rows.append(row)
         print(f"{layout.label():28s} memory pred {pred['memory_gib']:.2f} / meas {meas_mem:.2f} GiB "
               f"(allocated {meas['peak_allocated_gib']:.2f}); fwd+bwd pred {pred['compute_s'] * 1e3:.1f} / "
-              f"meas {meas['fwd_bwd_s'] * 1e3:.1f} ms", flush=True)
+              f"meas {meas['fwd_bwd_s'] * 1e3:.1f} ms (host issued its last op at "
+              f"{meas['host_issue_s'] * 1e3:.1f} ms)", flush=True)
     table = Table(title="one rank of each layout on this GPU (fake process group), GPT 4x4096 seq 2048, bf16")
-    for col in ("layout", "mem pred GiB", "mem meas GiB", "pred/meas", "fwd+bwd pred ms", "meas ms", "pred/meas"):
+    for col in ("layout", "mem pred GiB", "mem meas GiB", "pred/meas", "fwd+bwd pred ms", "meas ms", "pred/meas",
+                "host issue ms"):
         table.add_column(col, justify="left" if col == "layout" else "right")
     for r in rows:
         meas_mem = r["measured"]["peak_reserved_gib"] + r["measured"]["outside_allocator_gib"]
         table.add_row(r["layout"], f"{r['predicted']['memory_gib']:.2f}", f"{meas_mem:.2f}", f"{r['memory_ratio']:.2f}",
                       f"{r['predicted']['compute_s'] * 1e3:.1f}", f"{r['measured']['fwd_bwd_s'] * 1e3:.1f}",
-                      f"{r['compute_ratio']:.2f}")
+                      f"{r['compute_ratio']:.2f}", f"{r['measured']['host_issue_s'] * 1e3:.1f}")
     Console(width=140).print(table)
     (out / "layouts.json").write_text(json.dumps(rows, indent=1))
     return rows
