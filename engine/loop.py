@@ -30,9 +30,9 @@ def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tens
     device = next((p.device for p in model.parameters()), tokens.device)
     tokens, targets = tokens.to(device), targets.to(device)
     n = tokens.shape[0] // mb
-    total = 0.0
+    total = torch.zeros((), device=device)
     for i in range(n):
         loss = model(tokens[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb])
         (loss / n).backward()
-        total += float(loss.detach())
-    return total / n
+        total += loss.detach().float()  # read back once, after the last micro-batch: on a GPU the host
+    return float(total) / n             # keeps issuing the next micro-batch while this one runs
