@@ -38,6 +38,24 @@ def _run(rank: int, world: int, cfg: Any, batch: int) -> dict[str, Any]:
     return {"report": report, "baseline": baseline}
 
 
+def _linear(rank: int, world: int) -> dict[str, float]:
+    """The issue's repro: engine.Linear(4096, 16384) on row2 x col2 keeps a 64 MiB shard; how much does
+    building it raise this rank's peak RSS? (It used to build the full 256 MiB weight first.)"""
+    import torch
+
+    import engine
+    from engine.train import peak_rss_bytes
+
+    engine.init(G_intra_r=2, G_intra_c=2)
+    torch.manual_seed(0)
+    engine.Linear(16, 16)  # warm the allocator and code paths
+    before = peak_rss_bytes()
+    layer = engine.Linear(4096, 16384)
+    after = peak_rss_bytes()
+    shard = sum(p.numel() * p.element_size() for p in layer.parameters())
+    return {"shard_mib": shard / 2**20, "peak_growth_mib": (after - before) / 2**20}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=16)
@@ -57,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     from tuner.closed_loop import engine_training, local_cluster
 
     torch.set_num_threads(1)
+    lin = launch(_linear, world_size=4, timeout_s=600)
+    print("engine.Linear(4096, 16384) on row2 x col2: shard " + ", ".join(f"{r['shard_mib']:.0f}" for r in lin)
+          + " MiB; peak RSS growth while building it " + ", ".join(f"{r['peak_growth_mib']:.0f}" for r in lin)
+          + " MiB per rank (the full weight is 256 MiB)")
     cfg = GPTConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                     seq_length=args.seq, vocab_size=args.vocab)
     results = launch(_run, world_size=4, args=(cfg, args.batch), timeout_s=1800)

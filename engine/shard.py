@@ -119,7 +119,7 @@ def mark(p: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
 # Materializing only the local shard
 # --------------------------------------------------------------------------------------------
 
-CHUNK_ELEMENTS = 1 << 22  # ~16 MiB of fp32 per drawn chunk
+CHUNK_ELEMENTS = 1 << 20  # 4 MiB of fp32 per drawn chunk
 
 
 def rows_per_chunk(shape: tuple[int, ...]) -> int:
