@@ -118,37 +118,44 @@ class SplitEmbedding(nn.Module):
 
 
 class _VocabParallelCEFn(torch.autograd.Function):
+    """Works in one fp32 buffer of the local logits' size (in place: max, shift, exp, normalize), so
+    peak memory is the bf16 logits plus 4 bytes per local logit, as perfmodels.memory counts it;
+    the probabilities it saves become the gradient in place in backward."""
+
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, group: Any, vocab_start: int,
                 vocab_size: int) -> torch.Tensor:
-        lf = logits.float().reshape(-1, logits.shape[-1])
+        lf = logits.reshape(-1, logits.shape[-1]).float()
+        if lf.data_ptr() == logits.data_ptr():
+            lf = lf.clone()  # fp32 logits: never write into the caller's tensor
         t = targets.reshape(-1)
         local_v = lf.shape[-1]
-        ids = torch.arange(vocab_start, vocab_start + local_v, device=lf.device)
-        lf = lf.masked_fill(ids >= vocab_size, float("-inf"))  # padded vocabulary rows
+        if vocab_start + local_v > vocab_size:  # padded vocabulary rows never win
+            lf[:, max(0, vocab_size - vocab_start):] = float("-inf")
         mx = lf.max(dim=-1).values
         _all_reduce(mx, group, dist.ReduceOp.MAX)
-        z = lf - mx.unsqueeze(-1)
-        e = z.exp()
-        sum_e = e.sum(-1)
-        _all_reduce(sum_e, group)
+        lf.sub_(mx.unsqueeze(-1))
         local_t = t - vocab_start
         mine = (local_t >= 0) & (local_t < local_v)
-        tl = z.gather(1, local_t.clamp(0, local_v - 1).unsqueeze(1)).squeeze(1) * mine
+        local_t = local_t.clamp(0, local_v - 1)
+        tl = lf.gather(1, local_t.unsqueeze(1)).squeeze(1) * mine
         _all_reduce(tl, group)
+        lf.exp_()
+        sum_e = lf.sum(-1)
+        _all_reduce(sum_e, group)
         loss = (sum_e.log() - tl).mean()
-        probs = e / sum_e.unsqueeze(-1)
-        ctx.save_for_backward(probs, local_t.clamp(0, local_v - 1), mine)
+        probs = lf.div_(sum_e.unsqueeze(-1))
+        ctx.save_for_backward(probs, local_t, mine)
         ctx.shape, ctx.dtype = logits.shape, logits.dtype
         return loss
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         probs, local_t, mine = ctx.saved_tensors
-        grad = probs.clone()
+        grad = probs  # used once: backward runs once per forward (no retain_graph on the loss)
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, local_t] -= mine.to(grad.dtype)
-        grad = grad * (g / grad.shape[0])
+        grad.mul_(g / grad.shape[0])
         return grad.view(ctx.shape).to(ctx.dtype), None, None, None, None
 
 
