@@ -112,7 +112,7 @@ def install_sync_guard(module: nn.Module, grid: Grid) -> None:
         return
     from torch.optim import optimizer as optimizer_module
 
-    hooks = optimizer_module._global_optimizer_pre_hooks
+    hooks = getattr(optimizer_module, "_global_optimizer_pre_hooks", {})
     if not any(h is _check_synced for h in hooks.values()):
         optimizer_module.register_optimizer_step_pre_hook(_check_synced)
     for p in module.parameters():

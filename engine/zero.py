@@ -17,6 +17,8 @@ the same way). Element-wise optimizers (SGD, Adam, AdamW) give exactly the unsha
 `engine.sync_gradients(model)` knows the model is sharded (it skips the data all-reduce), and
 `engine.clip_grad_norm_` / `engine.grad_norm` reduce-scatter first and take the norm of the
 reduced shards summed over data, so clipping uses the global norm on every rank.
+One ZeroOptimizer per set of parameters: the newest one built over a parameter is the one
+sync_gradients and the norm functions consult.
 `state_dict()` is this rank's (its shard of the state plus the hyperparameters); engine's
 checkpoints store the unsharded per-parameter state instead, which reloads under any grid.
 """
@@ -70,6 +72,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self.pieces.append((gi, end, end))
             inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [nn.Parameter(flat[:0].clone())]})
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
+        # every hyperparameter the wrapped optimizer has (its defaults too: lr, betas, ...) is visible
+        # in opt.param_groups, where LR schedulers and user code read and write them
+        for key, value in self.inner.defaults.items():
+            self.defaults.setdefault(key, value)
+            for g in self.param_groups:
+                g.setdefault(key, value)
         self._reduced = False
         for p in self.params:
             setattr(p, ZERO_ATTR, weakref.ref(self))

@@ -129,6 +129,8 @@ def _zero_clip(rank: int, world: int, degrees: dict[str, int]) -> dict[str, Any]
     model = engine.ParallelGPT(config(), grid)
     opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01)
     assert isinstance(opt, torch.optim.Optimizer)
+    defaults_only = engine.ZeroOptimizer(nn.Linear(4, 4), torch.optim.SGD)  # SGD's default lr is visible
+    assert defaults_only.param_groups[0]["lr"] == torch.optim.SGD([torch.zeros(1)]).defaults["lr"]
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     loader = engine.create_dataloader(TensorDataset(*batches(config())), GLOBAL_BATCH)
     losses, norms, lrs = [], [], []
