@@ -10,6 +10,7 @@ pydantic's shape by `api.errors`), so no client input reaches a 500. `perfmodels
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import logging
 import math
@@ -78,6 +79,19 @@ class ResponseCache:
 def encode(payload: dict[str, Any]) -> bytes:
     """JSON bytes of an answer (already made finite)."""
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode_listing(payload: dict[str, Any]) -> bytes:
+    """JSON bytes of stored rows (datetimes as ISO text). Rows are scrubbed by the store, and any
+    text UTF-8 cannot carry is replaced rather than failing the whole read."""
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False,
+                      default=_json_default).encode("utf-8", "replace")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, _dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def cache_key(kind: str, body: Any, profile_id: str | None) -> str:

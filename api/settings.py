@@ -9,6 +9,8 @@
     GRIDTUNE_SEARCH_WORKERS threads that run searches (default 2: searches are CPU-bound)
     GRIDTUNE_CACHE_MB       memory for cached predict/recommend answers (default 64; 0 disables)
     GRIDTUNE_MAX_BODY_MB    largest request body accepted, in MiB (default 16; larger: 413)
+    GRIDTUNE_MAX_PAGE_MB    a list page (GET /v1/measurements, /v1/clusters) ends after about this many
+                            MiB of JSON (default 8; it always holds at least one row)
     GRIDTUNE_SEARCH_ISOLATION  "process" (default: each search in a process that is killed when it
                             overruns) or "thread"
 
@@ -65,6 +67,7 @@ class Settings:
     max_top_k: int = 100
     cache_mb: float = 64.0
     max_body_mb: float = 16.0
+    max_page_mb: float = 8.0
     search_isolation: str = "process"
 
     def __post_init__(self) -> None:
@@ -86,4 +89,5 @@ class Settings:
             cache_mb=_env_float("GRIDTUNE_CACHE_MB", 64.0, allow_zero=True),
             search_isolation=os.environ.get("GRIDTUNE_SEARCH_ISOLATION", "").strip() or "process",
             max_body_mb=_env_float("GRIDTUNE_MAX_BODY_MB", 16.0),
+            max_page_mb=_env_float("GRIDTUNE_MAX_PAGE_MB", 8.0),
         )
