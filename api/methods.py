@@ -10,24 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.routing import Match
+from starlette.routing import Match, Mount
+
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
 def allowed_methods(app: Any, scope: dict[str, Any]) -> list[str]:
-    """Methods of every route of `app` whose path matches this request's (any method)."""
+    """Methods with a route of `app` for this request's path: asks the router, method by method, which
+    would fully match (works through included routers without looking inside them)."""
     methods: set[str] = set()
     for route in app.router.routes:
-        probe = {**scope, "method": "GET"}
-        match, _ = route.matches(probe)
-        if match == Match.NONE:
-            for method in ("POST", "PUT", "DELETE", "PATCH"):
-                match, _ = route.matches({**scope, "method": method})
-                if match != Match.NONE:
-                    break
-        if match == Match.NONE:
+        if isinstance(route, Mount):
+            if route.matches(scope)[0] != Match.NONE:
+                methods |= {"GET", "HEAD"}
             continue
-        route_methods = getattr(route, "methods", None)
-        methods |= set(route_methods) if route_methods else {"GET", "HEAD"}
+        for method in METHODS:
+            if method not in methods and route.matches({**scope, "method": method})[0] == Match.FULL:
+                methods.add(method)
     if "GET" in methods:
         methods.add("HEAD")
     if methods:

@@ -9,6 +9,9 @@
     GRIDTUNE_SEARCH_WORKERS threads that run searches (default 2: searches are CPU-bound)
     GRIDTUNE_CACHE_MB       memory for cached predict/recommend answers (default 64; 0 disables)
     GRIDTUNE_MAX_BODY_MB    largest request body accepted, in MiB (default 16; larger: 413)
+    GRIDTUNE_DB_LOCK_TIMEOUT_S  seconds a write waits for another writer's lock before a 503 (default 5)
+    GRIDTUNE_TABLE_PREFIX   prefix of the store's table names (default gridtune_), so several services
+                            can share one database
     GRIDTUNE_MAX_PAGE_MB    a list page (GET /v1/measurements, /v1/clusters) ends after about this many
                             MiB of JSON (default 8; it always holds at least one row)
     GRIDTUNE_SEARCH_ISOLATION  "process" (default: each search in a process that is killed when it
@@ -83,6 +86,7 @@ class Settings:
         return cls(
             database_url=default_database_url(),
             api_key=os.environ.get("GRIDTUNE_API_KEY") or None,
+            table_prefix=os.environ.get("GRIDTUNE_TABLE_PREFIX", "").strip() or "gridtune_",
             max_recommend_gpus=_env_int("GRIDTUNE_MAX_GPUS", DEFAULT_MAX_GPUS),
             max_search_time_s=_env_float("GRIDTUNE_MAX_SEARCH_S", 30.0),
             search_workers=_env_int("GRIDTUNE_SEARCH_WORKERS", 2),

@@ -27,8 +27,8 @@ Hostile input and exhausted resources (why each rule is here):
 - free-form JSON (measured extras, prediction, provenance, fits) is bounded in bytes per field and
   per row (`MAX_FREEFORM_BYTES`, `MAX_ROW_BYTES`), and `page_measurements`/`page_profiles` stop a
   page at `max_bytes` as well as at `limit`, streaming rows from the database;
-- writes wait at most `WRITE_WAIT_S` for one of a few write slots and SQLite's busy timeout or
-  PostgreSQL's lock timeout is a few seconds, then `StoreBusy` (the service answers 503): a writer
+- writes wait at most `WRITE_WAIT_S` for one of a few write slots, and SQLite's busy timeout or
+  PostgreSQL's lock timeout is 5 s (GRIDTUNE_DB_LOCK_TIMEOUT_S), then `StoreBusy` (the service answers 503): a writer
   stuck behind another process's lock can hold neither all pooled connections nor a thread for long;
 - the schema is managed by alembic migrations (`tuner/migrations/`): `Store` upgrades the database
   when it opens it, and again when a table has gone missing (a PostgreSQL database dropped and
@@ -59,6 +59,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 ENV_DATABASE_URL = "GRIDTUNE_DATABASE_URL"
+ENV_LOCK_TIMEOUT = "GRIDTUNE_DB_LOCK_TIMEOUT_S"
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 """How long a SQLite writer waits for another writer's lock before giving up (StoreBusy / 503)."""
 POSTGRES_LOCK_TIMEOUT_MS = 5_000
@@ -271,7 +272,7 @@ def _postgres_options(lock_timeout_ms: int, statement_timeout_ms: int) -> dict[s
     }
 
 
-def _make_engine(url: str, *, probe: bool = False) -> Engine:
+def _make_engine(url: str, *, probe: bool = False, lock_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> Engine:
     """The store's pooled engine, or (`probe=True`) an unpooled one with short timeouts for health checks."""
     parsed = sa.engine.make_url(url)
     backend = parsed.get_backend_name()
@@ -279,7 +280,7 @@ def _make_engine(url: str, *, probe: bool = False) -> Engine:
         kwargs: dict[str, Any] = {"future": True}
         if backend == "postgresql" and parsed.get_driver_name() in ("psycopg", "psycopg2", "psycopg3"):
             kwargs["connect_args"] = (_postgres_options(1000, 2000) if probe else
-                                      _postgres_options(POSTGRES_LOCK_TIMEOUT_MS, POSTGRES_STATEMENT_TIMEOUT_MS))
+                                      _postgres_options(lock_timeout_ms, POSTGRES_STATEMENT_TIMEOUT_MS))
             if probe:
                 kwargs["connect_args"]["connect_timeout"] = 2
         if probe:
@@ -302,13 +303,13 @@ def _make_engine(url: str, *, probe: bool = False) -> Engine:
         pathlib.Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            connect_args={"check_same_thread": False, "timeout": lock_timeout_ms / 1000},
             pool_size=8,
             max_overflow=16,
             pool_timeout=POOL_TIMEOUT_S,
             future=True,
         )
-    sa.event.listen(engine, "connect", _sqlite_pragmas)
+    sa.event.listen(engine, "connect", lambda c, r: _sqlite_pragmas(c, r, busy_timeout_ms=lock_timeout_ms))
     return engine
 
 
@@ -343,12 +344,19 @@ class Store:
     raise `ValueError` naming the field; a locked or saturated database raises `StoreBusy`.
     """
 
-    def __init__(self, url: str | None = None, *, table_prefix: str = "gridtune_", create: bool = True) -> None:
+    def __init__(self, url: str | None = None, *, table_prefix: str = "gridtune_", create: bool = True,
+                 lock_timeout_s: float | None = None) -> None:
         if not table_prefix.replace("_", "").isalnum():
             raise ValueError(f"table_prefix must be letters, digits and '_', got {table_prefix!r}")
         self.url = url or default_database_url()
         self.table_prefix = table_prefix
-        self.engine = _make_engine(self.url)
+        if lock_timeout_s is None:
+            lock_timeout_s = float(os.environ.get(ENV_LOCK_TIMEOUT, "") or SQLITE_BUSY_TIMEOUT_MS / 1000)
+        if not 0 < lock_timeout_s <= 600:
+            raise ValueError(f"{ENV_LOCK_TIMEOUT} (lock_timeout_s) must be in (0, 600] seconds, got {lock_timeout_s}")
+        self.lock_timeout_s = lock_timeout_s
+        self._write_wait_s = min(WRITE_WAIT_S, lock_timeout_s)
+        self.engine = _make_engine(self.url, lock_timeout_ms=int(lock_timeout_s * 1000))
         self._in_memory = self.engine.dialect.name == "sqlite" and isinstance(self.engine.pool, sa.pool.StaticPool)
         self._probe_engine = self.engine if self._in_memory else _make_engine(self.url, probe=True)
         self.metadata = sa.MetaData()
@@ -471,6 +479,10 @@ class Store:
            longer than a second.
         """
         repaired = False
+        unwritable = self._unwritable_sqlite_file()
+        if unwritable:
+            return Readiness(ready=False, reason=f"the database cannot take writes: SQLite file {unwritable} "
+                             "is read-only or immutable")
         try:
             if self.schema_revision(self._probe_engine) != self.head_revision():
                 self.migrate()
@@ -486,6 +498,22 @@ class Store:
             return Readiness(ready=False, reason=f"the database cannot take writes: {reason}", schema_repaired=repaired)
         return Readiness(ready=True, reason="", schema_repaired=repaired)
 
+    def _unwritable_sqlite_file(self) -> str | None:
+        """The first of the SQLite file, its -wal/-shm and its folder that this process cannot write.
+
+        Checked by permission, not by writing: SQLite shares one file descriptor per file within a
+        process, so a fresh connection would reuse the pool's writable one and not notice."""
+        if self.backend != "sqlite" or self._in_memory:
+            return None
+        database = pathlib.Path(self.engine.url.database or "").expanduser()
+        candidates = [database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")]
+        for path in candidates:
+            if path.exists() and not os.access(path, os.W_OK):
+                return str(path)
+        if not os.access(database.parent, os.W_OK):
+            return str(database.parent)
+        return None
+
     @property
     def backend(self) -> str:
         return self.engine.dialect.name
@@ -495,8 +523,8 @@ class Store:
     def _run(self, fn: Callable[[], T], *, write: bool = False) -> T:
         """Run one database call: a table gone missing is recreated once and the call retried;
         lock waits and an exhausted pool become `StoreBusy`; writes first take a write slot."""
-        if write and not self._write_slots.acquire(timeout=WRITE_WAIT_S):
-            raise StoreBusy(f"{WRITE_SLOTS} writes are already waiting on the database for {WRITE_WAIT_S:g} s")
+        if write and not self._write_slots.acquire(timeout=self._write_wait_s):
+            raise StoreBusy(f"{WRITE_SLOTS} writes are already waiting on the database for {self._write_wait_s:g} s")
         try:
             try:
                 return fn()
