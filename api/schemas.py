@@ -43,7 +43,6 @@ PLAUSIBLE: dict[str, tuple[float, float, str]] = {
     "memory_gib": (1e-2, 1e5, "GiB"),
     "hbm_bandwidth_GBps": (0.1, 1e6, "GB/s"),
     "alpha_us": (0.0, 1e6, "microseconds"),
-    "correction": (1e-2, 1e2, "x"),
 }
 """Plausible ranges of physical constants (bounds included); `api.errors` quotes them in 422s."""
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
@@ -223,7 +222,7 @@ class ProfileIn(_In):
     gemm_half_size: Annotated[float, Field(gt=0, le=1e6)] | None = None
     gemm_overhead_us: Latency | None = None
     hbm_bandwidth_GBps: HbmBandwidth | None = None
-    corrections: dict[Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, _physical("correction")]] = {}
+    corrections: dict[Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, Field(gt=0, le=1e6)]] = {}
     source: Literal["profile", "calibrated"] = "profile"
     uncertainty_rel: Annotated[float, Field(ge=0, le=10)] | None = None
     provenance: Any = None
@@ -447,6 +446,16 @@ class BestOut(_Out):
 
 class CandidateOut(BestOut):
     rank: int
+    equivalent_placements: list[list[str]] = Field(
+        [], description="other rank orders of this plan that predict the same time (merged into this row)")
+
+
+class LaunchOut(_Out):
+    kind: str
+    text: str = Field(description="what to paste: a command line, a JSON config, or Python")
+    args: list[str] = []
+    config: dict[str, Any] = {}
+    notes: list[str] = Field([], description="what the stack cannot express, or what to set by hand")
 
 
 class RecommendOut(_Out):
@@ -460,6 +469,11 @@ class RecommendOut(_Out):
     profile_id: str | None = None
     explanation: str = ""
     search_time_s: Num = None
+    complete: bool = Field(True, description="false when the time budget ran out before every plan was scored")
+    num_not_evaluated: int = 0
+    launch: dict[str, LaunchOut] = Field(
+        {}, description="the best plan as Megatron-LM/NeMo arguments, a DeepSpeed config, and the gridtune "
+                        "engine's torchrun line (keys megatron, deepspeed, torchrun)")
 
 
 class ClusterOut(_Out):

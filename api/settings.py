@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tuner.search import MAX_GPUS as SEARCH_MAX_GPUS
 from tuner.store import default_database_url
 
-DEFAULT_MAX_GPUS = 1 << 20
+DEFAULT_MAX_GPUS = SEARCH_MAX_GPUS  # one bound with `gridtune recommend` (tuner.search.MAX_GPUS)
 
 
 def _env_int(name: str, default: int) -> int:

@@ -271,7 +271,7 @@ def test_recommend_gpt3_on_1024_gpus(client):
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
-        ({"cluster": {"preset": "selene", "num_gpus": 2_000_000}}, "cluster.num_gpus=2000000 is more than this service searches (1,048,576"),
+        ({"cluster": {"preset": "selene", "num_gpus": 2_000_000}}, "cluster.num_gpus=2,000,000 is more than this service searches (1,048,576"),
         ({"cluster": {"preset": "selene", "num_gpus": 5_000_000}}, "less than or equal to 4194304, got 5000000"),
         ({"top_k": 0}, "top_k: Input should be greater than or equal to 1, got 0"),
         ({"top_k": 100_000}, "got 100000"),

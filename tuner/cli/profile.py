@@ -198,7 +198,7 @@ def _print_tables(doc: dict[str, Any], out: Path, rows_path: Path, uploaded: Any
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 100))
+    console = Console(width=max(Console().width, 130))
     expected = {(e["op"], e["level"], e["group_size"], e["members_per_node"]): e for e in doc.get("expected", [])}
     table = Table(title=f"Collectives ({doc['provenance'].get('backend', '?')}, "
                         f"{doc['provenance'].get('world_size', '?')} ranks)",
