@@ -22,8 +22,6 @@ from typing import Any
 from perfmodels.specs import Cluster, Model, Plan, Training
 
 KINDS = ("megatron", "deepspeed", "torchrun")
-MEGATRON_ORDER = ("col", "row", "depth", "data", "inter")
-"""Megatron's default rank order (tp innermost, then dp, pp outermost), in gridtune's axis names."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +63,8 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
     notes: list[str] = []
     if plan.G_intra_c > 1 or plan.G_intra_d > 1:
         notes.append(f"G_intra_c={plan.G_intra_c}, G_intra_d={plan.G_intra_d}: Megatron has 1D tensor parallelism only "
-                     "(G_intra_r); run this plan with the gridtune engine (--emit torchrun) or pin "
-                     "G_intra_c=1 --pin G_intra_d=1")
+                     "(G_intra_r); run this plan with the gridtune engine (--emit torchrun), or search again with "
+                     "--pin G_intra_c=1 --pin G_intra_d=1")
     args = [
         f"--tensor-model-parallel-size {plan.G_intra_r}",
         f"--pipeline-model-parallel-size {plan.G_inter}",
@@ -104,9 +102,11 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
             args.append("--swiglu")
     else:
         notes.append("the model is a list of layers: give Megatron its shape yourself")
-    if plan.order not in (MEGATRON_ORDER, ("col", "row", "depth", "inter", "data")) and plan.G_inter > 1:
-        notes.append(f"placement {'/'.join(plan.order)}: Megatron orders ranks tp-dp-pp; its "
-                     "--use-tp-pp-dp-mapping gives tp-pp-dp")
+    order = [a for a in plan.order if a in ("row", "inter", "data")]
+    if plan.G_inter > 1 and plan.G_data > 1 and order.index("inter") < order.index("data"):
+        args.append("--use-tp-pp-dp-mapping")  # gridtune's order: pipeline stages inside data replicas
+    if order[0] != "row" and plan.G_intra_r > 1:
+        notes.append(f"placement {'/'.join(plan.order)}: Megatron always puts tensor-parallel ranks innermost")
     cmd = _torchrun(cluster, plan, "pretrain_gpt.py")
     text = " \\\n    ".join([" ".join(cmd), *args])
     return Launch(kind="megatron", text=text, args=tuple(args), notes=tuple(notes))

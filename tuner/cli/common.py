@@ -62,7 +62,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     g.add_argument("--profile", type=Path, metavar="FILE.json", help="profile JSON written by `gridtune profile`")
     g = p.add_argument_group("training")
     g.add_argument("--global-batch-size", type=int, required=True, help="samples per optimizer step")
-    g.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"])
+    g.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
+                   help="training precision")
     g.add_argument("--no-flash-attention", action="store_true", help="attention materialises the s x s scores")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="the data-parallel gradient reduction runs after backward")

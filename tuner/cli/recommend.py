@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pin", action="append", default=[], metavar="FIELD=V1,V2",
                    help=f"restrict a plan field to these values (comma- or '|'-separated); "
                         f"fields: {', '.join(sorted(PINNABLE))}")
-    p.add_argument("--max-micro-batch-size", type=int, default=64)
+    p.add_argument("--max-micro-batch-size", type=int, default=64, help="largest micro-batch searched")
     p.add_argument("--time-budget", type=float, default=30.0, metavar="S", help="stop searching after S seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--plot", metavar="FILE.png", help="picture of the top layouts: step time, breakdown, memory")

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             if action.dest == "global_batch_size":
                 action.help = "samples per optimizer step, or a comma list to sweep"
     p.add_argument("--pin", action="append", default=[], metavar="FIELD=V1,V2", help="as in recommend")
-    p.add_argument("--max-micro-batch-size", type=int, default=64)
+    p.add_argument("--max-micro-batch-size", type=int, default=64, help="largest micro-batch searched")
     p.add_argument("--time-budget", type=float, default=10.0, metavar="S", help="search time per point")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="throughput and memory per GPU against the swept value")
