@@ -370,3 +370,27 @@ def test_physically_absurd_constants_are_422_naming_the_plausible_range(sqlite_s
     assert r.status_code == 422
     assert "inter_node_bandwidth_GBps" in r.text and "plausible range 0.001 to 100000" in r.text, r.text[:400]
     assert httpx.get(sqlite_server.url + "/docs", timeout=30).status_code == 200
+
+
+# -- item 23 and the launch feature: offline docs, launch in the recommend answer ------------------------
+
+
+def test_docs_pages_load_their_assets_from_this_server(sqlite_server):
+    for page, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
+        html = httpx.get(sqlite_server.url + page, timeout=30).text
+        assert "cdn.jsdelivr.net" not in html and "unpkg.com" not in html
+        (src,) = [part.split('"')[0] for part in html.split('src="')[1:] if asset in part.split('"')[0]]
+        assert src.startswith("/")
+        r = httpx.get(sqlite_server.url + src, timeout=30)
+        assert r.status_code == 200 and len(r.content) > 100_000
+
+
+def test_recommend_answers_carry_the_launch_of_the_best_plan(sqlite_server):
+    body = {"model": {"preset": "tiny-gpt"}, "cluster": {"preset": "local-cpu", "num_gpus": 4},
+            "training": {"global_batch_size": 8, "dtype": "fp32"}, "top_k": 3}
+    rec = _post(sqlite_server.url, "/v1/recommend", body).json()
+    assert rec["complete"] is True and set(rec["launch"]) == {"megatron", "deepspeed", "torchrun"}
+    assert "engine.init(G_data=" in rec["launch"]["torchrun"]["text"]
+    assert "--micro-batch-size" in rec["launch"]["megatron"]["text"]
+    presets = httpx.get(sqlite_server.url + "/v1/presets", timeout=30).json()
+    assert "selene" in presets["clusters"] and "A100-80GB" in presets["gpus"] and "gpt3-175b" in presets["models"]
