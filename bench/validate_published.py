@@ -1,13 +1,18 @@
-"""How well does the model predict published training runs? Prints the issue's figures.
+"""How well does the model predict published training runs? Prints the figures of ISSUE 11.
 
-    .venv/bin/python bench/validate_published.py [--data-dir ../shared/validation] [--csv extra.csv ...]
+    PYTHONPATH=. .venv/bin/python bench/validate_published.py [--data-dir DIR] [--csv extra.csv ...]
         [--json] [--verbose]
 
-Figures: iteration-time MAPE over every row with a usable metric; per ranking group (one model on
-one cluster, GPU count, batch and framework, at least 3 runs) the Spearman correlation of
-predicted and measured times and the predicted rank of the measured-best layout; OOM rows
-(held-out sets) classified by the memory model; and how many plans per second the vectorized
-evaluator scores. Rows that cannot be used are listed with the reason.
+Reads every CSV in `validation/data` (the vendored published runs; `--data-dir` reads another folder
+instead) plus each `--csv` file. Each row is scored on the layout and stack it states; where it
+leaves options empty, with the MEDIAN prediction over its candidates (the spread says how much the
+unknowns matter). Figures: iteration-time MAPE overall, per source and per framework (with median and
+p90), the fastest-fitting-candidate MAPE beside it (labelled: it flatters the model); per ranking
+group (rows with a stated layout, same model, cluster, GPU count, batch and framework, >= 3 runs) the
+Spearman of predicted vs measured times and the predicted rank of the measured best; false OOM (runs
+that ran but are predicted not to fit; `--verbose` lists them), OOM rows caught, memory MAPE where a
+peak was measured; skipped rows with reasons; plans/s of the vectorized evaluator. Exit 1 when no row
+is usable.
 """
 
 from __future__ import annotations
@@ -16,46 +21,23 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfmodels import published  # noqa: E402
-from perfmodels.plans import from_columns, from_plans  # noqa: E402
-from perfmodels.specs import combination_problems  # noqa: E402
+from perfmodels.plans import from_columns  # noqa: E402
 from perfmodels.steptime import predict_many  # noqa: E402
-
-
-def score_case(case: published.Case) -> tuple[float, float, bool]:
-    """(predicted time of the plan a tuned run would use, its memory GiB, fits): the fastest plan that
-    fits; when none of the candidate plans fits, the one needing the least memory (an OOM call)."""
-    plans = [p for p in case.plans if not combination_problems(case.model, case.cluster, case.training, p)]
-    if not plans:
-        raise ValueError(f"{case.case_id}: no valid plan")
-    by_order: dict[tuple, list] = defaultdict(list)
-    for p in plans:
-        by_order[p.order].append(p)
-    best = (float("inf"), 0.0, True)
-    leanest = (float("inf"), float("inf"), False)  # when nothing fits: the plan needing least memory
-    for group in by_order.values():
-        batch = predict_many(case.model, case.cluster, case.training, from_plans(group))
-        fits = batch.memory.total_gib <= batch.memory.capacity_gib
-        t = np.where(fits, batch.iteration_time_s, np.inf)
-        i = int(np.argmin(t))
-        if fits[i] and t[i] < best[0]:
-            best = (float(batch.iteration_time_s[i]), float(batch.memory.total_gib[i]), True)
-        j = int(np.argmin(batch.memory.total_gib))
-        if batch.memory.total_gib[j] < leanest[1]:
-            leanest = (float(batch.iteration_time_s[j]), float(batch.memory.total_gib[j]), False)
-    return best if np.isfinite(best[0]) else leanest
+from validation import loader, summary  # noqa: E402
+from validation.cases import Case, Skipped  # noqa: E402
+from validation.scoring import CaseScore, score_case  # noqa: E402
 
 
 def plans_per_second() -> float:
+    """Plans per second the vectorized evaluator scores (GPT-3 175B on 1024 Selene GPUs, 200k plans)."""
     from perfmodels import presets
     from perfmodels.specs import Training
 
@@ -76,79 +58,135 @@ def plans_per_second() -> float:
     return n / (time.perf_counter() - t0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "validation")
-    ap.add_argument("--csv", type=Path, action="append", default=[], help="extra CSV files (held-out runs)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--verbose", action="store_true")
-    args = ap.parse_args(argv)
-    paths = sorted(args.data_dir.glob("*.csv")) + list(args.csv)
-    loaded = published.load(paths)
-    rows = []
-    for case in loaded.cases:
+def _score_all(cases: list[Case], skipped: list[Skipped]) -> list[tuple[Case, CaseScore]]:
+    scored = []
+    for case in cases:
         try:
-            pred, mem, fits = score_case(case)
+            scored.append((case, score_case(case)))
         except ValueError as exc:
-            loaded.skipped.append(published.Skipped(case_id=case.case_id, reason=str(exc)))
-            continue
-        rows.append({"case": case.case_id, "group": case.group, "measured_s": case.measured_time_s,
-                     "predicted_s": pred, "memory_gib": mem, "fits": fits, "expect_oom": case.expect_oom,
-                     "plan": case.plans[0].grid_string() if len(case.plans) == 1 else f"best of {len(case.plans)}"})
-    timed = [r for r in rows if r["measured_s"]]
-    if not timed and not any(r["expect_oom"] for r in rows):
-        print("no usable rows: " + "; ".join(f"{s.case_id}: {s.reason}" for s in loaded.skipped[:10]), file=sys.stderr)
-        return 1
-    ape = np.array([abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in timed] or [np.nan])
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for r in timed:
-        groups[r["group"]].append(r)
-    group_stats = []
-    for name, items in sorted(groups.items()):
-        if len(items) < 3:
-            continue
-        meas = np.array([r["measured_s"] for r in items])
-        pred = np.array([r["predicted_s"] for r in items])
-        rho = float(spearmanr(pred, meas).statistic)
-        best = int(np.argmin(meas))
-        rank_of_best = int((pred < pred[best]).sum()) + 1
-        group_stats.append({"group": name, "runs": len(items), "spearman": rho,
-                            "measured_best_predicted_rank": rank_of_best,
-                            "mape": float(np.mean(np.abs(pred - meas) / meas)),
-                            "worst_over_best": float(meas.max() / meas.min())})
-    oom = [r for r in rows if r["expect_oom"]]
-    oom_correct = sum(1 for r in oom if not r["fits"])
-    false_oom = sum(1 for r in timed if not r["fits"])
-    pps = plans_per_second()
-    report = {
-        "rows_used": len(timed), "rows_skipped": len(loaded.skipped), "mape": float(ape.mean()),
-        "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9)),
-        "groups": group_stats, "oom_rows": len(oom), "oom_predicted": oom_correct,
-        "measured_runs_predicted_oom": false_oom, "plans_per_second": pps,
-        "skipped": [{"case": s.case_id, "reason": s.reason} for s in loaded.skipped],
+            skipped.append(Skipped(case_id=case.case_id, reason=str(exc)))
+    return scored
+
+
+def _spread_stats(spreads: list[float]) -> dict:
+    if not spreads:
+        return {"rows": 0, "median": None, "max": None}
+    return {"rows": len(spreads), "median": float(np.median(spreads)), "max": float(np.max(spreads))}
+
+
+def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], pps: float) -> dict:
+    timed = [(c, s) for c, s in scored if c.measured_time_s]
+    median = summary.error_stats(summary.ape(c, s) for c, s in timed)
+    fastest = summary.error_stats(summary.ape(c, s, fastest=True) for c, s in timed)
+    mem = summary.memory_verdicts(scored)
+    return {
+        "rows_used": len(timed), "rows_skipped": len(skipped),
+        "multi_candidate_rows": sum(1 for c, _ in timed if c.candidate_count > 1),
+        "candidate_spread": _spread_stats([s.spread for c, s in timed if c.candidate_count > 1]),
+        "iteration_time_median_candidate": asdict(median),
+        "iteration_time_fastest_fitting_candidate": asdict(fastest),
+        "per_source": {k: asdict(v) for k, v in summary.by_key(timed, "source").items()},
+        "per_framework": {k: asdict(v) for k, v in summary.by_key(timed, "framework").items()},
+        "groups": [asdict(g) for g in summary.ranking_groups(timed)],
+        "false_oom": len(mem.false_oom), "false_oom_cases": mem.false_oom,
+        "oom_rows": mem.oom_rows, "oom_caught": mem.oom_caught,
+        "memory": asdict(mem.memory), "card_memory_assumed_rows": mem.assumed_card,
+        "plans_per_second": pps,
+        "skipped": [{"case": s.case_id, "reason": s.reason} for s in skipped],
+        "rows": [{"case": c.case_id, "group": c.group, "framework": c.framework, "measured_s": c.measured_time_s,
+                  "predicted_median_s": s.median_time_s, "spread": s.spread,
+                  "predicted_fastest_fitting_s": s.fastest_fitting_time_s, "memory_gib": s.memory_gib,
+                  "capacity_gib": s.capacity_gib, "measured_memory_gib": c.measured_memory_gib, "fits": s.fits,
+                  "candidates": s.candidates, "unknown": list(c.unknown), "card_memory_note": c.card_memory.assumed}
+                 for c, s in scored],
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    if args.verbose:
-        for r in sorted(rows, key=lambda r: r["case"]):
+
+
+def _finite(obj: object) -> object:
+    """NaN (e.g. the Spearman of a group whose predictions tie) as null, so the JSON is strict."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _stats_line(label: str, st: dict) -> str:
+    return f"{label}: {st['mape']:.1%} (median {st['median']:.1%}, p90 {st['p90']:.1%}, n={st['rows']})"
+
+
+def print_report(report: dict, *, verbose: bool) -> None:
+    if verbose:
+        for r in sorted(report["rows"], key=lambda r: r["case"]):
             if r["measured_s"]:
-                err = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
-                print(f"{r['case']:<24} {r['group'][:48]:<48} meas {r['measured_s']:9.3f}s pred {r['predicted_s']:9.3f}s "
-                      f"{err:+6.1%} mem {r['memory_gib']:5.1f} {r['plan']}")
-    print(f"rows used: {len(timed)}  skipped: {len(loaded.skipped)}")
-    print(f"iteration-time MAPE: {report['mape']:.1%}  (median {report['median_ape']:.1%}, p90 {report['p90_ape']:.1%})")
-    print("ranking groups (>= 3 runs):")
-    for g in group_stats:
+                err = (r["predicted_median_s"] - r["measured_s"]) / r["measured_s"]
+                print(f"{r['case']:<24} {r['group'][:52]:<52} meas {r['measured_s']:9.3f}s "
+                      f"pred {r['predicted_median_s']:9.3f}s {err:+6.1%} spread {r['spread']:4.2f}x "
+                      f"n={r['candidates']:<5d} mem {r['memory_gib']:5.1f}/{r['capacity_gib']:.0f} GiB"
+                      + (f" unknown: {','.join(r['unknown'])}" if r["unknown"] else ""))
+    print(f"rows used: {report['rows_used']}  skipped: {report['rows_skipped']}  "
+          f"(with unknown options, scored as the median over candidates: {report['multi_candidate_rows']})")
+    print(_stats_line("iteration-time MAPE (median candidate)", report["iteration_time_median_candidate"]))
+    print(_stats_line("  for comparison, fastest fitting candidate (flatters the model)",
+                      report["iteration_time_fastest_fitting_candidate"]))
+    spread = report["candidate_spread"]
+    if spread["rows"]:
+        print(f"  spread of the candidates (slowest / fastest) on rows with unknown options: median "
+              f"{spread['median']:.2f}x, max {spread['max']:.2f}x")
+    print("per source:")
+    for name, st in report["per_source"].items():
+        print("  " + _stats_line(name[:90], st))
+    print("per framework:")
+    for name, st in report["per_framework"].items():
+        print("  " + _stats_line(name, st))
+    print("ranking groups (stated layouts, >= 3 runs):")
+    for g in report["groups"]:
         print(f"  {g['group'][:70]:<70} n={g['runs']:3d} spearman={g['spearman']:+.3f} "
               f"best@{g['measured_best_predicted_rank']} mape={g['mape']:.1%} spread={g['worst_over_best']:.2f}x")
-    if oom:
-        print(f"OOM rows: {len(oom)}, predicted OOM: {oom_correct}")
-    print(f"measured (ran) rows the memory model calls OOM: {false_oom}")
-    print(f"vectorized evaluator: {pps:,.0f} plans/s")
-    if args.verbose:
-        for s in loaded.skipped:
-            print(f"skipped {s.case_id}: {s.reason}")
+    print(f"false OOM (ran, predicted not to fit): {report['false_oom']}")
+    if verbose:
+        for cid in report["false_oom_cases"]:
+            print(f"  false OOM: {cid}")
+    print(f"OOM rows: {report['oom_rows']}, caught: {report['oom_caught']}")
+    mem = report["memory"]
+    if mem["rows"]:
+        print(_stats_line("memory MAPE (measured peak_memory_gib)", mem))
+    else:
+        print("memory MAPE: no row states peak_memory_gib")
+    if report["card_memory_assumed_rows"]:
+        print(f"card memory not stated on {report['card_memory_assumed_rows']} rows: their fit verdict uses the "
+              f"largest card of the GPU family")
+    print(f"vectorized evaluator: {report['plans_per_second']:,.0f} plans/s")
+    for s in report["skipped"]:
+        print(f"skipped {s['case']}: {s['reason']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, default=loader.DATA_DIR,
+                    help="folder whose *.csv files are read (default: the vendored validation/data)")
+    ap.add_argument("--csv", type=Path, action="append", default=[], help="extra CSV files (held-out runs)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--verbose", action="store_true", help="every row, and the false-OOM runs")
+    args = ap.parse_args(argv)
+    missing = [p for p in args.csv if not p.is_file()]
+    if missing:
+        print(f"--csv {missing[0]}: no such file", file=sys.stderr)
+        return 1
+    loaded = loader.load(loader.default_paths(args.data_dir) + list(args.csv))
+    scored = _score_all(loaded.cases, loaded.skipped)
+    if not any(c.measured_time_s or c.expect_oom for c, _ in scored):
+        reasons = "; ".join(f"{s.case_id}: {s.reason}" for s in loaded.skipped[:10])
+        print(f"no usable rows in --data-dir {args.data_dir} or --csv {[str(p) for p in args.csv]}"
+              + (f" ({reasons})" if reasons else " (no CSV files found)"), file=sys.stderr)
+        return 1
+    report = build_report(scored, loaded.skipped, plans_per_second())
+    if args.json:
+        print(json.dumps(_finite(report), indent=2, allow_nan=False))
+    else:
+        print_report(report, verbose=args.verbose)
     return 0
 
 

@@ -8,7 +8,7 @@ framework. The public entry points:
     batch = perfmodels.predict_many(model, cluster, training, plan_arrays)  # thousands at once
 """
 
-from perfmodels import presets
+from perfmodels import presets, stacks
 from perfmodels.plans import PlanArrays, from_columns, from_plans
 from perfmodels.specs import (
     GPU,
@@ -24,9 +24,11 @@ from perfmodels.specs import (
     Training,
     validate_combination,
 )
+from perfmodels.stacks import STACK_PRESETS, Stack
 
 __all__ = [
     "GPU",
+    "STACK_PRESETS",
     "Cluster",
     "CollectiveFit",
     "LayerSpec",
@@ -36,6 +38,7 @@ __all__ = [
     "PlanArrays",
     "Prediction",
     "Profile",
+    "Stack",
     "TimeBreakdown",
     "Training",
     "from_columns",
@@ -43,6 +46,7 @@ __all__ = [
     "predict",
     "predict_many",
     "presets",
+    "stacks",
     "validate_combination",
 ]
 

@@ -28,13 +28,19 @@ from perfmodels.traffic import StageShape, padded_vocab
 
 DEFAULT_GEMM_HALF_SIZE = {"nvidia": 56.0, "amd": 96.0, "cpu": 8.0}
 KERNEL_OVERHEAD_US = {"nvidia": 4.0, "amd": 6.0, "cpu": 2.0}
-FLASH_EFFICIENCY = 0.60  # fused (flash) attention relative to a large GEMM, forward
+FP8_CAST_BYTES_PER_ELEMENT = 3.0
+"""FP8 training (Transformer Engine) quantizes every linear layer's input in forward and its output
+gradient in backward: read 2 bytes (bf16), write 1 byte (fp8) per element, plus the transposed
+copy backward needs; the weights' FP8 copies are cached between micro-batches."""
 HOST_US_PER_BLOCK = {"nvidia": 900.0, "amd": 900.0, "cpu": 0.0}
 """Host (CPU) time to issue one transformer block's forward pass in eager PyTorch: about 30 ops at
 ~30 us each (dispatch, autograd recording, module hooks). Backward issues about twice as many, a
 full recomputation repeats the forward. On a CPU "device" the host does the work itself, so its op
 overheads are already in the compute time. Checked against vTrain's single-node Megatron-DeepSpeed
 runs (8x A100, 350M-1.3B models), where small shards are host-bound by 3-7x."""
+PER_OP_SELECTIVE_GEMM_SHARE = 0.5
+"""Share of a block's forward matmul time that torchtitan's per-op selective checkpointing repeats:
+its policy saves the output of every second matmul and recomputes the others."""
 ADAM_BYTES_PER_PARAM = 30.0  # fused Adam: read/write fp32 master, two moments, grad; write low-precision copy
 
 
@@ -45,16 +51,20 @@ class GemmCurve:
     overhead_s: float
 
 
-def gemm_curve(cluster: Cluster, training: Training) -> GemmCurve:
+def gemm_curve(cluster: Cluster, training: Training, dtype: str | None = None) -> GemmCurve:
+    """The GEMM efficiency curve for `dtype` (default: the linear layers' dtype, `training.dtype`).
+
+    FP8 (Transformer Engine) runs the linear GEMMs at the FP8 peak times the family's FP8
+    efficiency; the casts around them are memory-bound work (`FP8_CAST_BYTES_PER_ELEMENT`). A
+    profile measures the training dtype's GEMMs and replaces the curve for it.
+    """
     gpu = cluster.gpu
     prof = cluster.profile
-    peak = gpu.peak_tflops(training.dtype)
-    if training.dtype == "fp8":
-        peak = 0.75 * gpu.peak_tflops("fp8") + 0.25 * gpu.peak_tflops("bf16")  # not every GEMM runs in fp8
-    tflops = peak * gpu.gemm_efficiency_max
+    dtype = dtype or training.dtype
+    tflops = gpu.peak_tflops(dtype) * gpu.gemm_efficiency(dtype)
     half = DEFAULT_GEMM_HALF_SIZE.get(gpu.vendor, 56.0)
     overhead = KERNEL_OVERHEAD_US.get(gpu.vendor, 4.0) * 1e-6
-    if prof is not None:
+    if prof is not None and dtype == training.dtype:
         tflops = prof.gemm_tflops_max or tflops
         half = prof.gemm_half_size if prof.gemm_half_size is not None else half
         overhead = prof.gemm_overhead_us * 1e-6 if prof.gemm_overhead_us is not None else overhead
@@ -130,18 +140,22 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
             + gemm_time_s(T, h / G_c, h / G_r, curve)
             + gemm_time_s(T, f_up / G_r, h / G_c, curve)
             + gemm_time_s(T, h / G_c, f / G_r, curve))
+    stack = training.effective_stack
     heads = a / G_r
-    if training.flash_attention:
-        span = float(model.span)  # keys per query: the whole sequence under context parallelism
+    attn_curve = gemm_curve(cluster, training, training.attention_compute_dtype)
+    span = float(model.span)  # keys per query: the whole sequence under context parallelism
+    if stack.flash_attention:
+        # causal: half of the s x span score matrix is computed; backward does 2.5x forward's FLOPs
+        # (scores recomputed, dQ, dK, dV) at its own, lower efficiency
         attn_flops = 4.0 * b * s * span * d * heads * 0.5
-        attn = attn_flops / (curve.tflops_max * 1e12 * FLASH_EFFICIENCY) + curve.overhead_s
-        attn_bwd_factor = 2.5
+        peak = cluster.gpu.peak_tflops(training.attention_compute_dtype) * 1e12
+        attn = attn_flops / (peak * cluster.gpu.flash_fwd_efficiency) + attn_curve.overhead_s
+        attn_bwd = 2.5 * attn_flops / (peak * cluster.gpu.flash_bwd_efficiency) + attn_curve.overhead_s
         score_elems = 0.0
     else:
         bh = b * heads  # batched GEMMs over (micro-batch x local heads)
-        span = float(model.span)
-        attn = bh * (gemm_time_s(s, span, d, curve) - curve.overhead_s) * 2 + 2 * curve.overhead_s
-        attn_bwd_factor = 2.0
+        attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
+        attn_bwd = 2.0 * attn
         # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
         score_elems = 4.5 * bh * s * span
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
@@ -149,8 +163,15 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
     elems = T * (12.0 * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
     mem = elems * e / rate + 8 * curve.overhead_s
+    mem_bwd = 2.0 * mem
+    if training.dtype == "fp8":
+        # quantize each linear's input (forward) and output gradient (backward, plus transposes)
+        linear_inputs = T * ((h / G_c) * 2 + h / G_r + f / G_r)
+        linear_grads = T * ((h + 2 * kv) / G_r + h / G_c + f_up / G_r + h / G_c)
+        mem = mem + linear_inputs * FP8_CAST_BYTES_PER_ELEMENT / rate
+        mem_bwd = mem_bwd + 2.0 * linear_grads * FP8_CAST_BYTES_PER_ELEMENT / rate
     fwd_block = gemm + attn + mem
-    bwd_block = 2.0 * gemm + attn_bwd_factor * attn + 2.0 * mem
+    bwd_block = 2.0 * gemm + attn_bwd + mem_bwd
     wgrad_block = gemm  # the weight-grad half of the backward GEMMs (what async input-grad comm hides behind)
 
     blocks = st.blocks.astype(np.float64)
@@ -164,8 +185,13 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     bwd = blocks * bwd_block + head_bwd
     full = rc == RECOMPUTE_CODE["full"]
     selective = rc == RECOMPUTE_CODE["selective"]
-    attn_part = attn + score_elems * e / rate
-    recompute = blocks * np.where(full, fwd_block, np.where(selective, attn_part, 0.0))
+    if stack.selective_recompute == "per-op":
+        # torchtitan's op-level policy keeps matmul and attention outputs (every other matmul's is
+        # dropped) and recomputes the element-wise ops
+        selective_part = mem + PER_OP_SELECTIVE_GEMM_SHARE * gemm
+    else:  # Megatron: the attention core (scores, softmax, dropout; the fused kernel's forward)
+        selective_part = attn + score_elems * e / rate
+    recompute = blocks * np.where(full, fwd_block, np.where(selective, selective_part, 0.0))
 
     # optimizer step over the local parameters of this stage
     per_block_params = model.params_per_layer / (G_r * G_c * G_d)
@@ -225,8 +251,8 @@ def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arra
 
 
 def host_seconds_per_block(cluster: Cluster, training: Training) -> float:
-    """Host time to issue one block's forward pass (`Training.host_us_per_block` or the default)."""
-    us = training.host_us_per_block
+    """Host time to issue one block's forward pass (the stack's or `Training`'s, else the default)."""
+    us = training.effective_stack.host_us_per_block
     if us is None:
         us = HOST_US_PER_BLOCK.get(cluster.gpu.vendor, 0.0)
     return float(us) * 1e-6

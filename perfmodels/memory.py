@@ -1,11 +1,10 @@
 """Memory per GPU of the busiest pipeline stage, in GiB, vectorized over plans.
 
 Parts:
-- model states: weights (training dtype), gradients (fp32 accumulation buffers in mixed precision),
-  Adam state (fp32 master copy + two moments = 12 bytes/param; 8 in pure fp32), sharded by the 3D
-  tensor degrees G_intra_r*G_intra_c*G_intra_d and, per ZeRO stage, over G_data (1: optimizer,
-  2: + gradients, 3: + weights); plus the transient full (row, col) blocks that depth sharding
-  gathers for the layer being computed and the one prefetched;
+- model states: weights, gradients and optimizer state as the training stack holds them
+  (`model_state_bytes`, `perfmodels.stacks`), sharded by the 3D tensor degrees
+  G_intra_r*G_intra_c*G_intra_d and, per ZeRO stage, over G_data; plus the transient full
+  (row, col) blocks that depth sharding gathers for the layer being computed and the one prefetched;
 - activations (Korthikanti et al. 2022, bytes per layer per micro-batch at 16-bit):
   34 s b h + 5 a s^2 b without recomputation. Of the 34, 10 sit on the residual stream (split over
   G_intra_c here, replicated by Megatron's row-only tensor parallelism) and 24 inside attention/MLP
@@ -14,8 +13,8 @@ Parts:
   (2 s b h) plus one layer's working set. 1F1B keeps min(m, G_inter) micro-batches in flight on the
   first stage (interleaved: times 1 + (G_inter-1)/(G_inter*v)), GPipe all m;
 - the LM head's logits (16-bit + fp32 copy for the loss) on the last stage;
-- explicit overheads: CUDA context and library workspaces, collective buffers, and allocator
-  fragmentation (a fraction of activations).
+- explicit overheads, per stack: CUDA context and library workspaces, NCCL buffers per
+  communicator, and allocator fragmentation (a fraction of activations).
 """
 
 from __future__ import annotations
@@ -29,9 +28,69 @@ from perfmodels.specs import Cluster, Model, Training
 from perfmodels.traffic import StageShape, padded_vocab
 
 GIB = float(1 << 30)
-CONTEXT_GIB = {"nvidia": 0.9, "amd": 1.0, "cpu": 0.0}
-COMM_BUFFER_GIB = {"nccl": 0.6, "rccl": 0.6, "gloo": 0.0}
-FRAGMENTATION = 0.08
+PER_OP_SELECTIVE_KEEP = 0.5
+"""Fraction of a block's activations that torchtitan's per-op selective checkpointing keeps (the
+matmul and attention outputs of every second matmul; element-wise outputs are recomputed)."""
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per rank of weights, gradients and optimizer state (arrays over plans)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+
+
+def weight_bytes_in_use(training: Training) -> float:
+    """Bytes per element of the weights the GEMMs read once gathered (16-bit in mixed precision)."""
+    return 4.0 if training.dtype in ("fp32", "tf32") else 2.0
+
+
+def model_state_bytes(training: Training, local: np.ndarray, arrays: PlanArrays,
+                      linear_local: np.ndarray | None = None) -> ModelStates:
+    """Weights, gradients and optimizer state for `local` parameters per rank, as the stack holds
+    them and as the ZeRO stage shards them over G_data (see `perfmodels.stacks` for the bytes):
+
+    - ZeRO-1 shards the fp32 master and the Adam moments (Megatron's distributed optimizer:
+      bf16 weights 2 + fp32 gradients 4 + 12/d);
+    - ZeRO-2 also shards the gradients where the stack keeps only its shard (DeepSpeed, FSDP
+      SHARD_GRAD_OP: reduce-scatter per micro-batch); Megatron-Core / Apex DistributedFusedAdam keep
+      accumulating into the full buffer and reduce-scatter once per step;
+    - ZeRO-3 shards the weights too. Combined with a pipeline (G_inter > 1) the stage's parameters are
+      gathered once per step and stay gathered in the compute dtype until the step ends (FSDP with
+      pipelining does not reshard after forward), so a full 16-bit copy is held.
+    FP8 training adds the cached FP8 weight copies of Transformer Engine for the `linear_local`
+    parameters (the linear layers' share of `local`; all of it when None).
+    """
+    stack = training.effective_stack
+    z = arrays.zero_stage
+    d = arrays.G_data.astype(np.float64)
+    mixed = training.dtype not in ("fp32", "tf32")
+    weight_b = stack.weight_bytes if mixed else 4.0
+    z2 = z == 2
+    master_b = stack.master_bytes if mixed else 0.0
+    if mixed and stack.zero2_master_bytes is not None:
+        master_b = np.where(z2, stack.zero2_master_bytes, master_b)
+    grad_b = stack.grad_bytes(training.dtype)
+    if mixed and stack.zero2_grad_bytes is not None:
+        grad_b = np.where(z2, stack.zero2_grad_bytes, grad_b)
+    fp32_grad_b = stack.fp32_grad_bytes_bf16 if training.dtype == "bf16" else 0.0
+    opt_b = stack.optimizer_state_bytes if training.optimizer != "sgd" else 4.0  # SGD: momentum
+    one = np.ones(len(arrays))
+    shard_states = np.where(z >= 1, d, one)
+    grads_sharded = (z == 3) | ((z == 2) & (stack.zero2_grad_reduce == "per_microbatch"))
+    shard_grads = np.where(grads_sharded, d, one)
+    shard_fp32_grads = np.where(z >= 2, d, one)
+    shard_weights = np.where(z >= 3, d, one)
+    params = local * weight_b / shard_weights
+    pipelined_zero3 = (z == 3) & (arrays.G_inter > 1)
+    params = params + np.where(pipelined_zero3, local * weight_bytes_in_use(training), 0.0)
+    if training.dtype == "fp8":
+        params = params + (local if linear_local is None else linear_local) * stack.fp8_weight_cache_bytes
+    grads = local * grad_b / shard_grads + local * fp32_grad_b / shard_fp32_grads
+    optimizer = local * (master_b + opt_b) / shard_states
+    return ModelStates(params=params, grads=grads, optimizer=optimizer)
 
 
 @dataclass(frozen=True)
@@ -58,29 +117,83 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     f_up = (2.0 if model.gated_mlp else 1.0) * f
     replicated = 10.0 * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
-    scores = 0.0 if training.flash_attention else 5.0 * a * s * float(model.span) * b
+    if training.dtype == "fp8":
+        # Transformer Engine saves each linear layer's input for backward in FP8 (1 byte), not bf16:
+        # the QKV and fc1 inputs on the residual stream, the out-proj and fc2 inputs inside
+        replicated = replicated - 2.0 * s * b * h
+        split = split - s * b * (h + f)
+    stack = training.effective_stack
+    scores = 0.0 if stack.flash_attention else 5.0 * a * s * float(model.span) * b
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
+    if stack.selective_recompute == "per-op":
+        # torchtitan's op-level policy drops the element-wise outputs and every second matmul's
+        kept = np.where(selective, PER_OP_SELECTIVE_KEEP, 1.0)
+        return scale * kept * (replicated / resid + split / G_r + scores / G_r)
     scores = np.where(selective, 0.0, scores)
     return scale * (replicated / resid + split / G_r + scores / G_r)
 
 
-def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
-                 m: np.ndarray) -> StageMemory:
-    G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
-    G_data = arrays.G_data.astype(np.float64)
+def peak_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, blocks: np.ndarray,
+                m: np.ndarray) -> StageMemory:
+    """Memory of the fuller of the first and the last pipeline stage, each holding `blocks` blocks.
+
+    The first stage holds the embedding and the most micro-batches in flight (1F1B warms up
+    G_inter of them there); the last holds the LM head, its logits and a single micro-batch (one
+    chunk per virtual stage plus the interleaved warm-up). Taking the first stage's activations with
+    the last stage's head would count both worst cases at once. Without a pipeline the two coincide.
+    """
+    one = arrays.G_inter == 1
+    n = len(arrays)
+    first = StageShape(blocks=blocks, has_embedding=np.ones(n, bool), has_head=one, is_first=np.ones(n, bool),
+                       is_last=one)
+    last = StageShape(blocks=blocks, has_embedding=one, has_head=np.ones(n, bool), is_first=one,
+                      is_last=np.ones(n, bool))
+    a = stage_memory(model, cluster, training, arrays, first, m, position="first")
+    b = stage_memory(model, cluster, training, arrays, last, m, position="last")
+    take_a = a.total_gib >= b.total_gib
+    pick = {name: np.where(take_a, getattr(a, name), getattr(b, name))
+            for name in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
+                         "overhead_gib", "total_gib")}
+    return StageMemory(**pick, capacity_gib=a.capacity_gib)
+
+
+def in_flight_layers(arrays: PlanArrays, m: np.ndarray, position: str) -> np.ndarray:
+    """Micro-batches' worth of a stage's activations held at the peak, on the first or last stage.
+
+    GPipe keeps all m. 1F1B keeps min(m, G_inter - r) on stage r. Interleaved 1F1B with v chunks
+    runs (G_inter - r - 1) * 2 + (v - 1) * G_inter warm-up chunk forwards before its first backward,
+    each 1/v of the stage, so stage r holds (that + 1) / v stages' worth (Megatron's schedule)."""
     S, v = arrays.G_inter.astype(np.float64), arrays.virtual_stages.astype(np.float64)
-    z = arrays.zero_stage
+    r = np.zeros(len(arrays)) if position == "first" else S - 1
+    sched = arrays.schedule
+    plain = np.minimum(m, S - r)
+    interleaved = np.minimum(m, ((S - r - 1) * 2 + (v - 1) * S + 1) / v)
+    out = np.where(sched == SCHEDULE_CODE["gpipe"], m, plain)
+    return np.where(sched == SCHEDULE_CODE["interleaved-1f1b"], interleaved, out)
+
+
+def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
+                 m: np.ndarray, position: str = "first") -> StageMemory:
+    G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
+    S = arrays.G_inter.astype(np.float64)
     e = training.bytes_per_element
-    mixed = training.dtype not in ("fp32", "tf32")
     blocks = st.blocks.astype(np.float64)
+    stack = training.effective_stack
 
     if model.is_transformer:
         h = model.hidden_size
         V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
         per_block = model.params_per_layer / (G_r * G_c * G_d)
-        local = blocks * per_block + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
-            model.vocab_size + model.seq_length) * h / G_c
+        # a tied LM head shares the word embedding's weights where both sit on one stage
+        own_head = st.has_head * (1.0 - model.tied_embeddings * st.has_embedding)
+        # Megatron-style stacks split the embedding's vocabulary over the tensor-parallel ranks; the
+        # engine splits its hidden dimension over col
+        emb_split = G_r * G_c if stack.vocab_parallel_embedding else G_c
+        local = blocks * per_block + own_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
+            model.vocab_size + model.seq_length) * h / emb_split
         gathered = np.where(G_d > 1, 2.0 * model.params_per_layer / 4 / (G_r * G_c), 0.0)  # two Linear blocks
+        per_unit = per_block
+        linear_local = blocks * per_block
         act_layer = activation_bytes_per_layer(model, training, arrays)
         s, b = model.seq_length, arrays.micro_batch_size.astype(np.float64)
         layer_input = 2.0 * s * b * h / np.where(arrays.sequence_parallel, G_r, G_c) * (e / 2.0)
@@ -91,6 +204,8 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
             local = local + layer.num_params / np.where(layer.parallel and layer.kind == "linear", G_r * G_c * G_d, 1)
         local = local / S
         gathered = np.zeros(len(arrays))
+        per_unit = local / max(1, len(model.layers))
+        linear_local = None
         b = arrays.micro_batch_size.astype(np.float64)
         acts = sum(
             (layer.rows_per_sample * (layer.in_features + layer.out_features) if layer.kind == "linear"
@@ -99,28 +214,29 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         layer_input = act_layer / 2
         logits = np.zeros(len(arrays))
 
-    weight_b = float(e)
-    # bf16 accumulates gradients in fp32 buffers (Megatron's default); fp16 keeps them in fp16
-    # (loss scaling) with the fp32 master copy in the optimizer state
-    grad_b = 4.0 if training.dtype in ("bf16", "fp8") else float(e)
-    opt_b = 12.0 if mixed else 8.0
-    if training.optimizer == "sgd":
-        opt_b = 4.0 if mixed else 0.0
-    params = local * weight_b / np.where(z >= 3, G_data, 1.0) + gathered * weight_b
-    grads = local * grad_b / np.where(z >= 2, G_data, 1.0)
-    optimizer = local * opt_b / np.where(z >= 1, G_data, 1.0)
+    states = model_state_bytes(training, local, arrays, linear_local)
+    mixed = training.dtype not in ("fp32", "tf32")
+    stored_b = training.effective_stack.weight_bytes if mixed else 4.0
+    # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
+    # holds the unit being computed and the prefetched next one, gathered in the compute dtype
+    # (per-tensor gathering holds two tensors: the largest, an MLP matrix, is a third of a block)
+    unit_share = 1.0 if training.effective_stack.zero3_gather == "layer" else 1.0 / 3.0
+    zero3_units = np.where((arrays.zero_stage == 3) & (arrays.G_inter == 1), 2.0 * per_unit * unit_share, 0.0)
+    params = states.params + gathered * stored_b + zero3_units * weight_bytes_in_use(training)
+    grads, optimizer = states.grads, states.optimizer
 
-    sched = arrays.schedule
-    in_flight = np.where(sched == SCHEDULE_CODE["gpipe"], m, np.minimum(m, S))
-    in_flight = np.where(sched == SCHEDULE_CODE["interleaved-1f1b"], in_flight * (1.0 + (S - 1) / (S * v)), in_flight)
+    in_flight = in_flight_layers(arrays, m, position)
     full = arrays.recompute == RECOMPUTE_CODE["full"]
     per_mb = np.where(full, blocks * layer_input, blocks * act_layer)
     working = np.where(full, act_layer, 0.0)  # one layer recomputed at a time
     activations = per_mb * in_flight + working + logits
 
-    comm = np.full(len(arrays), COMM_BUFFER_GIB.get(cluster.backend, 0.5) * GIB)
-    comm = comm + 2 * 25e6 * 4 * (G_data > 1)  # two DP buckets of 25 M fp32 elements
-    overhead = CONTEXT_GIB.get(cluster.gpu.vendor, 0.9) * GIB + FRAGMENTATION * activations
+    on_gpu = cluster.gpu.vendor != "cpu"
+    # one set of NCCL buffers per communicator this rank talks through (each axis with peers, and
+    # the pipeline's point-to-point pairs)
+    communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values())
+    comm = stack.comm_buffer_gib * GIB * communicators * (cluster.backend != "gloo")
+    overhead = stack.context_gib * GIB * on_gpu + stack.fragmentation * activations
     total = params + grads + optimizer + activations + comm + overhead
     return StageMemory(
         params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,

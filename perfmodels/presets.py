@@ -2,8 +2,8 @@
 
 `gemm_efficiency_max` is what the GEMMs of a training step sustain, not the best square-GEMM
 microbenchmark: an 8192^3 bf16 GEMM reaches ~800 TFLOP/s on an H100, but the GEMM mix of a
-training step (epilogues, smaller tiles, clocks under sustained power) runs nearer 0.70 of peak on
-Hopper and 0.80 on Ampere (0.85 left every published Selene/DGX-A100 run of Megatron 7-18% slower
+training step (epilogues, smaller tiles, clocks under sustained power) runs nearer 0.62 of peak on
+Hopper (`HOPPER_GEMM`) and 0.80 on Ampere (0.85 left every published Selene/DGX-A100 run of Megatron 7-18% slower
 than predicted); a measured profile (`gridtune profile`) replaces these defaults.
 
 Peak numbers are dense (no sparsity). Bandwidths are per GPU per direction in GB/s: NVLink/xGMI
@@ -21,6 +21,23 @@ from perfmodels.specs import GPU, Cluster, Model
 # GPUs (dense peak TFLOP/s; memory as sold; HBM bandwidth GB/s)
 # --------------------------------------------------------------------------------------------
 
+HOPPER_GEMM = 0.62
+"""Sustained fraction of the bf16 dense peak that a Hopper training step's GEMMs reach. Isolated GEMMs
+at training shapes measure 0.68-0.70 on one H100 SXM (`bench/hopper_kernels.py`: 0.691 median over
+eight shapes from 2048x9216x12288 to 8192^3, at the full 1980 MHz clock). In a training step the
+NCCL kernels that overlap them take SMs and eight GPUs share a node's power, and every published H100
+run of Megatron-Core and NeMo (README 2024 weak scaling, dgxc-benchmarking 24.x) came out 10-20%
+slower than 0.70 predicts."""
+HOPPER_FP8_GEMM = 0.50
+"""Sustained fraction of the FP8 peak for Transformer Engine's FP8 GEMMs in training. Isolated FP8
+GEMMs (`torch._scaled_mm`, per-tensor scales) measure 0.61 on one H100 (`bench/hopper_kernels.py`);
+the same in-step losses as bf16 bring that to ~0.5, which is what NVIDIA's NeMo FP8 recipes show
+(1.3-1.5x over bf16 end to end, not 2x)."""
+HOPPER_FLASH = {"flash_fwd_efficiency": 0.45, "flash_bwd_efficiency": 0.40}
+"""Fused causal attention on Hopper (PyTorch SDPA, head dim 128), measured by `bench/hopper_kernels.py`
+on an H100: forward 0.42-0.55 of the bf16 peak (median 0.465), backward 0.34-0.49 (median 0.40; it
+recomputes the scores and accumulates dQ atomically)."""
+
 _GPUS: dict[str, GPU] = {
     g.name.lower(): g
     for g in (
@@ -34,16 +51,16 @@ _GPUS: dict[str, GPU] = {
             peak_tflops_fp16=312.0, memory_gib=80.0, hbm_bandwidth_GBps=2039.0, gemm_efficiency_max=0.80),
         GPU(name="H100-SXM", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
             peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=80.0, hbm_bandwidth_GBps=3350.0,
-            gemm_efficiency_max=0.70),
+            gemm_efficiency_max=HOPPER_GEMM, gemm_efficiency_fp8=HOPPER_FP8_GEMM, **HOPPER_FLASH),
         GPU(name="H100-PCIe", peak_tflops_fp32=51.0, peak_tflops_tf32=378.0, peak_tflops_bf16=756.0,
             peak_tflops_fp16=756.0, peak_tflops_fp8=1513.0, memory_gib=80.0, hbm_bandwidth_GBps=2000.0,
-            gemm_efficiency_max=0.70),
+            gemm_efficiency_max=HOPPER_GEMM, gemm_efficiency_fp8=HOPPER_FP8_GEMM, **HOPPER_FLASH),
         GPU(name="H200", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
             peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=141.0, hbm_bandwidth_GBps=4800.0,
-            gemm_efficiency_max=0.70),
+            gemm_efficiency_max=HOPPER_GEMM, gemm_efficiency_fp8=HOPPER_FP8_GEMM, **HOPPER_FLASH),
         GPU(name="GH200", peak_tflops_fp32=67.0, peak_tflops_tf32=494.5, peak_tflops_bf16=989.0,
             peak_tflops_fp16=989.0, peak_tflops_fp8=1979.0, memory_gib=96.0, hbm_bandwidth_GBps=4000.0,
-            gemm_efficiency_max=0.70),
+            gemm_efficiency_max=HOPPER_GEMM, gemm_efficiency_fp8=HOPPER_FP8_GEMM, **HOPPER_FLASH),
         GPU(name="MI250X-GCD", peak_tflops_fp32=47.9, peak_tflops_tf32=0.0, peak_tflops_bf16=191.5,
             peak_tflops_fp16=191.5, memory_gib=64.0, hbm_bandwidth_GBps=1638.0, gemm_efficiency_max=0.70,
             vendor="amd"),

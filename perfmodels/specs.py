@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from perfmodels import stacks
+from perfmodels.stacks import DEFAULT_STACK, Stack
+
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTE = ("none", "selective", "full")
@@ -198,8 +201,12 @@ class GPU:
 
     `gemm_efficiency_max` is the fraction of peak that a large, well-shaped GEMM reaches on this
     family (cuBLAS/hipBLASLt); the efficiency curve in `perfmodels.compute` falls from it for small
-    or skinny shards. `memory_efficiency` is the fraction of HBM bandwidth that streaming kernels
-    (norms, softmax, element-wise) reach.
+    or skinny shards. `gemm_efficiency_fp8` is the same for FP8 GEMMs (None: as for 16-bit).
+    `flash_fwd_efficiency` / `flash_bwd_efficiency`: the fraction of the attention dtype's dense peak
+    that fused causal attention reaches in forward and in backward (FlashAttention-2 class kernels;
+    backward is slower per FLOP: it recomputes the scores and accumulates dQ atomically).
+    `memory_efficiency` is the fraction of HBM bandwidth that streaming kernels (norms, softmax,
+    element-wise) reach.
     """
 
     name: str
@@ -211,6 +218,9 @@ class GPU:
     memory_gib: float
     hbm_bandwidth_GBps: float
     gemm_efficiency_max: float = 0.85
+    gemm_efficiency_fp8: float | None = None
+    flash_fwd_efficiency: float = 0.45
+    flash_bwd_efficiency: float = 0.35
     memory_efficiency: float = 0.8
     vendor: str = "nvidia"
 
@@ -219,10 +229,16 @@ class GPU:
             _positive_float("gpu", name, getattr(self, name))
         _positive_float("gpu", "peak_tflops_fp8", self.peak_tflops_fp8, allow_zero=True)
         _positive_float("gpu", "peak_tflops_tf32", self.peak_tflops_tf32, allow_zero=True)
-        for name in ("gemm_efficiency_max", "memory_efficiency"):
+        for name in ("gemm_efficiency_max", "memory_efficiency", "flash_fwd_efficiency", "flash_bwd_efficiency"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"gpu.{name} must be in (0, 1], got {value!r}")
+
+    def gemm_efficiency(self, dtype: str) -> float:
+        """Sustained fraction of `dtype`'s dense peak for large GEMMs."""
+        if dtype == "fp8" and self.gemm_efficiency_fp8 is not None and self.peak_tflops_fp8 > 0:
+            return float(self.gemm_efficiency_fp8)
+        return float(self.gemm_efficiency_max)
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense peak for `dtype`; fp8 falls back to bf16 on parts without fp8 units."""
@@ -338,49 +354,88 @@ class Cluster:
 
 @dataclass(frozen=True, kw_only=True)
 class Training:
-    """How the model is trained, independent of the layout.
+    """How the model is trained, independent of the layout: batch, precision and the software stack.
 
-    `overlap_grad_reduce`: data-parallel gradient reduction overlaps the backward pass (bucketed
-    DDP, Megatron's --overlap-grad-reduce); off for frameworks that reduce after backward.
-    `overlap_tp_comm`: tensor-parallel collectives overlap GEMMs (AxoNN's async backward, Megatron's
-    --tp-comm-overlap). `flash_attention`: attention without materialising the s x s scores.
-    `p2p_scatter_gather`: pipeline sends carry 1/G_intra_r of the activation and all-gather it over
-    the row group on arrival (Megatron-LM's default), instead of the whole residual-stream slice.
-    `zero3_gather`: how ZeRO-3 / FSDP moves parameters: one all-gather (and one gradient
-    reduce-scatter) per transformer block ("layer": FSDP's flat parameter per wrapped block,
-    DeepSpeed since it coalesces) or one per parameter tensor ("tensor": DeepSpeed ZeRO-3 of 2021).
-    Each call pays the ring's (G_data - 1) latency steps, which is what makes ZeRO-3 over thousands
-    of ranks slow. `overlap_param_gather`: ZeRO-3 prefetches the next block's parameters and
-    reduce-scatters gradients while compute runs; off for on-demand fetching.
-    `host_us_per_block`: CPU time to issue one transformer block's forward pass (PyTorch eager: about
-    30 ops at ~30 us each); the GPU cannot finish a micro-batch sooner than the host issues it, which
-    is what bounds small models and small shards. None takes the device family's default
-    (`perfmodels.compute.HOST_US_PER_BLOCK`); 0 turns the floor off (CUDA graphs).
+    `stack` names the framework that runs the layout (a preset of `perfmodels.stacks`, or a `Stack`);
+    it decides the optimizer and gradient bytes, what selective recomputation means, the overlaps,
+    the host cost and the memory overheads. The option fields below default to None, "what the
+    stack does"; a value overrides the stack one option at a time (see `perfmodels.stacks.Stack`
+    for what each means). `effective_stack` is the result.
+
+    `dtype` is the precision of the linear layers' GEMMs ("fp8": Transformer Engine's FP8 recipes,
+    with bf16 activations and communication); `attention_dtype` the precision of the attention core
+    (None: the same as `dtype`, except bf16 under fp8, which is what those recipes do).
     """
 
     global_batch_size: int
     dtype: Dtype = "bf16"
+    attention_dtype: Dtype | None = None
     optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
-    overlap_grad_reduce: bool = True
-    overlap_tp_comm: bool = False
-    flash_attention: bool = True
-    p2p_scatter_gather: bool = False
-    zero3_gather: Literal["layer", "tensor"] = "layer"
-    overlap_param_gather: bool = True
+    stack: str | Stack = DEFAULT_STACK
+    overlap_grad_reduce: bool | None = None
+    overlap_tp_comm: bool | None = None
+    overlap_param_gather: bool | None = None
+    overlap_depth_comm: bool | None = None
+    flash_attention: bool | None = None
+    p2p_scatter_gather: bool | None = None
+    zero3_gather: Literal["layer", "tensor"] | None = None
     host_us_per_block: float | None = None
+    host_exposed_fraction: float | None = None
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
         _choice("training", "dtype", self.dtype, DTYPES)
+        if self.attention_dtype is not None:
+            _choice("training", "attention_dtype", self.attention_dtype, ("fp32", "tf32", "bf16", "fp16"))
         _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
-        _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
+        if self.zero3_gather is not None:
+            _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
         if self.host_us_per_block is not None:
             _positive_float("training", "host_us_per_block", self.host_us_per_block, allow_zero=True)
+        for name in _STACK_OVERRIDES:
+            value = getattr(self, name)
+            if value is not None and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction") \
+                    and not isinstance(value, bool):
+                raise ValueError(f"training.{name} must be true, false or null, got {value!r}")
+        object.__setattr__(self, "_stack", self._resolve_stack())
+
+    def _resolve_stack(self) -> Stack:
+        base = stacks.resolve(self.stack)
+        overrides = {name: getattr(self, name) for name in _STACK_OVERRIDES if getattr(self, name) is not None}
+        try:
+            return replace(base, **overrides) if overrides else base
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("stack.", "training.", 1)) from None
+
+    @property
+    def effective_stack(self) -> Stack:
+        """The stack preset with this Training's overrides applied."""
+        return self._stack  # type: ignore[attr-defined]
+
+    @property
+    def stack_name(self) -> str:
+        return self.effective_stack.name
+
+    @property
+    def linear_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def attention_compute_dtype(self) -> str:
+        if self.attention_dtype is not None:
+            return self.attention_dtype
+        return "bf16" if self.dtype == "fp8" else self.dtype
 
     @property
     def bytes_per_element(self) -> int:
+        """Bytes of an activation or a communicated element (fp8 training keeps them bf16)."""
         return {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}[self.dtype]
-        # fp8 training keeps bf16 activations/communication (weights cast per GEMM)
+
+
+_STACK_OVERRIDES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_param_gather", "overlap_depth_comm",
+                    "flash_attention", "p2p_scatter_gather", "zero3_gather", "host_us_per_block",
+                    "host_exposed_fraction")
+"""Training fields that, when set, override the stack's behaviour of the same name."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,16 +8,20 @@ t_mb is never shorter than the host needs to issue the micro-batch's ops (eager 
 t_mb is forward + backward (+ recomputation) compute of the busiest stage plus the exposed part
 of its per-micro-batch communication (tensor-parallel all-reduces, depth all-gathers and
 reduce-scatters). What may hide behind what:
+(the flags are the training stack's, `Training.effective_stack`, see `perfmodels.stacks`):
 - tensor-parallel collectives are on the critical path (Megatron), except that with
-  `training.overlap_tp_comm` the backward input-grad all-reduce overlaps the weight-grad GEMM
-  (AxoNN) and forward ones overlap the next GEMM by half;
-- depth all-gathers / reduce-scatters are prefetched and overlap compute when
-  `training.overlap_grad_reduce` (the same bucketed asynchronous machinery);
+  `overlap_tp_comm` the backward input-grad all-reduce overlaps the weight-grad GEMM (AxoNN,
+  Transformer Engine userbuffers) and forward ones overlap the next GEMM by half;
+- depth all-gathers / reduce-scatters are prefetched and overlap compute when `overlap_depth_comm`;
+- ZeRO-2 per-micro-batch reduce-scatters (stacks that keep only the gradient shard) hide behind
+  the rest of the backward when `overlap_grad_reduce`;
 - ZeRO-3 parameter gathers and gradient reduce-scatters (per block or per tensor, every
-  micro-batch) hide behind compute when `training.overlap_param_gather` (prefetch), else they are
-  all exposed;
-- the data-parallel gradient reduction overlaps the last micro-batch's backward when
-  `training.overlap_grad_reduce`, else it runs after backward.
+  micro-batch; once per step under a pipeline) hide behind compute when `overlap_param_gather`
+  (prefetch), else they are all exposed;
+- the data-parallel gradient reduction (all-reduce, or the distributed optimizer's once-per-step
+  reduce-scatter) overlaps the last micro-batch's backward when `overlap_grad_reduce`, else it runs
+  after backward (after the whole pipeline schedule); the distributed optimizer's parameter
+  all-gather overlaps the next forward when `overlap_param_gather`.
 
 `predict_many` scores a whole PlanArrays at once (numpy, no Python loop per plan);
 `predict` is the same code on a batch of one.
@@ -32,7 +36,7 @@ import numpy as np
 from perfmodels import collectives
 from perfmodels.compute import StageCompute, host_seconds_per_block, model_flops_per_token, stage_compute
 from perfmodels.layout import group_geometry
-from perfmodels.memory import StageMemory, stage_memory
+from perfmodels.memory import StageMemory, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, PlanArrays, from_plans
 from perfmodels.specs import (
@@ -49,7 +53,17 @@ from perfmodels.traffic import CommEvent, StageShape, comm_events, stage_shape
 
 TP_TAGS = ("tp_fwd", "tp_bwd", "norm", "loss", "convert")
 DEPTH_TAGS = ("depth_ag", "depth_rs")
-DP_OVERLAP_TAIL = 0.1  # the last bucket can never hide
+DP_OVERLAP_TAIL = 0.1
+"""Share of an overlapped data-parallel gradient reduction that stays exposed: the last bucket is
+ready only when backward ends (PyTorch DDP and Megatron's default 25-40 MB buckets are ~10% of a
+stage's gradients at the model sizes where data-parallel time matters)."""
+PREFETCH_COVER = 0.8
+"""Fraction of compute time that prefetched collectives (ZeRO-3 gathers, depth gathers) can hide
+behind: a collective's kernels take SMs from the GEMMs they overlap, so overlapped compute slows by
+~20% (the contention NCCL's own docs and FSDP profiles show)."""
+FIRST_GATHER_SHARE = 0.05
+"""Least exposed share of one micro-batch's prefetched collectives: the first unit's gather has no
+compute to hide behind."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,9 @@ def _category(ev: CommEvent, overlap_tp: bool) -> str:
         return "depth"
     if ev.tag == "depth_grad":
         return "depth_grad"
-    if ev.tag in ("dp_grad", "dp_param"):
+    if ev.tag == "dp_param":
+        return "dp_param"
+    if ev.tag == "dp_grad":
         return "dp_mb" if ev.phase in ("fwd", "bwd") else "dp_step"
     if ev.tag == "zero3":
         return "zero3"
@@ -118,7 +134,7 @@ def _comm_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, even
     for ev in events:
         if ev.tag == "p2p" or not ev.calls.any():
             continue
-        key = (ev.axis, ev.op, _category(ev, training.overlap_tp_comm))
+        key = (ev.axis, ev.op, _category(ev, training.effective_stack.overlap_tp_comm))
         acc = sums.setdefault(key, [np.zeros(len(arrays)), np.zeros(len(arrays))])
         acc[0] += ev.payload_bytes * ev.calls
         acc[1] += ev.calls
@@ -142,7 +158,7 @@ def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, event
     for ev in events:
         if ev.tag == "p2p" and ev.op == "send":
             payload = np.maximum(payload, ev.payload_bytes)
-    if training.p2p_scatter_gather:
+    if training.effective_stack.p2p_scatter_gather:
         payload = payload / arrays.G_intra_r
     two = np.full(len(arrays), 2.0)
     alpha, busbw = collectives.link_constants(cluster, "send_recv", two, g["intra"], np.ones(len(arrays)))
@@ -152,11 +168,11 @@ def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, event
 
 def _prefetched_exposed(total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Exposed part of per-micro-batch collectives that a prefetching stream runs behind compute:
-    what 80% of the compute cannot cover, and never less than a twentieth of one micro-batch's share
-    (the first gather has nothing to hide behind). Not overlapped: all of it."""
+    what `PREFETCH_COVER` of the compute cannot cover, and never less than `FIRST_GATHER_SHARE` of
+    one micro-batch's share (the first gather has nothing to hide behind). Not overlapped: all of it."""
     if not overlapped:
         return total
-    return np.maximum(total - 0.8 * compute_step, total / np.maximum(m, 1) * 0.05)
+    return np.maximum(total - PREFETCH_COVER * compute_step, total / np.maximum(m, 1) * FIRST_GATHER_SHARE)
 
 
 def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
@@ -193,6 +209,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "depth": total(("depth",), ("depth",)),
         "dp_mb": total(("data",), ("dp_mb",)),
         "dp_step": total(("data",), ("dp_step",)),
+        "dp_param": total(("data",), ("dp_param",)),
         "zero3": total(("data",), ("zero3",)),
         "depth_grad": total(("depth",), ("depth_grad",)),
         "p2p_call": _p2p_seconds(cluster, training, arrays, events, geo),
@@ -206,22 +223,29 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
     # tensor-parallel: backward input-grad all-reduce overlaps the weight-grad GEMM when enabled
     tp_bwd = t["tp_bwd"] * c_tp
-    tp_exposed = tp_exposed * c_tp + np.where(training.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
+    stack = training.effective_stack
+    tp_exposed = tp_exposed * c_tp + np.where(stack.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
     tp_total = (t["row"] + t["col"]) * c_tp
-    depth_total = (t["depth"] + t["dp_mb"]) * c_dp
-    depth_exposed = _prefetched_exposed(depth_total, training.overlap_grad_reduce, compute_step, m)
+    depth_total = t["depth"] * c_dp
+    depth_exposed = _prefetched_exposed(depth_total, stack.overlap_depth_comm, compute_step, m)
+    # ZeRO-2 that keeps only its gradient shard reduce-scatters after every backward, in buckets
+    # behind the rest of that backward when the stack overlaps gradient reduction
+    dp_mb_total = t["dp_mb"] * c_dp
+    dp_mb_exposed = _prefetched_exposed(dp_mb_total, stack.overlap_grad_reduce, m * (comp.bwd_s + comp.recompute_s), m)
     # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
     # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
     zero3_total = t["zero3"] * c_dp
-    zero3_exposed = _prefetched_exposed(zero3_total, training.overlap_param_gather, compute_step, m)
-    per_mb_exposed = (tp_exposed + depth_exposed + zero3_exposed) / m
+    zero3_exposed = _prefetched_exposed(zero3_total, stack.overlap_param_gather, compute_step, m)
+    per_mb_exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed) / m
     t_mb_gpu = compute_mb + per_mb_exposed
-    # the host issues each block's forward, backward (twice the ops) and recomputation; a GPU that
-    # outruns it waits (layer-list models: per-layer host costs are inside their compute)
+    # the host issues each block's forward, backward (twice the ops) and recomputation. Where the
+    # framework launches asynchronously the GPU only waits when it outruns the host (a floor);
+    # where it synchronizes around layers, `host_exposed_fraction` of the host time adds to the
+    # GPU's (layer-list models: per-layer host costs are inside their compute)
     passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
     blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(n)
     host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued
-    t_mb = np.maximum(t_mb_gpu, host_mb)
+    t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
     avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
         comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
@@ -230,8 +254,16 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
     dp_total = t["dp_step"] * c_dp
     window = comp.bwd_s + comp.recompute_s
-    dp_exposed = np.where(training.overlap_grad_reduce,
+    dp_exposed = np.where(stack.overlap_grad_reduce,
                           np.maximum(dp_total - window, DP_OVERLAP_TAIL * dp_total), dp_total)
+    # the distributed optimizer's parameter all-gather: behind the next step's forward when the
+    # stack overlaps it (Megatron --overlap-param-gather), else after the optimizer step
+    dp_param_total = t["dp_param"] * c_dp
+    dp_param_exposed = np.where(stack.overlap_param_gather,
+                                np.maximum(dp_param_total - comp.fwd_s, DP_OVERLAP_TAIL * dp_param_total),
+                                dp_param_total)
+    dp_exposed = dp_exposed + dp_param_exposed
+    dp_total = dp_total + dp_param_total
     depth_grad = t["depth_grad"] * c_dp
     optimizer = comp.optimizer_s * c_compute
 
@@ -241,8 +273,8 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     flops = 3.0 * model_flops_per_token(model) * tokens
     peak = cluster.gpu.peak_tflops(training.dtype) * 1e12
     tflops_per_gpu = flops / (iteration * world) / 1e12
-    comm_total = tp_total + depth_total + zero3_total + dp_total + p2p + depth_grad
-    exposed = tp_exposed + depth_exposed + zero3_exposed + dp_exposed + p2p + depth_grad
+    comm_total = tp_total + depth_total + dp_mb_total + zero3_total + dp_total + p2p + depth_grad
+    exposed = tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + dp_exposed + p2p + depth_grad
     parts = {
         "compute_s": compute_step,
         "gemm_s": m * (comp.gemm_fwd_s * 3.0) * c_compute,
@@ -253,7 +285,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "tp_comm_row_s": t["row"] * c_tp,
         "tp_comm_col_s": t["col"] * c_tp,
         "tp_comm_depth_s": depth_total,
-        "dp_comm_s": dp_total + zero3_total,
+        "dp_comm_s": dp_total + dp_mb_total + zero3_total,
         "pp_bubble_s": bubble,
         "pp_p2p_s": p2p,
         "optimizer_s": optimizer,
@@ -261,7 +293,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "hidden_comm_s": np.maximum(comm_total - exposed, 0.0),
         "host_wait_s": m * (t_mb - t_mb_gpu),
     }
-    mem = stage_memory(model, cluster, training, arrays, st, m)
+    mem = peak_memory(model, cluster, training, arrays, st.blocks, m)
     byte_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
     call_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
     for ev in events:
@@ -283,7 +315,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
     m = arrays.num_microbatches(training).astype(np.float64)
-    return stage_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest"), m)
+    return peak_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m)
 
 
 def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:

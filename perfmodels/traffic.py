@@ -48,11 +48,13 @@ embeddings; everything but the depth-sharded weights) are all-reduced over depth
 bytes); then every local gradient over data: all-reduce (ZeRO 0; one call while the local
 gradients fit one 25 MiB bucket), or for ZeRO-1 a reduce-scatter of the gradients and an
 all-gather of the parameters, both of one flat vector zero-padded to a multiple of G_data
-(engine.zero). ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every
-micro-batch's backward (DeepSpeed's behaviour; not in the engine). ZeRO-3 gathers each unit's
-parameters (a block, or a parameter tensor: `Training.zero3_gather`) in every micro-batch's
-forward and backward and reduce-scatters its gradients after its backward (not in the engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
-reduce-scatter pairs (not in the engine).
+(engine.zero). ZeRO-2 reduce-scatters once per step where the stack accumulates into a full
+gradient buffer (Megatron-Core), after every micro-batch's backward where it keeps only its shard
+(DeepSpeed; `Stack.zero2_grad_reduce`; not in the engine). ZeRO-3 gathers each unit's parameters
+(a block, or a parameter tensor: `Stack.zero3_gather`) in every micro-batch's forward and backward
+and reduce-scatters its gradients after its backward; under a pipeline once per step per stage
+(not in the engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by
+all-gather + reduce-scatter pairs (not in the engine).
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
     # ZeRO-3 gather units on this stage: blocks, embedding, final norm + head
-    if training.zero3_gather == "layer":
+    if training.effective_stack.zero3_gather == "layer":
         units = blocks + st.has_embedding + st.has_head
     else:  # every parameter tensor: 4 weights (+4 biases), 2 norms (weight, +bias)
         per_block = 4 * (1 + bias) + 2 * norm_params
@@ -236,7 +238,7 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
 def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local_params: np.ndarray,
                       replicated_over_depth: np.ndarray, m: np.ndarray, units: np.ndarray | float) -> None:
     """`units`: ZeRO-3 gather units of the stage (blocks or parameter tensors, per
-    `training.zero3_gather`); each is gathered and reduce-scattered by its own call."""
+    `Stack.zero3_gather`); each is gathered and reduce-scattered by its own call."""
     e = training.bytes_per_element
     z = arrays.zero_stage
     # replicated parameters see different samples on each depth rank
@@ -246,18 +248,28 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     G = arrays.G_data
     padded = np.ceil(local_params / G) * G * e
     ev.add("data", "all_reduce", "step", "dp_grad", grads, 1.0 * (z == 0))
-    # ZeRO-1 reduce-scatters the accumulated gradients once per step; ZeRO-2 keeps no full gradient
-    # buffer, so it reduce-scatters after every micro-batch's backward
-    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * (z == 1))
-    ev.add("data", "reduce_scatter", "bwd", "dp_grad", padded, m * (z == 2))
+    # ZeRO-1 reduce-scatters the accumulated gradients once per step. ZeRO-2 does too where the stack
+    # still accumulates into a full buffer (Megatron-Core's distributed optimizer, Apex
+    # DistributedFusedAdam); where it keeps only its shard (DeepSpeed, FSDP SHARD_GRAD_OP) it
+    # reduce-scatters after every micro-batch's backward
+    per_mb_zero2 = training.effective_stack.zero2_grad_reduce == "per_microbatch"
+    z2_step = (z == 2) & (not per_mb_zero2)
+    z2_mb = (z == 2) & per_mb_zero2
+    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | z2_step))
+    ev.add("data", "reduce_scatter", "bwd", "dp_grad", padded, m * z2_mb)
     ev.add("data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2)))
     # ZeRO-3 holds neither full parameters nor full gradients: every micro-batch gathers each unit's
     # parameters for forward and again for backward (recomputation runs inside that backward
-    # gather) and reduce-scatters each unit's gradients right after its backward
+    # gather) and reduce-scatters each unit's gradients right after its backward. Under a pipeline
+    # the stage keeps its gathered parameters and its unsharded gradients for the whole step (FSDP
+    # with pipelining does not reshard after forward): one gather and one reduce-scatter per unit
+    # per step
     u = np.maximum(np.asarray(units, dtype=np.float64), 1.0)
-    ev.add("data", "all_gather", "fwd", "zero3", grads / u, m * u * (z == 3))
-    ev.add("data", "all_gather", "bwd", "zero3", grads / u, m * u * (z == 3))
-    ev.add("data", "reduce_scatter", "bwd", "zero3", padded / u, m * u * (z == 3))
+    piped = arrays.G_inter > 1
+    zero3_calls = np.where(piped, 1.0, m) * u * (z == 3)
+    ev.add("data", "all_gather", "fwd", "zero3", grads / u, zero3_calls)
+    ev.add("data", "all_gather", "bwd", "zero3", grads / u, zero3_calls * ~piped)
+    ev.add("data", "reduce_scatter", "bwd", "zero3", padded / u, zero3_calls)
 
 
 def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape) -> None:
@@ -319,7 +331,7 @@ def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, sta
         local_params = local_params + np.where(ok, w_block / G_d + b, k * n + (n if layer.bias else 0))
         replicated = replicated + np.where(ok, b, k * n + (n if layer.bias else 0))
         grad_flows = True
-    if training.zero3_gather == "layer":
+    if training.effective_stack.zero3_gather == "layer":
         units: float = sum(1.0 for layer in layers if layer.params > 0 or layer.kind == "linear")
     else:
         units = sum((2.0 if layer.bias else 1.0) if layer.kind == "linear" else float(layer.params > 0)

@@ -17,6 +17,7 @@ import numpy as np
 
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
 from perfmodels.specs import Cluster, Model, Training
+from perfmodels.stacks import can_run
 
 Columns = dict[str, np.ndarray]
 
@@ -115,16 +116,35 @@ def gpipe_dominated(model: Model, cluster: Cluster, training: Training, cols: Co
 
 
 def selective_without_scores(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
-    """Selective recomputation drops the s x s attention scores (Korthikanti et al.); with flash
-    attention none are stored, so it only adds recomputation time: never better than none."""
+    """Megatron's selective recomputation drops the s x s attention scores (Korthikanti et al.);
+    with flash attention none are stored, so it only adds recomputation time: never better than none.
+    A stack whose selective policy is per-op (torchtitan) saves other activations, so it stays."""
 
-    bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(training.flash_attention and model.is_transformer)
+    stack = training.effective_stack
+    pointless = stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+    bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(pointless)
     return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",
                      lambda i: f"selective recompute with {_grid_str(cols, i)}")
 
 
+def stack_can_run(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Only layouts the training stack implements (`Stack.schedules`, `zero_stages`, which tensor
+    parallelism, pipelines, sequence parallelism): `--stack fsdp` ranks FSDP layouts only."""
+    from perfmodels.specs import SCHEDULES
+
+    stack = training.effective_stack
+    names = np.asarray(SCHEDULES)[cols["schedule"]]
+    n = len(cols["G_data"])
+    ok = can_run(stack, G_inter=cols["G_inter"], G_intra_r=cols["G_intra_r"], G_intra_c=cols["G_intra_c"],
+                 G_intra_d=cols["G_intra_d"], schedule_names=names, zero_stage=cols["zero_stage"],
+                 sequence_parallel=cols.get("sequence_parallel", np.zeros(n, bool)))
+    return Rejection(~ok, f"the {stack.name} stack does not run this layout",
+                     lambda i: f"{stack.name} cannot run {_grid_str(cols, i)} schedule={names[i]} "
+                               f"zero_stage={cols['zero_stage'][i]}")
+
+
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split)
-PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape)
+PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run)
 DOMINANCE = (gpipe_dominated, selective_without_scores)
 
 

@@ -157,7 +157,7 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
     cluster = presets.cluster("selene", 1024)
 
     def zero3(G: int, gather: str) -> tuple[float, float]:
-        training = Training(global_batch_size=G, dtype="fp16", flash_attention=False, zero3_gather=gather)
+        training = Training(global_batch_size=G, dtype="fp16", stack="deepspeed", zero3_gather=gather)
         plan = Plan(G_data=G, micro_batch_size=1, zero_stage=3, recompute="full")
         calls = sum(float(ev.calls[0]) for ev in comm_events(model, training, from_plans([plan])) if ev.tag == "zero3")
         return predict(model, presets.cluster("selene", G), training, plan).breakdown.dp_comm_s, calls
@@ -166,7 +166,7 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
         (t512, calls), (t1024, _) = zero3(512, gather), zero3(1024, gather)
         assert t1024 - t512 == pytest.approx(calls * 512 * cluster.inter_node_latency_us * 1e-6, rel=0.05)
     assert zero3(512, "tensor")[1] == pytest.approx(zero3(512, "layer")[1] * (96 * 12 + 5) / (96 + 2))
-    training = Training(global_batch_size=512, dtype="fp16", flash_attention=False)
+    training = Training(global_batch_size=512, dtype="fp16", stack="deepspeed")
     plan = Plan(G_data=512, micro_batch_size=1, zero_stage=3, recompute="full")
     hidden = predict(model, presets.cluster("selene", 512), training, plan)
     exposed = predict(model, presets.cluster("selene", 512), dataclasses.replace(training, overlap_param_gather=False),
@@ -182,7 +182,7 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
 # halving as GPUs double at a fixed batch is the per-tensor ring latency over thousands of ranks.
 @pytest.mark.parametrize("gpus, mb, tflops", [(384, 4, 144.0), (768, 2, 88.0), (1536, 1, 44.0)])
 def test_sc21_table2_zero3_rows(gpus, mb, tflops):
-    from perfmodels.published import megatron_flops
+    from validation.metrics import megatron_flops
     model = presets.model("gpt3-175b")
     measured_s = megatron_flops(batch=1536, seq=2048, layers=96, hidden=12288, vocab=51200,
                                 recompute_full=True) / (gpus * tflops * 1e12)

@@ -1,0 +1,265 @@
+"""The training stack: which software runs the layout, and what that software does.
+
+Two runs of the same layout on the same cluster differ by 2x when one uses Megatron-LM 2021
+(unfused attention, every layer recomputed, a blocking data-parallel all-reduce) and the other
+Megatron-Core 2024 (flash attention, distributed optimizer, everything overlapped). The model cannot
+guess this: a `Stack` states it. `Training.stack` names a preset (or is a `Stack`); each behaviour
+can still be overridden one by one on `Training` (e.g. `Training(stack="megatron-core",
+overlap_grad_reduce=False)`).
+
+    from perfmodels import stacks
+    stacks.preset("fsdp")                                # LLM Foundry / Composer FSDP
+    stacks.preset("megatron-core", overlap_tp_comm=True)  # with one option changed
+
+Every field documents the framework behaviour it encodes. Memory per parameter in mixed
+precision (bf16/fp16/fp8 compute), before ZeRO sharding, by stack (d = G_data):
+
+| stack | weights | gradients | fp32 master + Adam | notes |
+|---|---|---|---|---|
+| megatron-lm, megatron-core | 2 | 4 (fp32 main_grad for bf16; 2 for fp16) | 12 (/d with the distributed optimizer) | dist-opt (ZeRO-1): 6 + 12/d; Apex DFA (ZeRO-2): 4 + 10/d |
+| megatron-deepspeed, deepspeed | 2 | 2 (+ 4 fp32 accumulator in bf16) | 12 | ZeRO-2 keeps only its gradient shard |
+| fsdp, torchtitan | 4 (fp32 flat parameter) | 4 | 8 | FULL_SHARD: all /d; bf16 copies only of the units being computed |
+| gridtune | 4 (fp32, autocast casts per op) | 4 | 8 | what `engine` holds |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+import numpy as np
+
+GradReduceTiming = Literal["per_step", "per_microbatch"]
+SelectiveKind = Literal["attention-core", "per-op"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stack:
+    """What one training framework does with a layout. Units are in the field names.
+
+    Overlap:
+    - `overlap_grad_reduce`: the data-parallel gradient reduction runs in buckets behind the last
+      micro-batch's backward (PyTorch DDP, Megatron `--overlap-grad-reduce`, FSDP). False: it runs
+      after the backward (Megatron-LM's local DDP before 2023, the DeepSpeed pipeline engine, which
+      reduces after the whole pipeline schedule).
+    - `overlap_param_gather`: ZeRO-3/FSDP prefetch the next unit's parameters while the current one
+      computes (FSDP forward/backward prefetch, DeepSpeed's prefetch bucket); the distributed
+      optimizer's parameter all-gather overlaps the next forward (Megatron `--overlap-param-gather`).
+    - `overlap_tp_comm`: tensor-parallel collectives overlap GEMMs (Transformer Engine userbuffers,
+      Megatron `--tp-comm-overlap`; AxoNN's asynchronous backward all-reduce).
+    - `overlap_depth_comm`: the depth axis' weight all-gathers are prefetched one layer ahead and its
+      reduce-scatters run asynchronously (AxoNN's `optimize_communication`).
+    Gradient reduction timing:
+    - `zero2_grad_reduce`: "per_step" when ZeRO-2 still accumulates micro-batches into a full
+      gradient buffer and reduce-scatters once per step behind the last backward (Megatron-Core's
+      distributed optimizer, Apex DistributedFusedAdam in NeMo), "per_microbatch" when it keeps only
+      its shard and so reduce-scatters after every micro-batch's backward (DeepSpeed ZeRO-2, FSDP
+      SHARD_GRAD_OP).
+    - `zero3_gather`: ZeRO-3 gathers parameters per block ("layer": FSDP's wrapped blocks, DeepSpeed
+      since it coalesces) or per parameter tensor ("tensor": DeepSpeed ZeRO-3 of 2021).
+    Kernels and host:
+    - `flash_attention`: fused attention without the s x s score matrix (FlashAttention, cuDNN
+      fused attention, PyTorch SDPA).
+    - `selective_recompute`: what `recompute="selective"` means: "attention-core" (Megatron:
+      recompute the softmax/dropout over the scores; nothing to do once attention is fused) or
+      "per-op" (torchtitan's op-level policy: keep matmul and attention outputs, recompute the
+      element-wise ops).
+    - `host_us_per_block`: CPU time to issue one transformer block's forward pass (None: the device
+      family's default in `perfmodels.compute`). `host_exposed_fraction`: how much of it adds to the
+      GPU time instead of hiding behind the queue of launched kernels (0: only a floor, CUDA's
+      asynchronous launch hides it; 1: fully serial, as when the framework synchronizes the host
+      around every layer's communication).
+    - `p2p_scatter_gather`: pipeline sends carry 1/G_intra_r of the activation and all-gather it over
+      the row group on arrival (Megatron-LM's default).
+    Memory (bytes per parameter in mixed precision; fp32 training holds 4 + 4 + 8 in every stack):
+    - `weight_bytes`: the copy of the weights the model keeps (2: 16-bit model weights beside an
+      fp32 master; 4: fp32 parameters that autocast or FSDP's mixed precision cast per use).
+    - `master_bytes`: the fp32 master copy held by the optimizer (sharded from ZeRO-1 on).
+    - `grad_bytes_bf16` / `grad_bytes_fp16`: the gradient accumulation buffer for bf16 and fp16
+      training (Megatron accumulates bf16 gradients in an fp32 `main_grad`; fp16 keeps them 16-bit).
+    - `fp32_grad_bytes_bf16`: a further fp32 gradient copy the optimizer keeps in bf16 training
+      (DeepSpeed's BF16 optimizer accumulates in fp32 beside the bf16 gradients; sharded from ZeRO-2
+      on; its FP16 optimizer has none).
+    - `zero2_grad_bytes` / `zero2_master_bytes`: what ZeRO-2 holds instead where it is a different
+      optimizer (None: as without it). In NeMo "ZeRO-2" is Apex's DistributedFusedAdam: bf16
+      gradient buckets (2 bytes) and only the 16-bit remainder of each fp32 master weight (2 bytes,
+      `store_param_remainders`), so 4 + 10/d bytes per parameter.
+    - `optimizer_state_bytes`: Adam's two fp32 moments.
+    - `fp8_weight_cache_bytes`: Transformer Engine keeps FP8 copies (and transposes) of the linear
+      weights between micro-batches when training in FP8 (per linear-layer parameter).
+    - `context_gib`: CUDA context, cuBLAS/cuDNN workspaces and the framework's own allocations.
+    - `comm_buffer_gib`: NCCL's buffers per communicator with peers (measured ~0.1-0.3 GiB each).
+    - `fragmentation`: caching-allocator slack as a fraction of the activation memory.
+    - `vocab_parallel_embedding`: the word embedding's rows (vocabulary) are split over the
+      tensor-parallel ranks (Megatron's VocabParallelEmbedding); the engine splits its hidden
+      dimension over the col axis instead.
+    What the stack can run (the tuner ranks only these; the published-run loader only considers these
+    for options a row leaves open):
+    - `schedules`: pipeline schedules it implements; `zero_stages`: the ZeRO stages it offers;
+    - `tensor_parallel` (row-parallel Megatron-style), `tensor_parallel_3d` (G_intra_c and
+      G_intra_d as well: AxoNN-style), `pipeline_parallel`, `sequence_parallel` (Megatron's, 2022).
+    """
+
+    name: str
+    summary: str = ""
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    overlap_tp_comm: bool = False
+    overlap_depth_comm: bool = False
+    zero2_grad_reduce: GradReduceTiming = "per_step"
+    zero3_gather: Literal["layer", "tensor"] = "layer"
+    flash_attention: bool = True
+    selective_recompute: SelectiveKind = "attention-core"
+    host_us_per_block: float | None = None
+    host_exposed_fraction: float = 0.0
+    p2p_scatter_gather: bool = False
+    weight_bytes: float = 2.0
+    master_bytes: float = 4.0
+    grad_bytes_bf16: float = 4.0
+    grad_bytes_fp16: float = 2.0
+    fp32_grad_bytes_bf16: float = 0.0
+    zero2_grad_bytes: float | None = None
+    zero2_master_bytes: float | None = None
+    optimizer_state_bytes: float = 8.0
+    fp8_weight_cache_bytes: float = 2.0
+    context_gib: float = 0.9
+    comm_buffer_gib: float = 0.15
+    fragmentation: float = 0.05
+    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
+    zero_stages: tuple[int, ...] = (0, 1)
+    tensor_parallel: bool = True
+    pipeline_parallel: bool = True
+    tensor_parallel_3d: bool = False
+    sequence_parallel: bool = True
+    vocab_parallel_embedding: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"stack.name must be a non-empty string, got {self.name!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"stack.{f.name} must be true or false, got {value!r}")
+        for name in ("zero2_grad_bytes", "zero2_master_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0.0 <= value <= 64.0):
+                raise ValueError(f"stack.{name} must be null or a number in [0, 64], got {value!r}")
+        if self.zero2_grad_reduce not in ("per_step", "per_microbatch"):
+            raise ValueError(f"stack.zero2_grad_reduce must be 'per_step' or 'per_microbatch', "
+                             f"got {self.zero2_grad_reduce!r}")
+        if self.zero3_gather not in ("layer", "tensor"):
+            raise ValueError(f"stack.zero3_gather must be 'layer' or 'tensor', got {self.zero3_gather!r}")
+        if self.selective_recompute not in ("attention-core", "per-op"):
+            raise ValueError(f"stack.selective_recompute must be 'attention-core' or 'per-op', "
+                             f"got {self.selective_recompute!r}")
+        if not 0.0 <= self.host_exposed_fraction <= 1.0:
+            raise ValueError(f"stack.host_exposed_fraction must be in [0, 1], got {self.host_exposed_fraction!r}")
+        object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "zero_stages", tuple(self.zero_stages))
+        bad = [x for x in self.schedules if x not in ("gpipe", "1f1b", "interleaved-1f1b")]
+        if bad or not self.schedules:
+            raise ValueError(f"stack.schedules must name some of gpipe, 1f1b, interleaved-1f1b, got {self.schedules!r}")
+        if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
+            raise ValueError(f"stack.zero_stages must be some of 0, 1, 2, 3, got {self.zero_stages!r}")
+        if self.host_us_per_block is not None and not 0.0 <= self.host_us_per_block <= 1e6:
+            raise ValueError(f"stack.host_us_per_block must be in [0, 1e6] us, got {self.host_us_per_block!r}")
+        for name in ("weight_bytes", "master_bytes", "grad_bytes_bf16", "grad_bytes_fp16", "fp32_grad_bytes_bf16",
+                     "optimizer_state_bytes", "fp8_weight_cache_bytes", "context_gib", "comm_buffer_gib",
+                     "fragmentation"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 64.0:
+                raise ValueError(f"stack.{name} must be a number in [0, 64], got {value!r}")
+
+    def grad_bytes(self, dtype: str) -> float:
+        """Bytes per parameter of the gradient buffer for a training dtype."""
+        if dtype in ("fp32", "tf32"):
+            return 4.0
+        return self.grad_bytes_fp16 if dtype == "fp16" else self.grad_bytes_bf16
+
+
+_MEGATRON = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=4.0, grad_bytes_fp16=2.0,
+                 p2p_scatter_gather=True, zero2_grad_reduce="per_step", selective_recompute="attention-core")
+# DeepSpeed ZeRO-3 fetches parameters per submodule that owns them (each Linear, norm, embedding),
+# from the module's pre-forward/pre-backward hooks: one gather per parameter tensor, not per block
+_DEEPSPEED = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=2.0, grad_bytes_fp16=2.0,
+                  fp32_grad_bytes_bf16=4.0, zero2_grad_reduce="per_microbatch", zero3_gather="tensor")
+_FSDP = dict(weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
+             zero2_grad_reduce="per_microbatch", overlap_grad_reduce=True, overlap_param_gather=True)
+
+STACK_PRESETS: dict[str, Stack] = {
+    s.name: s
+    for s in (
+        Stack(name="megatron-lm", summary="Megatron-LM 2019-22: unfused attention, local DDP reducing after "
+              "backward, no distributed optimizer, scatter-gather pipeline sends",
+              overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
+              zero_stages=(0,), **_MEGATRON),
+        Stack(name="megatron-core", summary="Megatron-Core / NeMo with Transformer Engine: flash attention, "
+              "distributed optimizer reducing once per step behind the last backward, overlapped gathers",
+              overlap_grad_reduce=True, overlap_param_gather=True, flash_attention=True,
+              zero2_grad_bytes=2.0, zero2_master_bytes=2.0, zero_stages=(0, 1, 2), **_MEGATRON),
+        Stack(name="megatron-deepspeed", summary="Megatron-DeepSpeed: Megatron layers on the DeepSpeed "
+              "engine (BF16/FP16 optimizer, pipeline engine reducing gradients after the schedule)",
+              overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
+              p2p_scatter_gather=True, host_exposed_fraction=0.5, schedules=("1f1b",), zero_stages=(0, 1, 2, 3),
+              sequence_parallel=False, **_DEEPSPEED),
+        Stack(name="deepspeed", summary="DeepSpeed ZeRO 1-3 (bucketed reduction overlapped with backward, "
+              "ZeRO-2 reducing every micro-batch, ZeRO-3 prefetching parameters)",
+              overlap_grad_reduce=True, overlap_param_gather=True, flash_attention=False, schedules=("1f1b",),
+              zero_stages=(0, 1, 2, 3), sequence_parallel=False, **_DEEPSPEED),
+        Stack(name="fsdp", summary="PyTorch FSDP1 as LLM Foundry / Composer run it: fp32 flat parameters "
+              "sharded, bf16 compute, prefetching, gradients reduce-scattered per micro-batch",
+              flash_attention=True, zero_stages=(0, 2, 3), tensor_parallel=False, pipeline_parallel=False,
+              sequence_parallel=False, **_FSDP),
+        Stack(name="torchtitan", summary="torchtitan: FSDP2 + tensor/pipeline parallelism, per-op selective "
+              "activation checkpointing", flash_attention=True, selective_recompute="per-op",
+              schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), **_FSDP),
+        Stack(name="oneflow", summary="OneFlow GPT (2021): Megatron-style layers, whole-activation pipeline "
+              "sends, gradient reduction after backward",
+              overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False, p2p_scatter_gather=False,
+              weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=4.0, grad_bytes_fp16=2.0,
+              schedules=("gpipe", "1f1b"), zero_stages=(0,), sequence_parallel=False),
+        Stack(name="gridtune", summary="gridtune's own engine: fp32 parameters under autocast, PyTorch SDPA, "
+              "gradient sync after the last micro-batch, synchronous tensor-parallel collectives",
+              overlap_grad_reduce=False, overlap_param_gather=False, overlap_tp_comm=False, flash_attention=True,
+              weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
+              schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 1), tensor_parallel_3d=True,
+              sequence_parallel=False, vocab_parallel_embedding=False),
+    )
+}
+"""The presets, by name. `perfmodels.stacks.preset(name, **overrides)` builds one with changes."""
+
+DEFAULT_STACK = "gridtune"
+
+
+def can_run(stack: Stack, *, G_inter: np.ndarray, G_intra_r: np.ndarray, G_intra_c: np.ndarray,
+            G_intra_d: np.ndarray, schedule_names: np.ndarray, zero_stage: np.ndarray,
+            sequence_parallel: np.ndarray) -> np.ndarray:
+    """Which plans (arrays of their fields; schedules by name) this stack can run."""
+    ok = np.isin(schedule_names, stack.schedules) | (G_inter == 1)
+    ok &= np.isin(zero_stage, stack.zero_stages)
+    ok &= stack.tensor_parallel | (G_intra_r == 1)
+    ok &= stack.tensor_parallel_3d | ((G_intra_c == 1) & (G_intra_d == 1))
+    ok &= stack.pipeline_parallel | (G_inter == 1)
+    ok &= stack.sequence_parallel | ~np.asarray(sequence_parallel, bool)
+    return ok
+
+
+def preset(name: str, **overrides: object) -> Stack:
+    """The named preset, with `overrides` (Stack field names) applied; ValueError names what is wrong."""
+    if name not in STACK_PRESETS:
+        raise ValueError(f"training.stack must be one of {sorted(STACK_PRESETS)}, got {name!r}")
+    known = {f.name for f in fields(Stack)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown stack option(s) {unknown}; known: {sorted(known - {'name', 'summary'})}")
+    return replace(STACK_PRESETS[name], **overrides) if overrides else STACK_PRESETS[name]
+
+
+def resolve(stack: str | Stack) -> Stack:
+    """A Stack from a preset name or a Stack."""
+    if isinstance(stack, Stack):
+        return stack
+    if isinstance(stack, str):
+        return preset(stack)
+    raise ValueError(f"training.stack must be a preset name or a Stack, got {stack!r}")

@@ -1,0 +1,158 @@
+"""Every named constant of the step-time and memory models is pinned by a hand-derived case here.
+
+The expected values are written out as literals (never imported from the module under test), so
+changing a constant without changing the physics it documents fails a test; `bench/mutation_check.py`
+mutates each one and reports which tests catch it. Golden published rows live in test_golden.py.
+
+Run: `PYTHONPATH=. .venv/bin/python -m pytest -q tests/perfmodels/test_constants.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfmodels import Plan, Training, predict, presets, stacks
+from perfmodels.compute import gemm_curve, gemm_time_s, stage_compute
+from perfmodels.memory import GIB, activation_bytes_per_layer
+from perfmodels.plans import from_plans
+from perfmodels.traffic import stage_shape
+
+H100 = presets.cluster("eos", 8)
+A100 = presets.cluster("selene", 8)
+
+
+def _compute(model, cluster, training, plan):
+    arrays = from_plans([plan])
+    return stage_compute(model, cluster, training, arrays, stage_shape(model.num_layers, arrays))
+
+
+def test_gemm_curve_on_hopper_by_hand():
+    """t = 2mnk / (R * shape) + 4 us with R = 989 x 0.62 TFLOP/s and shape = 1/(1 + 56/m + 56/n + 56/k)."""
+    curve = gemm_curve(H100, Training(global_batch_size=1, dtype="bf16"))
+    m, n, k = 2048.0, 9216.0, 12288.0
+    shape = 1.0 / (1.0 + 56 / m + 56 / n + 56 / k)
+    expected = 2 * m * n * k / (989e12 * 0.62 * shape) + 4e-6
+    assert gemm_time_s(np.array([m]), np.array([n]), np.array([k]), curve)[0] == pytest.approx(expected, rel=1e-9)
+    fp8 = gemm_curve(H100, Training(global_batch_size=1, dtype="fp8"))
+    assert fp8.tflops_max == pytest.approx(1979 * 0.50)
+    assert gemm_curve(A100, Training(global_batch_size=1)).tflops_max == pytest.approx(312 * 0.80)
+
+
+def test_flash_backward_efficiency_on_hopper():
+    """Backward does 2.5x the forward FLOPs at 0.40 of peak (forward: 0.45), as measured on an H100."""
+    model = presets.model("gpt3-1.7b")
+    training = Training(global_batch_size=1, stack="megatron-core", host_us_per_block=0.0)
+    comp = _compute(model, presets.cluster("eos", 1), training, Plan(micro_batch_size=1))
+    flops = 4.0 * model.seq_length ** 2 * model.hidden_size * 0.5
+    fwd, bwd = flops / (989e12 * 0.45) + 4e-6, 2.5 * flops / (989e12 * 0.40) + 4e-6
+    blocks = model.num_layers
+    assert comp.attention_fwd_s[0] == pytest.approx(blocks * fwd, rel=1e-9)
+    # bwd = 2 x GEMMs + attention backward + 2 x memory-bound per block; the head's backward is two
+    # GEMMs and one pass over its logits
+    head_mem = model.seq_length * model.vocab_size * 4.0 * 3.0 / (3350e9 * 0.8)
+    expected_bwd = 2 * comp.gemm_fwd_s[0] + blocks * bwd + 2 * comp.memory_fwd_s[0] - head_mem
+    assert comp.bwd_s[0] == pytest.approx(expected_bwd, rel=1e-6)
+
+
+def test_host_default_is_900_us_per_block_forward_on_nvidia():
+    model = presets.model("gpt2-small")
+    training = Training(global_batch_size=8, stack="megatron-lm")  # host cost: the device default
+    plan = Plan(G_intra_r=4, G_data=2, micro_batch_size=1)  # tiny shards: host-bound
+    pred = predict(model, H100, training, plan)
+    host_step = 4 * 3 * (model.num_layers + 1) * 900e-6  # 4 micro-batches x (fwd + 2 bwd) passes
+    b = pred.breakdown
+    assert b.host_wait_s > 0
+    assert pred.iteration_time_s - b.optimizer_s - b.dp_comm_s == pytest.approx(host_step, rel=1e-6)
+
+
+def test_megatron_deepspeed_adds_half_its_host_time():
+    """The DeepSpeed pipeline engine runs its instructions synchronously: half of the host time adds."""
+    assert stacks.preset("megatron-deepspeed").host_exposed_fraction == 0.5
+    model = presets.model("gpt3-1.7b")
+    plan = Plan(G_data=8, micro_batch_size=4)  # big blocks: the GPU outruns no host, the floor is idle
+    t = Training(global_batch_size=128, dtype="fp16", stack="megatron-deepspeed")
+    with_host = predict(model, A100, t, plan).iteration_time_s
+    floor_only = predict(model, A100, dataclasses.replace(t, host_exposed_fraction=0.0), plan).iteration_time_s
+    assert with_host - floor_only == pytest.approx(0.5 * 4 * 3 * (model.num_layers + 1) * 900e-6, rel=1e-6)
+
+
+def test_overlapped_gradient_reduction_leaves_a_tenth_exposed():
+    """A data-parallel all-reduce smaller than the backward window leaves 10% (the last bucket)."""
+    model = presets.model("gpt2-small")
+    training = Training(global_batch_size=512, stack="megatron-core", host_us_per_block=0.0)
+    pred = predict(model, A100, training, Plan(G_data=8, micro_batch_size=8))
+    b = pred.breakdown
+    assert b.exposed_comm_s == pytest.approx(0.1 * b.dp_comm_s, rel=1e-9)
+
+
+def test_prefetched_zero3_exposure_cover_and_first_gather():
+    """Prefetched ZeRO-3 collectives: exposed = max(total - 0.8 x compute, total / m x 0.05)."""
+    model = presets.model("gpt3-1.7b")
+    training = Training(global_batch_size=64, stack="fsdp", host_us_per_block=0.0)
+    # a long compute window: only the first gather's 5% share of one micro-batch is exposed
+    pred = predict(model, A100, training, Plan(G_data=8, micro_batch_size=1, zero_stage=3))
+    b = pred.breakdown
+    m = 64 // 8
+    assert b.exposed_comm_s == pytest.approx(b.dp_comm_s / m * 0.05, rel=1e-6)
+    # a network so slow that compute cannot cover: total - 0.8 x compute
+    slow = dataclasses.replace(A100, inter_node_bandwidth_GBps=0.05, intra_node_bandwidth_GBps=0.05)
+    p2 = predict(model, slow, training, Plan(G_data=8, micro_batch_size=1, zero_stage=3)).breakdown
+    assert p2.exposed_comm_s == pytest.approx(p2.dp_comm_s - 0.8 * p2.compute_s, rel=1e-6)
+
+
+def test_fp8_casts_stream_three_bytes_per_linear_input_and_gradient():
+    model = presets.model("gpt3-1.7b")
+    t16 = Training(global_batch_size=1, dtype="bf16", stack="megatron-core")
+    t8 = Training(global_batch_size=1, dtype="fp8", stack="megatron-core")
+    plan = Plan(micro_batch_size=1)
+    c16, c8 = _compute(model, H100, t16, plan), _compute(model, H100, t8, plan)
+    h, f, T = model.hidden_size, model.ffn_hidden_size, model.seq_length
+    inputs = T * (2 * h + h + f)
+    rate = 3350e9 * 0.8
+    assert c8.memory_fwd_s[0] - c16.memory_fwd_s[0] == pytest.approx(model.num_layers * inputs * 3.0 / rate, rel=1e-9)
+
+
+def test_per_op_selective_recompute_repeats_half_the_matmuls_and_keeps_half_the_activations():
+    model = presets.model("gpt3-1.7b")
+    tt = Training(global_batch_size=1, stack="torchtitan")
+    plan = Plan(micro_batch_size=1, recompute="selective")
+    comp = _compute(model, A100, tt, plan)
+    blocks = model.num_layers
+    T, V, h = model.seq_length, model.vocab_size, model.hidden_size
+    curve = gemm_curve(A100, tt)
+    head_gemm = gemm_time_s(np.array([T]), np.array([V]), np.array([h]), curve)[0]
+    head_mem = T * V * 12.0 / (2039e9 * 0.8)
+    gemm_block = (comp.gemm_fwd_s[0] - head_gemm) / blocks
+    mem_block = (comp.memory_fwd_s[0] - head_mem) / blocks
+    assert comp.recompute_s[0] == pytest.approx(blocks * (mem_block + 0.5 * gemm_block), rel=1e-9)
+    arrays = from_plans([plan])
+    sel = activation_bytes_per_layer(model, tt, arrays)[0]
+    full = activation_bytes_per_layer(model, tt, from_plans([dataclasses.replace(plan, recompute="none")]))[0]
+    assert sel == pytest.approx(0.5 * full)
+
+
+def test_adam_step_streams_thirty_bytes_per_local_parameter():
+    model = presets.model("gpt3-1.7b")
+    comp = _compute(model, A100, Training(global_batch_size=1), Plan(micro_batch_size=1))
+    local = model.num_layers * model.params_per_layer + model.vocab_size * model.hidden_size * 2
+    assert comp.optimizer_s[0] == pytest.approx(local * 30.0 / (2039e9 * 0.8), rel=0.01)
+
+
+@pytest.mark.parametrize(("stack", "context", "per_comm", "frag"), [
+    ("megatron-core", 0.9, 0.15, 0.05), ("fsdp", 0.9, 0.15, 0.05), ("gridtune", 0.9, 0.15, 0.05)])
+def test_memory_overheads_context_nccl_buffers_and_fragmentation(stack, context, per_comm, frag):
+    """CUDA context + workspaces 0.9 GiB; 0.15 GiB of NCCL buffers per communicator (axis with peers);
+    5% of the activations for allocator slack."""
+    model = presets.model("gpt3-1.7b")
+    mem = predict(model, A100, Training(global_batch_size=64, stack=stack),
+                  Plan(G_data=4, G_intra_r=2, micro_batch_size=1)).memory
+    assert mem.comm_buffers_gib == pytest.approx(2 * per_comm)
+    assert mem.overhead_gib == pytest.approx(context + frag * mem.activations_gib)
+    assert mem.per_gpu_gib * GIB > 0
+
+
+def test_fp8_weight_cache_is_two_bytes_per_linear_parameter():
+    assert stacks.preset("megatron-core").fp8_weight_cache_bytes == 2.0
