@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api import examples
+from perfmodels.stacks import STACK_PRESETS
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -195,6 +196,9 @@ class GPUIn(_In):
     memory_gib: MemoryGib | None = None
     hbm_bandwidth_GBps: HbmBandwidth | None = None
     gemm_efficiency_max: Fraction | None = None
+    gemm_efficiency_fp8: Fraction | None = None
+    flash_fwd_efficiency: Fraction | None = None
+    flash_bwd_efficiency: Fraction | None = None
     memory_efficiency: Fraction | None = None
     vendor: Annotated[str, Field(max_length=50), AfterValidator(_no_nul)] | None = None
 
@@ -270,17 +274,64 @@ class ClusterIn(_In):
         return self
 
 
+StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]
+BytesPerParam = Annotated[float, Field(ge=0, le=64)]
+
+
+class StackIn(_In):
+    """A training-stack preset with some of its options changed (perfmodels.stacks.Stack)."""
+
+    name: StackName
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    overlap_tp_comm: bool | None = None
+    overlap_depth_comm: bool | None = None
+    zero2_grad_reduce: Literal["per_step", "per_microbatch"] | None = None
+    zero3_gather: Literal["layer", "tensor"] | None = None
+    flash_attention: bool | None = None
+    selective_recompute: Literal["attention-core", "per-op"] | None = None
+    host_us_per_block: Latency | None = None
+    host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
+    p2p_scatter_gather: bool | None = None
+    weight_bytes: BytesPerParam | None = None
+    master_bytes: BytesPerParam | None = None
+    grad_bytes_bf16: BytesPerParam | None = None
+    grad_bytes_fp16: BytesPerParam | None = None
+    fp32_grad_bytes_bf16: BytesPerParam | None = None
+    zero2_grad_bytes: BytesPerParam | None = None
+    zero2_master_bytes: BytesPerParam | None = None
+    optimizer_state_bytes: BytesPerParam | None = None
+    fp8_weight_cache_bytes: BytesPerParam | None = None
+    context_gib: Annotated[float, Field(ge=0, le=64)] | None = None
+    comm_buffer_gib: Annotated[float, Field(ge=0, le=64)] | None = None
+    fragmentation: Annotated[float, Field(ge=0, le=10)] | None = None
+    schedules: Annotated[list[Schedule], Field(min_length=1, max_length=3)] | None = None
+    zero_stages: Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None = None
+    tensor_parallel: bool | None = None
+    pipeline_parallel: bool | None = None
+    tensor_parallel_3d: bool | None = None
+    sequence_parallel: bool | None = None
+    vocab_parallel_embedding: bool | None = None
+
+
 class TrainingIn(_In):
+    """Batch, precision and the training stack (`stack`: a preset name, or {"name": ..., option: value});
+    the option fields override one behaviour of the stack each (null: as the stack does)."""
+
     global_batch_size: Annotated[int, Field(ge=1, le=1 << 24)]
     dtype: Dtype = "bf16"
+    attention_dtype: Literal["fp32", "tf32", "bf16", "fp16"] | None = None
     optimizer: Literal["adam", "adamw", "sgd"] | None = None
+    stack: StackName | StackIn | None = None
     overlap_grad_reduce: bool | None = None
     overlap_tp_comm: bool | None = None
+    overlap_param_gather: bool | None = None
+    overlap_depth_comm: bool | None = None
     flash_attention: bool | None = None
     p2p_scatter_gather: bool | None = None
     zero3_gather: Literal["layer", "tensor"] | None = None
-    overlap_param_gather: bool | None = None
     host_us_per_block: Latency | None = None
+    host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class PlanIn(_In):

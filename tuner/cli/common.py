@@ -35,6 +35,7 @@ from perfmodels.io import (
     training_from_dict,
 )
 from perfmodels.specs import Cluster, Model, Training
+from perfmodels.stacks import DEFAULT_STACK, STACK_PRESETS
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -64,12 +65,15 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     g.add_argument("--global-batch-size", type=int, required=True, help="samples per optimizer step")
     g.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
                    help="training precision")
+    g.add_argument("--stack", default=DEFAULT_STACK, choices=sorted(STACK_PRESETS),
+                   help="the software that runs the layout: what it holds in memory, what it overlaps, what "
+                        "it can run (`gridtune presets --kind stacks`); the flags below override one behaviour each")
     g.add_argument("--no-flash-attention", action="store_true", help="attention materialises the s x s scores")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="the data-parallel gradient reduction runs after backward")
     g.add_argument("--overlap-tp-comm", action="store_true", help="tensor-parallel comm overlaps GEMMs")
-    g.add_argument("--zero3-gather", default="layer", choices=["layer", "tensor"],
-                   help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed 2021)")
+    g.add_argument("--zero3-gather", choices=["layer", "tensor"],
+                   help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed) (default: the stack's)")
     g.add_argument("--no-overlap-param-gather", action="store_true",
                    help="ZeRO-3 fetches parameters on demand instead of prefetching")
 
@@ -170,14 +174,16 @@ def _cluster_from_gpu(args: argparse.Namespace) -> Cluster:
 
 
 def training_from_args(args: argparse.Namespace) -> Training:
+    """Training from the flags: the stack's behaviour, with each given flag overriding one option."""
     return training_from_dict({
         "global_batch_size": args.global_batch_size,
         "dtype": args.dtype,
-        "flash_attention": not args.no_flash_attention,
-        "overlap_grad_reduce": not args.no_overlap_grad_reduce,
-        "overlap_tp_comm": args.overlap_tp_comm,
+        "stack": getattr(args, "stack", DEFAULT_STACK),
+        "flash_attention": False if args.no_flash_attention else None,
+        "overlap_grad_reduce": False if args.no_overlap_grad_reduce else None,
+        "overlap_tp_comm": True if args.overlap_tp_comm else None,
         "zero3_gather": args.zero3_gather,
-        "overlap_param_gather": not args.no_overlap_param_gather,
+        "overlap_param_gather": False if args.no_overlap_param_gather else None,
     })
 
 
