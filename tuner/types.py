@@ -24,7 +24,8 @@ class SearchOptions:
     recompute: tuple[str, ...] | None = None
     zero_stage: tuple[int, ...] | None = None
     placement: tuple[tuple[str, ...], ...] | None = None
-    sequence_parallel: tuple[bool, ...] | None = (False,)
+    sequence_parallel: tuple[bool, ...] | None = None
+    """None: both where the training stack has Megatron's sequence parallelism, else off."""
     max_micro_batch_size: int = 64
     time_budget_s: float = 10.0
     examples_per_reason: int = 3

@@ -73,3 +73,17 @@ def test_cli_predict_stack_flag_changes_memory(capsys):
     lm_mem, our_mem = lm["prediction"]["memory"], ours["prediction"]["memory"]
     assert abs(lm_mem["params_gib"] * 2 - our_mem["params_gib"]) < 1e-9
     assert abs(lm_mem["optimizer_gib"] * 8 / 12 - our_mem["optimizer_gib"]) < 1e-9
+
+
+def test_search_tries_sequence_parallelism_where_the_stack_has_it():
+    """Megatron-Core on 256 H100s for Llama 3 70B: the search finds NeMo's own recipe (TP4 PP4,
+    interleaved, no recomputation, sequence parallel), which needs sequence parallelism to fit."""
+    import tuner
+    from perfmodels import Training, presets
+
+    model, cluster = presets.model("llama3-70b"), presets.cluster("eos", 256)
+    best = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="megatron-core"), top_k=1).best
+    assert best is not None and best.plan.sequence_parallel and best.plan.recompute == "none"
+    assert (best.plan.G_intra_r, best.plan.G_inter) == (4, 4)
+    ours = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="gridtune"), top_k=5)
+    assert not any(c.plan.sequence_parallel for c in ours.candidates)  # the engine has none
