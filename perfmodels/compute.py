@@ -38,6 +38,18 @@ HOST_US_PER_BLOCK = {"nvidia": 900.0, "amd": 900.0, "cpu": 0.0}
 full recomputation repeats the forward. On a CPU "device" the host does the work itself, so its op
 overheads are already in the compute time. Checked against vTrain's single-node Megatron-DeepSpeed
 runs (8x A100, 350M-1.3B models), where small shards are host-bound by 3-7x."""
+SCORE_PASSES = 4.5
+"""Element passes over the s x span score matrix of unfused attention per forward: scale+mask+softmax
+reads and writes it (2), dropout reads, writes and stores a one-byte mask (2.5 in 16-bit units)."""
+RESIDUAL_PASSES = 12.0
+"""Element passes over the residual stream per block forward: two norms (read, write), two residual
+adds with dropout (read two, write one, a mask), the bias adds of the two output projections."""
+ELEMENTWISE_KERNELS_PER_BLOCK = 8
+"""Memory-bound kernel launches per block forward (norms, adds, activation, dropout), each paying the
+per-kernel overhead."""
+OTHER_LAYER_EFFICIENCY = 0.3
+"""Fraction of the GEMM rate that layers other than Linear (convolutions, embeddings, norms given by
+their FLOPs in a layer list) reach: a conservative mix of convolution and memory-bound kernels."""
 PER_OP_SELECTIVE_GEMM_SHARE = 0.5
 """Share of a block's forward matmul time that torchtitan's per-op selective checkpointing repeats:
 its policy saves the output of every second matmul and recomputes the others."""
@@ -157,12 +169,12 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
         attn_bwd = 2.0 * attn
         # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
-        score_elems = 4.5 * bh * s * span
+        score_elems = SCORE_PASSES * bh * s * span
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
     # activation function on the FFN hidden, bias/reshape of q, k, v
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
-    elems = T * (12.0 * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
-    mem = elems * e / rate + 8 * curve.overhead_s
+    elems = T * (RESIDUAL_PASSES * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
+    mem = elems * e / rate + ELEMENTWISE_KERNELS_PER_BLOCK * curve.overhead_s
     mem_bwd = 2.0 * mem
     if training.dtype == "fp8":
         # quantize each linear's input (forward) and output gradient (backward, plus transposes)
@@ -236,7 +248,7 @@ def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arra
             local_params = local_params + np.where(ok, n * k / (G_r * G_c * G_d), n * k)
         else:
             flops = b * layer.flops_per_sample
-            gemm = gemm + flops / (curve.tflops_max * 1e12 * 0.3)
+            gemm = gemm + flops / (curve.tflops_max * 1e12 * OTHER_LAYER_EFFICIENCY)
             mem = mem + b * layer.activation_elements_per_sample * 2 * e / rate
             local_params = local_params + layer.params
     gemm, mem, local_params = gemm * share, mem * share, local_params * share

@@ -156,3 +156,61 @@ def test_memory_overheads_context_nccl_buffers_and_fragmentation(stack, context,
 
 def test_fp8_weight_cache_is_two_bytes_per_linear_parameter():
     assert stacks.preset("megatron-core").fp8_weight_cache_bytes == 2.0
+
+
+def test_unfused_attention_and_residual_element_passes_by_hand():
+    """Memory-bound forward time of a block with unfused attention: (12 passes over the residual
+    stream + the activation function + q/k/v bias) plus 4.5 passes over the scores, in 16-bit
+    elements over HBM at 0.8 of its bandwidth, plus 8 kernel overheads of 4 us."""
+    model = presets.model("gpt3-1.7b")
+    training = Training(global_batch_size=1, dtype="fp16", stack="megatron-lm")
+    comp = _compute(model, A100, training, Plan(micro_batch_size=1))
+    s, h, f, a = model.seq_length, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads
+    elems = s * (12.0 * h + 2.0 * f + 2.0 * 3 * h) + 4.5 * a * s * s
+    rate = 2039e9 * 0.8
+    block = elems * 2 / rate + 8 * 4e-6
+    head_mem = s * model.vocab_size * 12.0 / rate
+    assert comp.memory_fwd_s[0] == pytest.approx(model.num_layers * block + head_mem, rel=1e-9)
+
+
+def test_other_layers_run_at_three_tenths_of_the_gemm_rate():
+    from perfmodels import LayerSpec, Model
+
+    model = Model(layers=(LayerSpec(name="conv", kind="other", flops_per_sample=1e12),))
+    comp = _compute(model, A100, Training(global_batch_size=1), Plan(micro_batch_size=2))
+    assert comp.gemm_fwd_s[0] == pytest.approx(2 * 1e12 / (312e12 * 0.80 * 0.3), rel=1e-9)
+
+
+def test_overlapped_tp_leaves_half_the_forward_and_what_backward_gemms_cannot_cover():
+    from perfmodels import steptime
+    from perfmodels.layout import group_geometry
+    from perfmodels.traffic import comm_events
+
+    model = presets.model("gpt3-1.7b")
+    training = Training(global_batch_size=4, stack="megatron-core", overlap_tp_comm=True, host_us_per_block=0.0)
+    plan = Plan(G_intra_r=8, micro_batch_size=1)
+    arrays = from_plans([plan])
+    geo = group_geometry(arrays.degrees(), arrays.placement, A100.gpus_per_node_used)
+    secs = steptime._comm_seconds(A100, training, arrays, comm_events(model, training, arrays), geo)
+    fwd = sum(v[0] for (axis, cat), v in secs.items() if cat == "tp_fwd_half")
+    other = sum(v[0] for (axis, cat), v in secs.items() if cat == "tp_exposed")  # norm and loss statistics
+    bwd = sum(v[0] for (axis, cat), v in secs.items() if cat == "tp_bwd")
+    comp = _compute(model, A100, training, plan)
+    m = 4
+    expected = other + 0.5 * fwd + max(bwd - m * comp.wgrad_s[0], 0.0)
+    assert predict(model, A100, training, plan).breakdown.exposed_comm_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_uncertainty_bands():
+    """Preset constants: 15% (the p90 published error); the CPU preset: 100%; a profile without a
+    measured error: 10%; calibrated: 8%."""
+    from perfmodels.specs import Profile
+
+    model, plan = presets.model("gpt3-1.7b"), Plan(G_data=8, micro_batch_size=1)
+    training = Training(global_batch_size=8)
+    assert predict(model, A100, training, plan).uncertainty_rel == 0.15
+    cpu = presets.cluster("local-cpu", 8)
+    assert predict(presets.model("tiny-gpt"), cpu, training, plan).uncertainty_rel == 1.0
+    for source, band in (("profile", 0.10), ("calibrated", 0.08)):
+        profiled = dataclasses.replace(A100, profile=Profile(profile_id="x", source=source))
+        assert predict(model, profiled, training, plan).uncertainty_rel == band
