@@ -53,7 +53,6 @@ their FLOPs in a layer list) reach: a conservative mix of convolution and memory
 PER_OP_SELECTIVE_GEMM_SHARE = 0.5
 """Share of a block's forward matmul time that torchtitan's per-op selective checkpointing repeats:
 its policy saves the output of every second matmul and recomputes the others."""
-ADAM_BYTES_PER_PARAM = 30.0  # fused Adam: read/write fp32 master, two moments, grad; write low-precision copy
 
 
 @dataclass(frozen=True)
@@ -175,6 +174,9 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
     elems = T * (RESIDUAL_PASSES * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
     mem = elems * e / rate + ELEMENTWISE_KERNELS_PER_BLOCK * curve.overhead_s
+    # layout conversions of stacks that split more than rows (the engine's col/depth axes)
+    split_axes = (G_r > 1).astype(float) + (G_c > 1) + (G_d > 1)
+    mem = mem * (1.0 + stack.split_axis_memory_passes * split_axes)
     mem_bwd = 2.0 * mem
     if training.dtype == "fp8":
         # quantize each linear's input (forward) and output gradient (backward, plus transposes)
@@ -210,7 +212,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
         model.vocab_size * h / G_c)
     local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
-    optimizer = local * ADAM_BYTES_PER_PARAM / rate if training.optimizer != "sgd" else local * 12.0 / rate
+    optimizer = local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
 
     return StageCompute(
         gemm_fwd_s=blocks * gemm + st.has_head * head_gemm,
@@ -257,14 +259,16 @@ def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arra
     local_params = local_params / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
     return StageCompute(
         gemm_fwd_s=gemm, attention_fwd_s=np.zeros(n_plans), memory_fwd_s=mem, fwd_s=fwd, bwd_s=2 * fwd,
-        recompute_s=np.where(full, fwd, 0.0), optimizer_s=local_params * ADAM_BYTES_PER_PARAM / rate,
+        recompute_s=np.where(full, fwd, 0.0),
+        optimizer_s=local_params * training.effective_stack.optimizer_step_bytes / rate,
         wgrad_s=gemm, head_fwd_s=np.zeros(n_plans),
     )
 
 
 def host_seconds_per_block(cluster: Cluster, training: Training) -> float:
     """Host time to issue one block's forward pass (the stack's or `Training`'s, else the default)."""
-    us = training.effective_stack.host_us_per_block
+    stack = training.effective_stack
+    us = stack.host_us_per_block
     if us is None:
-        us = HOST_US_PER_BLOCK.get(cluster.gpu.vendor, 0.0)
+        us = HOST_US_PER_BLOCK.get(cluster.gpu.vendor, 0.0) * stack.host_scale
     return float(us) * 1e-6

@@ -256,7 +256,9 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     # GPU's (layer-list models: per-layer host costs are inside their compute)
     passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
     blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(n)
-    host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued
+    cost_r, cost_c, cost_d = stack.host_split_axis_costs
+    axis_factor = 1.0 + cost_r * (arrays.G_intra_r > 1) + cost_c * (arrays.G_intra_c > 1) + cost_d * (arrays.G_intra_d > 1)
+    host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued * axis_factor
     t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
     avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
