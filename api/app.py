@@ -7,8 +7,8 @@ Run it with `gridtune serve --host 127.0.0.1 --port 8000` (uvicorn), or in-proce
     from api.settings import Settings
     client = TestClient(create_app(Settings(database_url="sqlite:////tmp/t.db")))
 
-The store is opened (tables created) here, not at first request, so a bad database URL fails at
-start-up instead of on the first write.
+The store is opened (schema migrated to the newest alembic revision) here, not at first request,
+so a bad database URL fails at start-up instead of on the first write.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api import errors
 from api.limits import BodyLimitMiddleware
+from api.methods import AllowMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.routers import clusters, measurements, model, ops
 from api.searches import SearchRunner
@@ -39,6 +41,8 @@ Which parallel layout trains my model fastest on my cluster, and why?
 * `POST/GET /v1/clusters`: profiles measured by `gridtune profile`; pass `cluster.profile_id`
   to predict with their constants.
 * `POST/GET /v1/measurements`: measured steps sent back by the engine (the closed loop).
+* `GET /v1/presets`: the model, cluster and GPU presets by name.
+* `GET /livez` (process up), `GET /readyz` and `/healthz` (the store takes writes).
 
 Units: bandwidth GB/s per GPU per direction, latency microseconds, memory GiB, time seconds.
 Writes need `Authorization: Bearer <GRIDTUNE_API_KEY>` when the server sets a key.
@@ -81,7 +85,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     from api import __version__
 
-    app = FastAPI(
+    # /docs and /redoc from assets shipped in the fastapi-offline wheel: they work on a cluster
+    # without internet (FastAPI's default pages load Swagger UI and ReDoc from a CDN)
+    app = FastAPIOffline(
         title="gridtune",
         version=__version__,
         description=DESCRIPTION,
@@ -98,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (model.router, clusters.router, measurements.router, ops.router):
         app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(settings.max_body_mb * 2**20))
+    app.add_middleware(AllowMiddleware, fastapi_app=app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts 413s too
     log.info("gridtune API on %s (auth %s)", store.backend, "on" if settings.api_key else "off")
     return app

@@ -4,18 +4,26 @@ those with `perfmodels.io` (the one converter the CLI shares), which builds the 
 dataclasses and raises `ValueError` naming field and value for anything pydantic cannot see
 (unknown presets, grid product vs GPU count, divisibility).
 
-Ranges here are "absurd input" bounds (e.g. at most 4,194,304 GPUs, hidden size 2**20), not
-physics: they keep every request cheap to answer and every number far from overflow.
+Ranges here are of two kinds. Sizes (GPUs, layers, hidden size) have "absurd input" bounds that keep
+every request cheap to answer. Physical constants (bandwidths, latencies, TFLOP/s, memory) have
+*plausible* ranges (`PLAUSIBLE`), wide enough for any hardware of the next decade and a CPU test box,
+narrow enough that a typo such as 1e-300 GB/s cannot produce a 5e301 s step; a 422 names the range.
+
+Strings: every string in a request (free-form JSON included) must be valid Unicode (an unpaired
+UTF-16 surrogate such as "\\ud800" is refused: it cannot be encoded as UTF-8, so it could neither be
+answered nor stored), and names and ids must not contain NUL (PostgreSQL text cannot hold it).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api import examples
+from perfmodels.stacks import STACK_PRESETS
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -29,11 +37,80 @@ PROFILE_EXTRAS = ("provenance", "fits", "expected", "holdout_median_abs_error")
 MAX_GPUS = 1 << 22  # the domain's own "absurd" bound (perfmodels.specs.Cluster)
 MAX_LAYERS = 4096  # explicit layer lists (what the engine extracts); Llama-3 405B has 882 Linears
 
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    "bandwidth_GBps": (1e-3, 1e5, "GB/s per GPU per direction"),
+    "latency_us": (0.0, 1e6, "microseconds"),
+    "peak_tflops": (1e-4, 1e5, "TFLOP/s"),
+    "memory_gib": (1e-2, 1e5, "GiB"),
+    "hbm_bandwidth_GBps": (0.1, 1e6, "GB/s"),
+    "alpha_us": (0.0, 1e6, "microseconds"),
+}
+"""Plausible ranges of physical constants (bounds included); `api.errors` quotes them in 422s."""
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def plausible_range(field: str) -> tuple[float, float, str] | None:
+    """The plausible range of a field by its name (e.g. `inter_node_bandwidth_GBps`), if it has one."""
+    if field.endswith("hbm_bandwidth_GBps"):
+        return PLAUSIBLE["hbm_bandwidth_GBps"]
+    for suffix in ("bandwidth_GBps", "latency_us", "memory_gib", "alpha_us"):
+        if field.endswith(suffix):
+            return PLAUSIBLE[suffix]
+    if field == "busbw_GBps":
+        return PLAUSIBLE["bandwidth_GBps"]
+    if field.startswith("peak_tflops") or field == "gemm_tflops_max" or field in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        return PLAUSIBLE["peak_tflops"]
+    return None
+
+
+def _no_nul(value: str) -> str:
+    bad = _BAD_TEXT.search(value)
+    if bad is not None:
+        raise ValueError("must not contain a NUL character" if bad.group() == "\x00"
+                         else "must not contain an unpaired UTF-16 surrogate")
+    return value
+
+
+def find_surrogate(value: Any, where: str = "body", depth: int = 0) -> str | None:
+    """The path of the first string (value or key) holding an unpaired surrogate, else None."""
+    if depth > 64:
+        return None
+    if isinstance(value, str):
+        return where if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return f"{where} (a key)"
+            found = find_surrogate(item, f"{where}.{key}", depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = find_surrogate(item, f"{where}[{i}]", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _physical(kind: str, *, strict_low: bool = False) -> Any:
+    lo, hi, unit = PLAUSIBLE[kind]
+    bounds = {"gt": lo} if strict_low else {"ge": lo}
+    return Field(le=hi, description=f"plausible range {lo:g} to {hi:g} {unit}", **bounds)
+
+
 Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
 PosFloat = Annotated[float, Field(gt=0, le=1e9)]
 NonNegFloat = Annotated[float, Field(ge=0, le=1e9)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
+Bandwidth = Annotated[float, _physical("bandwidth_GBps")]
+Latency = Annotated[float, _physical("latency_us")]
+Tflops = Annotated[float, _physical("peak_tflops")]
+TflopsOrZero = Annotated[float, Field(ge=0, le=PLAUSIBLE["peak_tflops"][1],
+                                      description="plausible range 0 (none) or 1e-4 to 1e5 TFLOP/s")]
+MemoryGib = Annotated[float, _physical("memory_gib")]
+HbmBandwidth = Annotated[float, _physical("hbm_bandwidth_GBps")]
 
 
 class _In(BaseModel):
@@ -41,6 +118,19 @@ class _In(BaseModel):
     a boolean) are rejected with the field's name; integers are fine where numbers are expected."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class _Root(_In):
+    """A whole request body: no string anywhere in it (free-form JSON included) may hold an unpaired
+    surrogate; the 422 names the path."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = find_surrogate(data)
+        if where is not None:
+            raise ValueError(f"{where} holds an unpaired UTF-16 surrogate (not valid Unicode text)")
+        return data
 
 
 class _Out(BaseModel):
@@ -57,7 +147,7 @@ class _Out(BaseModel):
 class LayerIn(_In):
     """One layer of an arbitrary network (what the engine extracts from an nn.Module)."""
 
-    name: Annotated[str, Field(max_length=200)] = "layer"
+    name: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] = "layer"
     kind: Literal["linear", "other"] = "linear"
     in_features: Annotated[int, Field(ge=0, le=1 << 24)] = 0
     out_features: Annotated[int, Field(ge=0, le=1 << 24)] = 0
@@ -75,8 +165,8 @@ class ModelIn(_In):
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.MODEL_GPT3, examples.PREDICT_EXPLICIT["model"]]})
 
-    preset: Annotated[str, Field(max_length=100, description="e.g. gpt3-175b, llama3-70b")] | None = None
-    name: Annotated[str, Field(max_length=200)] | None = None
+    preset: Annotated[str, Field(max_length=100, description="e.g. gpt3-175b, llama3-70b"), AfterValidator(_no_nul)] | None = None
+    name: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = None
     # 0 is what perfmodels.io.model_to_dict writes for a layer-list model; a transformer with a
     # zero dimension gets the domain's 422 ("model.hidden_size must be a positive integer, got 0")
     num_layers: Annotated[int, Field(ge=0, le=100_000)] | None = None
@@ -95,19 +185,22 @@ class ModelIn(_In):
 class GPUIn(_In):
     """A GPU by preset name with overrides, or by its numbers (peak TFLOP/s per dtype, memory)."""
 
-    preset: Annotated[str, Field(max_length=100)] | None = None
-    name: Annotated[str, Field(max_length=200)] | None = None
-    peak_tflops: dict[Dtype, Annotated[float, Field(ge=0, le=1e6)]] | None = None
-    peak_tflops_fp32: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    peak_tflops_tf32: Annotated[float, Field(ge=0, le=1e6)] | None = None
-    peak_tflops_bf16: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    peak_tflops_fp16: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    peak_tflops_fp8: Annotated[float, Field(ge=0, le=1e6)] | None = None
-    memory_gib: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    hbm_bandwidth_GBps: Annotated[float, Field(gt=0, le=1e7)] | None = None
+    preset: Annotated[str, Field(max_length=100), AfterValidator(_no_nul)] | None = None
+    name: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = None
+    peak_tflops: dict[Dtype, TflopsOrZero] | None = None
+    peak_tflops_fp32: Tflops | None = None
+    peak_tflops_tf32: TflopsOrZero | None = None
+    peak_tflops_bf16: Tflops | None = None
+    peak_tflops_fp16: Tflops | None = None
+    peak_tflops_fp8: TflopsOrZero | None = None
+    memory_gib: MemoryGib | None = None
+    hbm_bandwidth_GBps: HbmBandwidth | None = None
     gemm_efficiency_max: Fraction | None = None
+    gemm_efficiency_fp8: Fraction | None = None
+    flash_fwd_efficiency: Fraction | None = None
+    flash_bwd_efficiency: Fraction | None = None
     memory_efficiency: Fraction | None = None
-    vendor: Annotated[str, Field(max_length=50)] | None = None
+    vendor: Annotated[str, Field(max_length=50), AfterValidator(_no_nul)] | None = None
 
 
 class CollectiveFitIn(_In):
@@ -116,8 +209,8 @@ class CollectiveFitIn(_In):
     op: CollectiveOp
     level: Literal["intra", "inter"]
     group_size: Annotated[int, Field(ge=1, le=MAX_GPUS)]
-    alpha_us: NonNegFloat
-    busbw_GBps: Annotated[float, Field(gt=0, le=1e7)]
+    alpha_us: Annotated[float, _physical("alpha_us")]
+    busbw_GBps: Bandwidth
     r2: Annotated[float, Field(ge=-1e9, le=1)] | None = Field(None, description="fit quality; null when unknown")
 
 
@@ -127,19 +220,24 @@ class ProfileIn(_In):
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.PROFILE]})
 
-    profile_id: Annotated[str, Field(max_length=200)] | None = None
+    profile_id: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = None
     collectives: Annotated[list[CollectiveFitIn], Field(max_length=10_000)] = []
-    gemm_tflops_max: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    gemm_tflops_max: Tflops | None = None
     gemm_half_size: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    gemm_overhead_us: NonNegFloat | None = None
-    hbm_bandwidth_GBps: Annotated[float, Field(gt=0, le=1e7)] | None = None
-    corrections: dict[Annotated[str, Field(max_length=100)], Annotated[float, Field(gt=0, le=1e6)]] = {}
+    gemm_overhead_us: Latency | None = None
+    hbm_bandwidth_GBps: HbmBandwidth | None = None
+    corrections: dict[Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, Field(gt=0, le=1e6)]] = {}
     source: Literal["profile", "calibrated"] = "profile"
-    uncertainty_rel: Annotated[float, Field(ge=0, le=1e3)] | None = None
+    uncertainty_rel: Annotated[float, Field(ge=0, le=10)] | None = None
     provenance: Any = None
     fits: Any = None
     expected: Any = None
     holdout_median_abs_error: Any = None
+
+
+CLUSTER_FIELDS = ("num_gpus", "gpus_per_node", "gpu", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps")
+CLUSTER_ANY_OF = [{"required": ["preset"]}, {"required": ["profile_id"]}, {"required": list(CLUSTER_FIELDS)}]
+"""What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks."""
 
 
 class ClusterIn(_In):
@@ -147,36 +245,93 @@ class ClusterIn(_In):
     stored profile (POST /v1/clusters) whose fitted constants replace the defaults."""
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [examples.CLUSTER_SELENE_1024, examples.PREDICT_EXPLICIT["cluster"]]}
+        json_schema_extra={"examples": [examples.CLUSTER_SELENE_1024, examples.PREDICT_EXPLICIT["cluster"]],
+                           "anyOf": CLUSTER_ANY_OF}
     )
 
-    preset: Annotated[str, Field(max_length=100, description="e.g. selene, eos, frontier")] | None = None
-    name: Annotated[str, Field(max_length=200)] | None = None
+    preset: Annotated[str, Field(max_length=100, description="e.g. selene, eos, frontier"), AfterValidator(_no_nul)] | None = None
+    name: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = None
     num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] | None = None
     gpus_per_node: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
-    gpu: Annotated[str, Field(max_length=100)] | GPUIn | None = None
-    intra_node_bandwidth_GBps: Annotated[float, Field(gt=0, le=1e7)] | None = None
-    inter_node_bandwidth_GBps: Annotated[float, Field(gt=0, le=1e7)] | None = None
-    intra_node_latency_us: NonNegFloat | None = None
-    inter_node_latency_us: NonNegFloat | None = None
+    gpu: Annotated[str, Field(max_length=100), AfterValidator(_no_nul)] | GPUIn | None = None
+    intra_node_bandwidth_GBps: Bandwidth | None = None
+    inter_node_bandwidth_GBps: Bandwidth | None = None
+    intra_node_latency_us: Latency | None = None
+    inter_node_latency_us: Latency | None = None
     link_efficiency_intra: Fraction | None = None
     link_efficiency_inter: Fraction | None = None
     backend: Literal["nccl", "rccl", "gloo"] | None = None
-    profile_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    profile_id: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)] | None = None
     profile: ProfileIn | None = None
+
+    @model_validator(mode="after")
+    def _says_which_hardware(self) -> ClusterIn:
+        if self.preset is None and self.profile_id is None and any(
+                getattr(self, f) is None for f in CLUSTER_FIELDS):
+            missing = [f for f in CLUSTER_FIELDS if getattr(self, f) is None]
+            raise ValueError(f"cluster needs a 'preset', a stored 'profile_id', or all of {list(CLUSTER_FIELDS)} "
+                             f"(missing {missing})")
+        return self
+
+
+StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]
+BytesPerParam = Annotated[float, Field(ge=0, le=64)]
+
+
+class StackIn(_In):
+    """A training-stack preset with some of its options changed (perfmodels.stacks.Stack)."""
+
+    name: StackName
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    overlap_tp_comm: bool | None = None
+    overlap_depth_comm: bool | None = None
+    zero2_grad_reduce: Literal["per_step", "per_microbatch"] | None = None
+    zero3_gather: Literal["layer", "tensor"] | None = None
+    flash_attention: bool | None = None
+    selective_recompute: Literal["attention-core", "per-op"] | None = None
+    host_us_per_block: Latency | None = None
+    host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
+    p2p_scatter_gather: bool | None = None
+    weight_bytes: BytesPerParam | None = None
+    master_bytes: BytesPerParam | None = None
+    grad_bytes_bf16: BytesPerParam | None = None
+    grad_bytes_fp16: BytesPerParam | None = None
+    fp32_grad_bytes_bf16: BytesPerParam | None = None
+    zero2_grad_bytes: BytesPerParam | None = None
+    zero2_master_bytes: BytesPerParam | None = None
+    optimizer_state_bytes: BytesPerParam | None = None
+    fp8_weight_cache_bytes: BytesPerParam | None = None
+    context_gib: Annotated[float, Field(ge=0, le=64)] | None = None
+    comm_buffer_gib: Annotated[float, Field(ge=0, le=64)] | None = None
+    fragmentation: Annotated[float, Field(ge=0, le=10)] | None = None
+    schedules: Annotated[list[Schedule], Field(min_length=1, max_length=3)] | None = None
+    zero_stages: Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None = None
+    tensor_parallel: bool | None = None
+    pipeline_parallel: bool | None = None
+    tensor_parallel_3d: bool | None = None
+    sequence_parallel: bool | None = None
+    vocab_parallel_embedding: bool | None = None
 
 
 class TrainingIn(_In):
+    """Batch, precision and the training stack (`stack`: a preset name, or {"name": ..., option: value});
+    the option fields override one behaviour of the stack each (null: as the stack does)."""
+
     global_batch_size: Annotated[int, Field(ge=1, le=1 << 24)]
     dtype: Dtype = "bf16"
+    attention_dtype: Literal["fp32", "tf32", "bf16", "fp16"] | None = None
     optimizer: Literal["adam", "adamw", "sgd"] | None = None
+    stack: StackName | StackIn | None = None
     overlap_grad_reduce: bool | None = None
     overlap_tp_comm: bool | None = None
+    overlap_param_gather: bool | None = None
+    overlap_depth_comm: bool | None = None
     flash_attention: bool | None = None
     p2p_scatter_gather: bool | None = None
     zero3_gather: Literal["layer", "tensor"] | None = None
-    overlap_param_gather: bool | None = None
-    host_us_per_block: Annotated[float, Field(ge=0, le=1e6)] | None = None
+    host_us_per_block: Latency | None = None
+    host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class PlanIn(_In):
@@ -231,7 +386,7 @@ class SearchIn(_In):
         return value
 
 
-class PredictRequest(_In):
+class PredictRequest(_Root):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.PREDICT]})
 
     model: ModelIn
@@ -240,7 +395,7 @@ class PredictRequest(_In):
     plan: PlanIn
 
 
-class RecommendRequest(_In):
+class RecommendRequest(_Root):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.RECOMMEND]})
 
     model: ModelIn
@@ -250,7 +405,7 @@ class RecommendRequest(_In):
     search: SearchIn | None = None
 
 
-class ClusterCreate(_In):
+class ClusterCreate(_Root):
     """A profile from `gridtune profile`, under a name; `cluster` says which hardware it measured."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.CLUSTER_CREATE]})
@@ -269,7 +424,7 @@ class MeasuredIn(BaseModel):
     iteration_time_s: Annotated[float, Field(gt=0, le=1e9)]
 
 
-class MeasurementCreate(_In):
+class MeasurementCreate(_Root):
     """One measured step configuration (what `engine.train` sends back)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.MEASUREMENT]})
@@ -281,7 +436,8 @@ class MeasurementCreate(_In):
     measured: MeasuredIn
     prediction: dict[str, Any] | None = None
     cluster_id: Annotated[
-        str, Field(min_length=1, max_length=200, description="default: cluster.profile_id, else cluster name")
+        str, Field(min_length=1, max_length=200, description="default: cluster.profile_id, else cluster name"),
+        AfterValidator(_no_nul),
     ] | None = None
 
 
@@ -341,6 +497,16 @@ class BestOut(_Out):
 
 class CandidateOut(BestOut):
     rank: int
+    equivalent_placements: list[list[str]] = Field(
+        [], description="other rank orders of this plan that predict the same time (merged into this row)")
+
+
+class LaunchOut(_Out):
+    kind: str
+    text: str = Field(description="what to paste: a command line, a JSON config, or Python")
+    args: list[str] = []
+    config: dict[str, Any] = {}
+    notes: list[str] = Field([], description="what the stack cannot express, or what to set by hand")
 
 
 class RecommendOut(_Out):
@@ -354,6 +520,11 @@ class RecommendOut(_Out):
     profile_id: str | None = None
     explanation: str = ""
     search_time_s: Num = None
+    complete: bool = Field(True, description="false when the time budget ran out before every plan was scored")
+    num_not_evaluated: int = 0
+    launch: dict[str, LaunchOut] = Field(
+        {}, description="the best plan as Megatron-LM/NeMo arguments, a DeepSpeed config, and the gridtune "
+                        "engine's torchrun line (keys megatron, deepspeed, torchrun)")
 
 
 class ClusterOut(_Out):
@@ -366,6 +537,7 @@ class ClusterOut(_Out):
 
 class ClusterList(_Out):
     items: list[ClusterOut]
+    next_offset: int | None = Field(None, description="pass as offset to get the next (older) page")
 
 
 class MeasurementOut(_Out):
@@ -389,6 +561,20 @@ class Health(_Out):
     status: Literal["ok", "degraded"]
     database: str
     version: str
+    ready: bool | None = Field(None, description="the store takes writes now")
+    reason: str = Field("", description="why not ready")
+
+
+class Live(_Out):
+    status: Literal["ok"]
+    version: str
+
+
+class PresetsOut(_Out):
+    models: dict[str, dict[str, Any]]
+    clusters: dict[str, dict[str, Any]]
+    gpus: dict[str, dict[str, Any]]
+    stacks: dict[str, dict[str, Any]] = {}
 
 
 class ErrorItem(_Out):

@@ -10,6 +10,7 @@ pydantic's shape by `api.errors`), so no client input reaches a 500. `perfmodels
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from api import schemas
 from api.settings import Settings
 from perfmodels import io as pio
 from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, combination_problems
+from tuner.profiles import apply_profile
 from tuner.store import Store, StoredProfile, check_json
 
 log = logging.getLogger("gridtune.api")
@@ -78,6 +80,19 @@ class ResponseCache:
 def encode(payload: dict[str, Any]) -> bytes:
     """JSON bytes of an answer (already made finite)."""
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode_listing(payload: dict[str, Any]) -> bytes:
+    """JSON bytes of stored rows (datetimes as ISO text). Rows are scrubbed by the store, and any
+    text UTF-8 cannot carry is replaced rather than failing the whole read."""
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False,
+                      default=_json_default).encode("utf-8", "replace")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, _dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def cache_key(kind: str, body: Any, profile_id: str | None) -> str:
@@ -193,7 +208,8 @@ def to_cluster(body: schemas.ClusterIn, profiles: ProfileCache) -> tuple[Cluster
     data = _dump(body)
     key = data.get("profile_id")
     if key is None:
-        return convert(("body", "cluster"), pio.cluster_from_dict, data), None
+        cluster = convert(("body", "cluster"), pio.cluster_from_dict, data)
+        return apply_profile(cluster, cluster.profile)[0], None
     if "profile" in data:
         raise InputError(("body", "cluster"), "cluster has both profile_id and profile; give one")
     found = profiles.get(key)
@@ -206,7 +222,8 @@ def to_cluster(body: schemas.ClusterIn, profiles: ProfileCache) -> tuple[Cluster
     stored, profile = found
     merged = {**(stored.cluster or {}), **data, "profile_id": stored.id}
     merged.pop("profile", None)
-    return convert(("body", "cluster"), pio.cluster_from_dict, merged, profile), stored.id
+    cluster = convert(("body", "cluster"), pio.cluster_from_dict, merged, profile)
+    return apply_profile(cluster, profile)[0], stored.id  # the peak follows measured GEMMs (MFU <= 100%)
 
 
 def check_combination(model: Model, cluster: Cluster, training: Training, plan: Plan) -> None:
@@ -307,8 +324,8 @@ def prepare_recommend(body: schemas.RecommendRequest, profiles: ProfileCache, se
     if cluster.num_gpus > settings.max_recommend_gpus:
         raise InputError(
             ("body", "cluster", "num_gpus"),
-            f"cluster.num_gpus={cluster.num_gpus} is more than this service searches "
-            f"({settings.max_recommend_gpus:,} GPUs at most)",
+            f"cluster.num_gpus={cluster.num_gpus:,} is more than this service searches "
+            f"({settings.max_recommend_gpus:,} GPUs at most, GRIDTUNE_MAX_GPUS; /v1/predict takes up to 4,194,304)",
         )
     training = to_training(body.training)
     options, budget = search_options(body.search, settings)
@@ -339,6 +356,10 @@ def run_recommend(job: RecommendJob) -> tuple[bytes, bool]:
     except ValueError as exc:
         raise InputError(("body",), str(exc)) from None
     out = recommendation_json(rec, job.profile_id)
+    if rec.best is not None:
+        from tuner.launch import all_launches
+
+        out["launch"] = all_launches(job.model, job.cluster, job.training, rec.best.plan)
     schemas.RecommendOut.model_validate(out)
     # a search cut short by its budget depends on load: not reused
     cut_short = any(str(reason).startswith("not evaluated") for reason in rec.pruned)
@@ -358,11 +379,14 @@ def recommendation_json(rec: Any, profile_id: str | None) -> dict[str, Any]:
                     "rank": c.rank,
                     "plan": pio.plan_to_dict(c.plan),
                     "prediction": prediction_json(c.prediction, profile_id),
+                    "equivalent_placements": [list(p) for p in getattr(c, "equivalent_placements", ())],
                 }
                 for c in rec.candidates
             ],
             "num_evaluated": int(rec.num_evaluated),
             "num_valid": int(rec.num_valid),
+            "complete": bool(getattr(rec, "complete", True)),
+            "num_not_evaluated": int(getattr(rec, "num_not_evaluated", 0)),
             "pruned": {str(k): int(v) for k, v in rec.pruned.items()},
             "pruned_examples": {str(k): [str(x) for x in v] for k, v in rec.pruned_examples.items()},
             "constants_source": rec.constants_source,

@@ -9,6 +9,11 @@
     GRIDTUNE_SEARCH_WORKERS threads that run searches (default 2: searches are CPU-bound)
     GRIDTUNE_CACHE_MB       memory for cached predict/recommend answers (default 64; 0 disables)
     GRIDTUNE_MAX_BODY_MB    largest request body accepted, in MiB (default 16; larger: 413)
+    GRIDTUNE_DB_LOCK_TIMEOUT_S  seconds a write waits for another writer's lock before a 503 (default 5)
+    GRIDTUNE_TABLE_PREFIX   prefix of the store's table names (default gridtune_), so several services
+                            can share one database
+    GRIDTUNE_MAX_PAGE_MB    a list page (GET /v1/measurements, /v1/clusters) ends after about this many
+                            MiB of JSON (default 8; it always holds at least one row)
     GRIDTUNE_SEARCH_ISOLATION  "process" (default: each search in a process that is killed when it
                             overruns) or "thread"
 
@@ -20,9 +25,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tuner.search import MAX_GPUS as SEARCH_MAX_GPUS
 from tuner.store import default_database_url
 
-DEFAULT_MAX_GPUS = 1 << 20
+DEFAULT_MAX_GPUS = SEARCH_MAX_GPUS  # one bound with `gridtune recommend` (tuner.search.MAX_GPUS)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -65,6 +71,7 @@ class Settings:
     max_top_k: int = 100
     cache_mb: float = 64.0
     max_body_mb: float = 16.0
+    max_page_mb: float = 8.0
     search_isolation: str = "process"
 
     def __post_init__(self) -> None:
@@ -80,10 +87,12 @@ class Settings:
         return cls(
             database_url=default_database_url(),
             api_key=os.environ.get("GRIDTUNE_API_KEY") or None,
+            table_prefix=os.environ.get("GRIDTUNE_TABLE_PREFIX", "").strip() or "gridtune_",
             max_recommend_gpus=_env_int("GRIDTUNE_MAX_GPUS", DEFAULT_MAX_GPUS),
             max_search_time_s=_env_float("GRIDTUNE_MAX_SEARCH_S", 30.0),
             search_workers=_env_int("GRIDTUNE_SEARCH_WORKERS", 2),
             cache_mb=_env_float("GRIDTUNE_CACHE_MB", 64.0, allow_zero=True),
             search_isolation=os.environ.get("GRIDTUNE_SEARCH_ISOLATION", "").strip() or "process",
             max_body_mb=_env_float("GRIDTUNE_MAX_BODY_MB", 16.0),
+            max_page_mb=_env_float("GRIDTUNE_MAX_PAGE_MB", 8.0),
         )

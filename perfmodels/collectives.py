@@ -134,5 +134,5 @@ def cost_s(cluster: Cluster, op: str, byte_calls: np.ndarray, calls: np.ndarray,
     op = costed_op(cluster, op)
     p = np.asarray(p, dtype=np.float64)
     alpha, busbw = link_constants(cluster, op, p, intra, members_per_node)
-    sec = latency_steps(op, p) * alpha * 1e-6 * calls + bytes_factor(op, p) * byte_calls / (busbw * 1e9)
-    return np.where(p > 1, sec, 0.0)
+    # `calls` calls pay the latency term each; their bytes add up: the one-call formula with alpha x calls
+    return collective_time_s(op, byte_calls, p, alpha * calls, busbw)

@@ -38,10 +38,21 @@ HOST_US_PER_BLOCK = {"nvidia": 900.0, "amd": 900.0, "cpu": 0.0}
 full recomputation repeats the forward. On a CPU "device" the host does the work itself, so its op
 overheads are already in the compute time. Checked against vTrain's single-node Megatron-DeepSpeed
 runs (8x A100, 350M-1.3B models), where small shards are host-bound by 3-7x."""
+SCORE_PASSES = 4.5
+"""Element passes over the s x span score matrix of unfused attention per forward: scale+mask+softmax
+reads and writes it (2), dropout reads, writes and stores a one-byte mask (2.5 in 16-bit units)."""
+RESIDUAL_PASSES = 12.0
+"""Element passes over the residual stream per block forward: two norms (read, write), two residual
+adds with dropout (read two, write one, a mask), the bias adds of the two output projections."""
+ELEMENTWISE_KERNELS_PER_BLOCK = 8
+"""Memory-bound kernel launches per block forward (norms, adds, activation, dropout), each paying the
+per-kernel overhead."""
+OTHER_LAYER_EFFICIENCY = 0.3
+"""Fraction of the GEMM rate that layers other than Linear (convolutions, embeddings, norms given by
+their FLOPs in a layer list) reach: a conservative mix of convolution and memory-bound kernels."""
 PER_OP_SELECTIVE_GEMM_SHARE = 0.5
 """Share of a block's forward matmul time that torchtitan's per-op selective checkpointing repeats:
 its policy saves the output of every second matmul and recomputes the others."""
-ADAM_BYTES_PER_PARAM = 30.0  # fused Adam: read/write fp32 master, two moments, grad; write low-precision copy
 
 
 @dataclass(frozen=True)
@@ -157,12 +168,15 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
         attn_bwd = 2.0 * attn
         # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
-        score_elems = 4.5 * bh * s * span
+        score_elems = SCORE_PASSES * bh * s * span
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
     # activation function on the FFN hidden, bias/reshape of q, k, v
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
-    elems = T * (12.0 * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
-    mem = elems * e / rate + 8 * curve.overhead_s
+    elems = T * (RESIDUAL_PASSES * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
+    mem = elems * e / rate + ELEMENTWISE_KERNELS_PER_BLOCK * curve.overhead_s
+    # layout conversions of stacks that split more than rows (the engine's col/depth axes)
+    split_axes = (G_r > 1).astype(float) + (G_c > 1) + (G_d > 1)
+    mem = mem * (1.0 + stack.split_axis_memory_passes * split_axes)
     mem_bwd = 2.0 * mem
     if training.dtype == "fp8":
         # quantize each linear's input (forward) and output gradient (backward, plus transposes)
@@ -198,7 +212,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
         model.vocab_size * h / G_c)
     local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
-    optimizer = local * ADAM_BYTES_PER_PARAM / rate if training.optimizer != "sgd" else local * 12.0 / rate
+    optimizer = local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
 
     return StageCompute(
         gemm_fwd_s=blocks * gemm + st.has_head * head_gemm,
@@ -236,7 +250,7 @@ def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arra
             local_params = local_params + np.where(ok, n * k / (G_r * G_c * G_d), n * k)
         else:
             flops = b * layer.flops_per_sample
-            gemm = gemm + flops / (curve.tflops_max * 1e12 * 0.3)
+            gemm = gemm + flops / (curve.tflops_max * 1e12 * OTHER_LAYER_EFFICIENCY)
             mem = mem + b * layer.activation_elements_per_sample * 2 * e / rate
             local_params = local_params + layer.params
     gemm, mem, local_params = gemm * share, mem * share, local_params * share
@@ -245,14 +259,16 @@ def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arra
     local_params = local_params / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
     return StageCompute(
         gemm_fwd_s=gemm, attention_fwd_s=np.zeros(n_plans), memory_fwd_s=mem, fwd_s=fwd, bwd_s=2 * fwd,
-        recompute_s=np.where(full, fwd, 0.0), optimizer_s=local_params * ADAM_BYTES_PER_PARAM / rate,
+        recompute_s=np.where(full, fwd, 0.0),
+        optimizer_s=local_params * training.effective_stack.optimizer_step_bytes / rate,
         wgrad_s=gemm, head_fwd_s=np.zeros(n_plans),
     )
 
 
 def host_seconds_per_block(cluster: Cluster, training: Training) -> float:
     """Host time to issue one block's forward pass (the stack's or `Training`'s, else the default)."""
-    us = training.effective_stack.host_us_per_block
+    stack = training.effective_stack
+    us = stack.host_us_per_block
     if us is None:
-        us = HOST_US_PER_BLOCK.get(cluster.gpu.vendor, 0.0)
+        us = HOST_US_PER_BLOCK.get(cluster.gpu.vendor, 0.0) * stack.host_scale
     return float(us) * 1e-6

@@ -32,6 +32,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from perfmodels import collectives
+from perfmodels.compute import GemmCurve
+from perfmodels.compute import gemm_time_s as compute_gemm_time_s
 from perfmodels.specs import Cluster, CollectiveFit, Profile
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
@@ -76,9 +78,11 @@ def bytes_factor(op: str, p: np.ndarray | int) -> np.ndarray:
 
 def collective_time_s(op: str, p: np.ndarray | int, nbytes: np.ndarray | float, alpha_us: float,
                       busbw_GBps: float) -> np.ndarray:
-    """Alpha-beta time of `op` on p ranks for N bytes of full buffer."""
-    return (latency_steps(op, p) * alpha_us * 1e-6
-            + bytes_factor(op, p) * np.asarray(nbytes, dtype=float) / (busbw_GBps * 1e9))
+    """Alpha-beta time of `op` on p ranks for N bytes of full buffer: the time model's own formula
+    (`perfmodels.collectives.collective_time_s`), so what is fitted is what is costed."""
+    _check_op(op)
+    return np.asarray(collectives.collective_time_s(op, np.asarray(nbytes, dtype=float), np.asarray(p, dtype=float),
+                                                    np.asarray(alpha_us), np.asarray(busbw_GBps)), dtype=float)
 
 
 def busbw_GBps(op: str, p: np.ndarray | int, nbytes: np.ndarray | float, seconds: np.ndarray | float) -> np.ndarray:
@@ -261,11 +265,9 @@ class GemmFit:
 
 def gemm_time_s(m: np.ndarray, n: np.ndarray, k: np.ndarray, gemm_tflops_max: float, gemm_half_size: float,
                 gemm_overhead_us: float) -> np.ndarray:
-    """`2mnk / (peak * shape_factor) + overhead`, shape_factor = 1 / (1 + h/m + h/n + h/k)."""
-    m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
-    h = gemm_half_size
-    shape_factor = 1.0 / (1.0 + h / m + h / n + h / k)
-    return 2.0 * m * n * k / (gemm_tflops_max * 1e12 * shape_factor) + gemm_overhead_us * 1e-6
+    """The time model's GEMM curve (`perfmodels.compute.gemm_time_s`) with these three constants."""
+    curve = GemmCurve(tflops_max=gemm_tflops_max, half_size=gemm_half_size, overhead_s=gemm_overhead_us * 1e-6)
+    return compute_gemm_time_s(m, n, k, curve)
 
 
 def fit_gemm(m: Sequence[float], n: Sequence[float], k: Sequence[float], seconds: Sequence[float]) -> GemmFit:

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from perfmodels import presets
+from perfmodels import presets, stacks
 from perfmodels.specs import (
     GPU,
     Cluster,
@@ -124,8 +124,38 @@ def cluster_from_dict(data: Mapping[str, Any], profile: Profile | None = None) -
 
 
 def training_from_dict(data: Mapping[str, Any]) -> Training:
+    """Training from JSON. `stack` is a preset name, or an object `{"name": PRESET, OPTION: value...}`
+    that changes options of that preset (`perfmodels.stacks.Stack` fields)."""
     _check_keys("training", data, _fields(Training))
-    return _build("training", Training, {k: v for k, v in data.items() if v is not None})
+    data = {k: v for k, v in data.items() if v is not None}
+    stack = data.get("stack")
+    if isinstance(stack, Mapping):
+        options = dict(stack)
+        name = options.pop("name", None)
+        if not isinstance(name, str):
+            raise ValueError(f"training.stack.name must name a stack preset ({sorted(stacks.STACK_PRESETS)}), "
+                             f"got {name!r}")
+        for key in ("schedules", "zero_stages"):
+            if isinstance(options.get(key), list):
+                options[key] = tuple(options[key])
+        data["stack"] = _build("training.stack", lambda **kw: stacks.preset(name, **kw), options)
+    return _build("training", Training, data)
+
+
+def training_to_dict(training: Training) -> dict[str, Any]:
+    """JSON for a Training: the stack by name when it is a preset, else as an object of its options."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(Training):
+        value = getattr(training, f.name)
+        if value is None:
+            continue
+        if isinstance(value, stacks.Stack):
+            preset = stacks.STACK_PRESETS.get(value.name)
+            value = value.name if preset == value else {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(value).items()
+                if preset is None or getattr(preset, k) != v or k == "name"}
+        out[f.name] = value
+    return out
 
 
 def plan_from_dict(data: Mapping[str, Any]) -> Plan:

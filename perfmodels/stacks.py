@@ -69,6 +69,12 @@ class Stack:
       GPU time instead of hiding behind the queue of launched kernels (0: only a floor, CUDA's
       asynchronous launch hides it; 1: fully serial, as when the framework synchronizes the host
       around every layer's communication).
+    - `host_scale`: the stack's host cost per block relative to the device default (used when
+      `host_us_per_block` is None, so a CPU "device" keeps its zero floor).
+    - `host_split_axis_costs`: (row, col, depth) fraction each split tensor axis adds to a block's
+      host cost (the engine's 3D Linear issues more ops per block: casts, layout conversions, norm
+      statistics), and `split_axis_memory_passes`: how much memory-bound traffic each split axis adds,
+      as a fraction of the block's element-wise traffic.
     - `p2p_scatter_gather`: pipeline sends carry 1/G_intra_r of the activation and all-gather it over
       the row group on arrival (Megatron-LM's default).
     Memory (bytes per parameter in mixed precision; fp32 training holds 4 + 4 + 8 in every stack):
@@ -90,6 +96,9 @@ class Stack:
     - `context_gib`: CUDA context, cuBLAS/cuDNN workspaces and the framework's own allocations.
     - `comm_buffer_gib`: NCCL's buffers per communicator with peers (measured ~0.1-0.3 GiB each).
     - `fragmentation`: caching-allocator slack as a fraction of the activation memory.
+    - `optimizer_step_bytes`: HBM bytes the Adam step streams per local parameter (a fused Adam: read
+      master, moments, gradient, write them and the 16-bit copy: ~30; PyTorch's foreach AdamW runs
+      several passes: ~94, measured on an H100).
     - `vocab_parallel_embedding`: the word embedding's rows (vocabulary) are split over the
       tensor-parallel ranks (Megatron's VocabParallelEmbedding); the engine splits its hidden
       dimension over the col axis instead.
@@ -112,6 +121,9 @@ class Stack:
     selective_recompute: SelectiveKind = "attention-core"
     host_us_per_block: float | None = None
     host_exposed_fraction: float = 0.0
+    host_scale: float = 1.0
+    host_split_axis_costs: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    split_axis_memory_passes: float = 0.0
     p2p_scatter_gather: bool = False
     weight_bytes: float = 2.0
     master_bytes: float = 4.0
@@ -125,6 +137,7 @@ class Stack:
     context_gib: float = 0.9
     comm_buffer_gib: float = 0.15
     fragmentation: float = 0.05
+    optimizer_step_bytes: float = 30.0
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     zero_stages: tuple[int, ...] = (0, 1)
     tensor_parallel: bool = True
@@ -156,6 +169,16 @@ class Stack:
         if not 0.0 <= self.host_exposed_fraction <= 1.0:
             raise ValueError(f"stack.host_exposed_fraction must be in [0, 1], got {self.host_exposed_fraction!r}")
         object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "host_split_axis_costs", tuple(float(x) for x in self.host_split_axis_costs))
+        if len(self.host_split_axis_costs) != 3 or any(not 0 <= x <= 10 for x in self.host_split_axis_costs):
+            raise ValueError(f"stack.host_split_axis_costs must be three numbers in [0, 10] (row, col, depth), "
+                             f"got {self.host_split_axis_costs!r}")
+        if not isinstance(self.optimizer_step_bytes, (int, float)) or not 0 <= self.optimizer_step_bytes <= 1000:
+            raise ValueError(f"stack.optimizer_step_bytes must be in [0, 1000], got {self.optimizer_step_bytes!r}")
+        for name in ("host_scale", "split_axis_memory_passes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
+                raise ValueError(f"stack.{name} must be a number in [0, 10], got {value!r}")
         object.__setattr__(self, "zero_stages", tuple(self.zero_stages))
         bad = [x for x in self.schedules if x not in ("gpipe", "1f1b", "interleaved-1f1b")]
         if bad or not self.schedules:
@@ -198,10 +221,13 @@ STACK_PRESETS: dict[str, Stack] = {
               "distributed optimizer reducing once per step behind the last backward, overlapped gathers",
               overlap_grad_reduce=True, overlap_param_gather=True, flash_attention=True,
               zero2_grad_bytes=2.0, zero2_master_bytes=2.0, zero_stages=(0, 1, 2), **_MEGATRON),
+        # host_exposed_fraction stays 0: an additive host cost (0.5) improved vTrain's 3.6B group (10.3% ->
+        # 7.3%) but worsened its 39.1B ranking (0.60 -> 0.53) and the single-node runs (+32% on 4 GPUs),
+        # so the data do not support it for this stack
         Stack(name="megatron-deepspeed", summary="Megatron-DeepSpeed: Megatron layers on the DeepSpeed "
               "engine (BF16/FP16 optimizer, pipeline engine reducing gradients after the schedule)",
               overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
-              p2p_scatter_gather=True, host_exposed_fraction=0.5, schedules=("1f1b",), zero_stages=(0, 1, 2, 3),
+              p2p_scatter_gather=True, schedules=("1f1b",), zero_stages=(0, 1, 2, 3),
               sequence_parallel=False, **_DEEPSPEED),
         Stack(name="deepspeed", summary="DeepSpeed ZeRO 1-3 (bucketed reduction overlapped with backward, "
               "ZeRO-2 reducing every micro-batch, ZeRO-3 prefetching parameters)",
@@ -224,7 +250,14 @@ STACK_PRESETS: dict[str, Stack] = {
               overlap_grad_reduce=False, overlap_param_gather=False, overlap_tp_comm=False, flash_attention=True,
               weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
               schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 1), tensor_parallel_3d=True,
-              sequence_parallel=False, vocab_parallel_embedding=False),
+              sequence_parallel=False, vocab_parallel_embedding=False,
+              # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
+              # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
+              # unsharded, +20% with row, +60% with col, +30% with depth split; each split axis
+              # doubles the block's element-wise traffic (layout conversions, split norms);
+              # torch.optim.AdamW (foreach) streams ~94 bytes per parameter
+              host_scale=2.0 / 3.0, host_split_axis_costs=(0.2, 0.6, 0.3), split_axis_memory_passes=1.0,
+              optimizer_step_bytes=94.0),
     )
 }
 """The presets, by name. `perfmodels.stacks.preset(name, **overrides)` builds one with changes."""

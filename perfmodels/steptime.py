@@ -61,6 +61,18 @@ PREFETCH_COVER = 0.8
 """Fraction of compute time that prefetched collectives (ZeRO-3 gathers, depth gathers) can hide
 behind: a collective's kernels take SMs from the GEMMs they overlap, so overlapped compute slows by
 ~20% (the contention NCCL's own docs and FSDP profiles show)."""
+TP_FWD_EXPOSED_SHARE = 0.5
+"""Share of a forward tensor-parallel collective left exposed when the stack overlaps TP communication:
+it can only hide behind the next GEMM of the same layer, which is about as long (Transformer Engine's
+userbuffer pipelining splits it in chunks; the first chunk has nothing to hide behind)."""
+UNCERTAINTY_PRESET = 0.15
+"""Relative band of a prediction from preset constants: the p90 error on published runs (17%) rounded."""
+UNCERTAINTY_CPU_PRESET = 1.0
+"""The CPU "device" preset is an order-of-magnitude guess until `gridtune profile` measures the machine."""
+UNCERTAINTY_PROFILE = 0.10
+"""Band with measured constants when the profile carries no measured error (hold-out error of fits)."""
+UNCERTAINTY_CALIBRATED = 0.08
+"""Band after calibration on measured steps when the profile carries no leave-one-out error."""
 FIRST_GATHER_SHARE = 0.05
 """Least exposed share of one micro-batch's prefetched collectives: the first unit's gather has no
 compute to hide behind."""
@@ -214,7 +226,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "depth_grad": total(("depth",), ("depth_grad",)),
         "p2p_call": _p2p_seconds(cluster, training, arrays, events, geo),
     }
-    tp_exposed = total(("row", "col"), ("tp_exposed",)) + 0.5 * total(("row", "col"), ("tp_fwd_half",))
+    tp_exposed = total(("row", "col"), ("tp_exposed",)) + TP_FWD_EXPOSED_SHARE * total(("row", "col"), ("tp_fwd_half",))
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
     compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
@@ -244,7 +256,9 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     # GPU's (layer-list models: per-layer host costs are inside their compute)
     passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
     blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(n)
-    host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued
+    cost_r, cost_c, cost_d = stack.host_split_axis_costs
+    axis_factor = 1.0 + cost_r * (arrays.G_intra_r > 1) + cost_c * (arrays.G_intra_c > 1) + cost_d * (arrays.G_intra_d > 1)
+    host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued * axis_factor
     t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
     avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
@@ -302,8 +316,9 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     source = "preset" if prof is None else prof.source
     # preset GPU constants are checked against published runs (MAPE ~11%); the CPU "device" preset is
     # an order-of-magnitude guess until `gridtune profile` measures the machine
-    preset_band = 1.0 if cluster.gpu.vendor == "cpu" else 0.15
-    uncertainty = preset_band if prof is None else (prof.uncertainty_rel or (0.10 if prof.source == "profile" else 0.08))
+    preset_band = UNCERTAINTY_CPU_PRESET if cluster.gpu.vendor == "cpu" else UNCERTAINTY_PRESET
+    fallback = UNCERTAINTY_PROFILE if prof is not None and prof.source == "profile" else UNCERTAINTY_CALIBRATED
+    uncertainty = preset_band if prof is None else (prof.uncertainty_rel or fallback)
     return BatchPrediction(
         arrays=arrays, iteration_time_s=iteration, tokens_per_s=tokens / iteration,
         tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu * 1e12 / peak, parts=parts, memory=mem,

@@ -50,6 +50,7 @@ from perfmodels.io import (
     profile_from_dict,
     profile_to_dict,
     training_from_dict,
+    training_to_dict,
 )
 from perfmodels.specs import AXES, Cluster, Model, Plan, Prediction, Profile, Training
 from perfmodels.steptime import predict
@@ -61,9 +62,6 @@ ENV_URL = "GRIDTUNE_URL"
 CALIBRATED_PREFIX = "calibrated:"
 MEASURED_PARTS = ("compute_s", "tp_comm_s", "tp_comm_row_s", "tp_comm_col_s", "tp_comm_depth_s", "dp_comm_s",
                   "pp_bubble_s")
-_TRAINING_SERVICE_KEYS = ("global_batch_size", "dtype", "optimizer", "overlap_grad_reduce", "overlap_tp_comm",
-                          "flash_attention", "p2p_scatter_gather", "zero3_gather", "overlap_param_gather",
-                          "host_us_per_block")
 _PROFILE_SERVICE_KEYS = ("profile_id", "collectives", "gemm_tflops_max", "gemm_half_size", "gemm_overhead_us",
                          "hbm_bandwidth_GBps", "corrections", "source")
 
@@ -80,10 +78,13 @@ def local_cluster(nproc: int, profile: Profile | None = None) -> Cluster:
                                profile_id=profile.profile_id if profile is not None and profile.profile_id else None)
 
 
-def engine_training(global_batch_size: int, *, dtype: str = "fp32", optimizer: str = "adamw") -> Training:
-    """The Training spec of what engine.train does (see the module docstring for each flag)."""
+def engine_training(global_batch_size: int, *, dtype: str = "fp32", optimizer: str = "adamw",
+                    stack: str = "gridtune") -> Training:
+    """The Training spec of what engine.train does: the `gridtune` stack (see perfmodels.stacks and
+    the module docstring). Another `stack` predicts the same runs as that framework would behave,
+    which shows how much of the engine's behaviour the stack presets capture."""
     return Training(global_batch_size=global_batch_size, dtype=dtype, optimizer=optimizer,  # type: ignore[arg-type]
-                    overlap_grad_reduce=False, overlap_tp_comm=False, flash_attention=True)
+                    stack=stack)
 
 
 def engine_search_options(*, micro_batch_size: int | None = None, data_parallel_only: bool = False,
@@ -177,7 +178,7 @@ def measurement_record(*, model: Model, cluster: Cluster, training: Training, pl
     body: dict[str, Any] = {
         "model": _finite(model_to_dict(model)),
         "cluster": cluster_doc,
-        "training": {k: getattr(training, k) for k in _TRAINING_SERVICE_KEYS},
+        "training": training_to_dict(training),
         "plan": plan_to_dict(plan),
         "measured": _finite(dict(measured)),
     }

@@ -87,10 +87,17 @@ def enough_microbatches(model: Model, cluster: Cluster, training: Training, cols
     S = cols["G_inter"]
     m = training.global_batch_size // (cols["G_data"] * cols["G_intra_d"] * cols["micro_batch_size"])
     sched = cols["schedule"]
-    bad = (S > 1) & (sched != SCHEDULE_CODE["gpipe"]) & (m < S)
-    bad |= (S > 1) & (sched == SCHEDULE_CODE["interleaved-1f1b"]) & (m % S != 0)
-    return Rejection(bad, "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)",
-                     lambda i: f"{m[i]} micro-batches for G_inter={S[i]} stages")
+    too_few = (S > 1) & (sched != SCHEDULE_CODE["gpipe"]) & (m < S)
+    not_multiple = (S > 1) & (sched == SCHEDULE_CODE["interleaved-1f1b"]) & (m % S != 0)
+
+    def example(i: int) -> str:
+        name = "interleaved-1f1b" if sched[i] == SCHEDULE_CODE["interleaved-1f1b"] else "1f1b"
+        if too_few[i]:
+            return f"{name}: {m[i]} micro-batches < G_inter={S[i]} stages"
+        return f"{name}: {m[i]} micro-batches is not a multiple of G_inter={S[i]} stages"
+
+    return Rejection(too_few | not_multiple,
+                     "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)", example)
 
 
 def sequence_parallel_shape(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:

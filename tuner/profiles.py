@@ -194,3 +194,30 @@ def upload(url: str, doc: Mapping[str, Any], *, name: str, cluster: Cluster | No
     answer = post_json(url, "/v1/clusters", _clean(body), what="upload to", api_key=api_key, timeout_s=timeout_s,
                        client=client)
     return dict(answer) if isinstance(answer, dict) else {"answer": answer}
+
+
+_PEAK_FIELDS = ("peak_tflops_fp32", "peak_tflops_tf32", "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp8")
+
+
+def apply_profile(cluster: Cluster, profile: Profile | None) -> tuple[Cluster, list[str]]:
+    """`cluster` with `profile` attached, and the GPU's peaks no lower than what the profile measured.
+
+    Why: MFU is achieved TFLOP/s over the GPU's peak. When the profiled machine's GEMMs run faster
+    than its preset claims (a CPU "device" measured at 0.188 TFLOP/s against a preset peak of 0.05),
+    the preset peak is wrong, and a prediction would show an MFU above 100%. The peak follows the
+    measurement: every peak below `gemm_tflops_max` is raised to it (the profile does not say which
+    dtype it measured, so all of them). Returns the notes to show the user.
+    """
+    if profile is None:
+        return cluster, []
+    notes: list[str] = []
+    measured = profile.gemm_tflops_max
+    gpu = cluster.gpu
+    if measured is not None and measured > 0:
+        raised = {f: float(measured) for f in _PEAK_FIELDS if 0 < getattr(gpu, f) < measured}
+        if raised:
+            gpu = dataclasses.replace(gpu, **raised)
+            names = ", ".join(f.removeprefix("peak_tflops_") for f in raised)
+            notes.append(f"the profile measured GEMMs at {measured:.4g} TFLOP/s, above the {cluster.gpu.name} preset's "
+                         f"peak ({names}); the peak follows the measurement, so MFU stays <= 100%")
+    return dataclasses.replace(cluster, gpu=gpu, profile=profile), notes

@@ -1,16 +1,22 @@
-"""Recommendations and predictions as plain JSON-ready dicts (CLI --json, REST responses)."""
+"""Recommendations and predictions as plain JSON-ready dicts (CLI --json, REST responses) and CSV rows."""
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
 from typing import Any
 
 from perfmodels.io import plan_to_dict, prediction_to_dict
 from perfmodels.specs import Plan, Prediction
-from tuner.types import Recommendation
+from tuner.types import Candidate, Recommendation
 
 
-def candidate_to_dict(rank: int, plan: Plan, prediction: Prediction) -> dict[str, Any]:
-    return {"rank": rank, "plan": plan_to_dict(plan), "prediction": prediction_to_dict(prediction)}
+def candidate_to_dict(rank: int, plan: Plan, prediction: Prediction,
+                      equivalent_placements: tuple[tuple[str, ...], ...] = ()) -> dict[str, Any]:
+    out = {"rank": rank, "plan": plan_to_dict(plan), "prediction": prediction_to_dict(prediction)}
+    if equivalent_placements:
+        out["equivalent_placements"] = [list(p) for p in equivalent_placements]
+    return out
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -19,12 +25,48 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
         best = {"plan": plan_to_dict(rec.best.plan), "prediction": prediction_to_dict(rec.best.prediction)}
     return {
         "best": best,
-        "candidates": [candidate_to_dict(c.rank, c.plan, c.prediction) for c in rec.candidates],
+        "candidates": [candidate_to_dict(c.rank, c.plan, c.prediction, c.equivalent_placements)
+                       for c in rec.candidates],
         "num_evaluated": rec.num_evaluated,
         "num_valid": rec.num_valid,
+        "complete": rec.complete,
+        "num_not_evaluated": rec.num_not_evaluated,
         "pruned": dict(rec.pruned),
         "pruned_examples": {k: list(v) for k, v in rec.pruned_examples.items()},
         "constants_source": rec.constants_source,
         "explanation": rec.explanation,
         "search_time_s": rec.search_time_s,
     }
+
+
+CSV_PLAN = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "schedule",
+            "virtual_stages", "recompute", "zero_stage", "sequence_parallel")
+CSV_PREDICTION = ("iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu")
+CSV_MEMORY = ("per_gpu_gib", "capacity_gib", "fits", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
+              "comm_buffers_gib", "overhead_gib")
+
+
+def candidate_row(c: Candidate) -> dict[str, Any]:
+    """One flat CSV row: plan, headline numbers, memory and every time component."""
+    row: dict[str, Any] = {"rank": c.rank}
+    row.update({f: getattr(c.plan, f, None) for f in CSV_PLAN})
+    row["placement"] = "/".join(c.plan.order)
+    row["equivalent_placements"] = " ".join("/".join(p) for p in c.equivalent_placements)
+    row.update({f: getattr(c.prediction, f) for f in CSV_PREDICTION})
+    row.update({f"memory_{f}": getattr(c.prediction.memory, f, None) for f in CSV_MEMORY})
+    row.update({f"time_{k}": v for k, v in vars(c.prediction.breakdown).items()})
+    row["constants_source"] = c.prediction.constants_source
+    return row
+
+
+def write_candidates_csv(rec: Recommendation, path: str | Path) -> Path:
+    """Every ranked candidate of `rec` as CSV (header row first)."""
+    out = Path(path)
+    rows = [candidate_row(c) for c in rec.candidates]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as fh:
+        names = list(rows[0]) if rows else ["rank", *CSV_PLAN]
+        writer = csv.DictWriter(fh, fieldnames=names)
+        writer.writeheader()
+        writer.writerows(rows)
+    return out

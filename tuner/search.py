@@ -8,11 +8,18 @@ Pipeline of the search (all vectorized, no Python loop per plan):
    ZeRO stage, sequence parallelism) as numpy columns, drop plans that break plan constraints;
 3. score them with `perfmodels.predict_many`, drop those that do not fit in memory, keep the
    fastest `top_k` seen so far;
-4. stop early if the time budget runs out (the result says so).
+4. stop early if the time budget runs out: the result says so (`complete=False`) and counts the
+   plans it never scored (`num_not_evaluated`, by expanding the rest without scoring, which costs
+   about 0.1 s per million plans).
+
+Placements that predict exactly the same time for the same plan (the placement moves no group
+across a link level) are one row: the simplest order is shown, the others are listed in
+`Candidate.equivalent_placements`, so the top list holds `top_k` distinct layouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 
@@ -26,6 +33,8 @@ from tuner.space import GRID_COLUMNS, expand_options, grid_rows, placements
 from tuner.types import Candidate, Recommendation, SearchOptions
 
 MAX_GPUS = 1 << 20
+COUNT_SKIPPED_S = 1.0
+"""At most this long is spent counting the plans a cut-short search did not evaluate."""
 
 
 class _Pruned:
@@ -71,8 +80,10 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     num_valid = 0
     truncated = False
     orders = placements(options)
+    stopped = (orders[0], 0)
     for order in orders:
-        for exp in expand_options(model, training, grids, options, order, orders):
+        for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
+            stopped = (order, j + 1)
             cols = exp.columns
             n = len(cols["G_data"])
             num_evaluated += n
@@ -98,22 +109,26 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
             simpler = (arrays.zero_stage + arrays.recompute + (exp.placement != orders[0])
                        + arrays.sequence_parallel)
             times = np.where(fits, batch.iteration_time_s * (1.0 + 1e-9 * simpler), np.inf)
-            k = min(top_k, int(fits.sum()))
+            keep = top_k * len(orders)  # room for placements that merge into one row
+            k = min(keep, int(fits.sum()))
             if k:
                 idx = np.argpartition(times, k - 1)[:k]
                 for i in idx:
                     best_batches.append((float(times[i]), batch, int(i)))
                 best_batches.sort(key=lambda x: x[0])
-                del best_batches[top_k:]
+                del best_batches[keep:]
             if time.perf_counter() - t0 > options.time_budget_s:
                 truncated = True
                 break
         if truncated:
             break
-    candidates = [Candidate(rank=r + 1, plan=b.arrays.to_plan(i), prediction=b.prediction(i))
-                  for r, (_, b, i) in enumerate(best_batches)]
+    candidates = _merge_placements(best_batches, top_k)
+    skipped, exact = 0, True
     if truncated:
-        pruned.counts[f"not evaluated: time budget of {options.time_budget_s:g} s ran out"] += 1
+        skipped, exact = _count_rest(model, training, grids, options, orders, *stopped)
+        approx = "" if exact else "at least "
+        pruned.counts[f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}{skipped:,} plans "
+                      f"never scored)"] += skipped
     source = "preset" if cluster.profile is None else cluster.profile.source
     return Recommendation(
         best=candidates[0] if candidates else None,
@@ -125,7 +140,49 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         constants_source=source,
         explanation=explain(candidates),
         search_time_s=time.perf_counter() - t0,
+        complete=not truncated,
+        num_not_evaluated=skipped,
     )
+
+
+def _merge_placements(best: list[tuple[float, object, int]], top_k: int) -> list[Candidate]:
+    """The `top_k` fastest distinct plans; a plan seen again under another placement with the same
+    predicted time (to 1e-6) is folded into the first row as an equivalent placement."""
+    rows: list[tuple[object, list[tuple[str, ...]]]] = []
+    index: dict[tuple, int] = {}
+    plans = []
+    for _, batch, i in best:
+        plan = batch.arrays.to_plan(i)  # type: ignore[attr-defined]
+        seconds = float(batch.iteration_time_s[i])  # type: ignore[attr-defined]
+        key = (dataclasses.replace(plan, placement=None), float(f"{seconds:.6g}"))
+        if key in index:
+            rows[index[key]][1].append(plan.order)
+            continue
+        if len(rows) == top_k:
+            continue
+        index[key] = len(rows)
+        rows.append(((batch, i), []))
+        plans.append(plan)
+    return [Candidate(rank=r + 1, plan=plans[r], prediction=b.prediction(i),  # type: ignore[attr-defined]
+                      equivalent_placements=tuple(dict.fromkeys(eq)))
+            for r, ((b, i), eq) in enumerate(rows)]
+
+
+def _count_rest(model: Model, training: Training, grids: np.ndarray, options: SearchOptions,
+                orders: list[tuple[str, ...]], stopped_order: tuple[str, ...], done: int) -> tuple[int, bool]:
+    """Plans a cut-short search never scored: the rest of the placement it stopped in (after its first
+    `done` expansions), and every later placement, expanded without scoring. (count, exact); not
+    exact when counting itself ran past COUNT_SKIPPED_S."""
+    t0 = time.perf_counter()
+    count = 0
+    for order in orders[orders.index(stopped_order):]:
+        for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
+            if order == stopped_order and j < done:
+                continue
+            count += len(exp.columns["G_data"])
+            if time.perf_counter() - t0 > COUNT_SKIPPED_S:
+                return count, False
+    return count, True
 
 
 _COMPONENTS = ("compute_s", "tp_comm_s", "dp_comm_s", "pp_bubble_s", "pp_p2p_s", "exposed_comm_s", "optimizer_s",

@@ -136,7 +136,9 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
             sched_opts.append((SCHEDULE_CODE[name], 1))
     rc_opts = [RECOMPUTE_CODE[r] for r in (options.recompute or ("none", "selective", "full"))]
     zero_opts = list(options.zero_stage or (0, 1, 2, 3))
-    sp_opts = list(options.sequence_parallel or (False,))
+    # sequence parallelism is searched where the stack has it (Megatron's, torchtitan's)
+    sp_opts = list(options.sequence_parallel or ((False, True) if training.effective_stack.sequence_parallel
+                                                 else (False,)))
 
     mb_values = sorted({d for d in range(1, options.max_micro_batch_size + 1)})
     if options.micro_batch_size is not None:

@@ -24,7 +24,8 @@ class SearchOptions:
     recompute: tuple[str, ...] | None = None
     zero_stage: tuple[int, ...] | None = None
     placement: tuple[tuple[str, ...], ...] | None = None
-    sequence_parallel: tuple[bool, ...] | None = (False,)
+    sequence_parallel: tuple[bool, ...] | None = None
+    """None: both where the training stack has Megatron's sequence parallelism, else off."""
     max_micro_batch_size: int = 64
     time_budget_s: float = 10.0
     examples_per_reason: int = 3
@@ -54,9 +55,13 @@ class SearchOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
+    """One ranked layout. `equivalent_placements`: other rank orders of the same plan that predict the
+    same step time (merged into this row: the placement changes no link level for this grid)."""
+
     rank: int
     plan: Plan
     prediction: Prediction
+    equivalent_placements: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,3 +75,6 @@ class Recommendation:
     constants_source: str = "preset"
     explanation: str = ""
     search_time_s: float = 0.0
+    complete: bool = True
+    """False when the time budget ran out: `num_not_evaluated` plans were never scored."""
+    num_not_evaluated: int = 0

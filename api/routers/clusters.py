@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Path, Query
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Response
 
 from api import examples, schemas, service
-from api.deps import StoreDep, WriteAuth
+from api.deps import SettingsDep, StoreDep, WriteAuth
 
 DB_DOWN: dict[int | str, dict[str, Any]] = {
     503: {"model": schemas.ErrorOut, "description": "the database is not answering; retry later"}
@@ -34,9 +34,17 @@ def create_cluster(
 
 
 @router.get("", response_model=schemas.ClusterList)
-def list_clusters(store: StoreDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
-    """Stored profiles, newest first."""
-    return {"items": [service.cluster_json(p) for p in store.list_profiles(limit=limit)]}
+def list_clusters(
+    store: StoreDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="page: skip this many (next_offset)")] = 0,
+) -> Any:
+    """Stored profiles, newest first. A page ends at `limit` rows or at the server's page size in bytes
+    (GRIDTUNE_MAX_PAGE_MB); `next_offset` continues it."""
+    page = store.page_profiles(limit=limit, offset=offset, max_bytes=int(settings.max_page_mb * 2**20))
+    body = {"items": [service.cluster_json(p) for p in page.items], "next_offset": page.next_offset}
+    return Response(service.encode_listing(body), media_type="application/json")
 
 
 @router.get("/{cluster_id:path}", response_model=schemas.ClusterOut, responses={404: {"model": schemas.ErrorOut}})
@@ -44,5 +52,5 @@ def get_cluster(cluster_id: Annotated[str, Path(max_length=200)], store: StoreDe
     """One stored profile by id (or the newest one with that name)."""
     stored = store.get_profile(cluster_id)
     if stored is None:
-        raise HTTPException(status_code=404, detail=f"no stored cluster profile with id or name {cluster_id!r}")
-    return service.cluster_json(stored)
+        raise HTTPException(status_code=404, detail=f"no stored cluster profile with id or name {cluster_id!a}")
+    return Response(service.encode_listing(service.cluster_json(stored)), media_type="application/json")

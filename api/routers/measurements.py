@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Response
 
 from api import examples, schemas, service
-from api.deps import ProfilesDep, StoreDep, WriteAuth
+from api.deps import ProfilesDep, SettingsDep, StoreDep, WriteAuth
 
 DB_DOWN: dict[int | str, dict[str, Any]] = {
     503: {"model": schemas.ErrorOut, "description": "the database is not answering; retry later"}
@@ -37,11 +37,14 @@ def create_measurement(
 @router.get("", response_model=schemas.MeasurementList)
 def list_measurements(
     store: StoreDep,
+    settings: SettingsDep,
     cluster_id: Annotated[str | None, Query(max_length=200, description="profile id or cluster name")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before_id: Annotated[int | None, Query(ge=1, le=2**62, description="page: ids below this one")] = None,
 ) -> Any:
-    """Stored measurements, newest first."""
-    items = store.list_measurements(cluster_id=cluster_id, limit=limit, before_id=before_id)
-    next_before = items[-1].id if len(items) == limit else None
-    return {"items": [service.measurement_json(m) for m in items], "next_before_id": next_before}
+    """Stored measurements, newest first. A page ends at `limit` rows or at the server's page size in
+    bytes (GRIDTUNE_MAX_PAGE_MB), whichever comes first; `next_before_id` continues it."""
+    page = store.page_measurements(cluster_id=cluster_id, limit=limit, before_id=before_id,
+                                   max_bytes=int(settings.max_page_mb * 2**20))
+    body = {"items": [service.measurement_json(m) for m in page.items], "next_before_id": page.next_before_id}
+    return Response(service.encode_listing(body), media_type="application/json")

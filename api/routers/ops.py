@@ -1,4 +1,13 @@
-"""GET /healthz and GET /metrics (Prometheus text)."""
+"""GET /livez, /readyz, /healthz, /metrics and /v1/presets.
+
+- `/livez`: liveness. The process answers HTTP; touches nothing else, so it stays fast when the
+  database is locked, saturated or gone (an orchestrator restarts the process only when this fails).
+- `/readyz`: readiness. The store can take a write now (schema at the newest migration, repaired
+  here if the tables went missing; a write transaction can start on a fresh short-timeout
+  connection): 200 or 503 with the reason. Load balancers route by this one.
+- `/healthz`: the readiness answer with the database name and version (kept for existing clients;
+  predict and recommend still work when it says "degraded", writes and lists do not).
+"""
 
 from __future__ import annotations
 
@@ -13,16 +22,37 @@ from api.deps import StoreDep
 router = APIRouter(tags=["ops"])
 
 
-@router.get("/healthz", response_model=schemas.Health, responses={503: {"model": schemas.Health}})
-def healthz(store: StoreDep, response: Response) -> Any:
-    """200 {"status": "ok"} when the database answers; 503 {"status": "degraded"} when it does not
-    (predict and recommend still work then, writes and lists do not)."""
+def _ready(store: StoreDep, response: Response) -> dict[str, Any]:
     from api import __version__
 
-    ok = store.ping()
-    if not ok:
+    state = store.readiness()
+    if not state.ready:
         response.status_code = 503
-    return {"status": "ok" if ok else "degraded", "database": store.backend, "version": __version__}
+        response.headers["Retry-After"] = "5"
+    return {"status": "ok" if state.ready else "degraded", "database": store.backend, "version": __version__,
+            "ready": state.ready, "reason": state.reason}
+
+
+@router.get("/livez", response_model=schemas.Live)
+async def livez() -> Any:
+    """200 while the process serves HTTP; never waits on the database."""
+    from api import __version__
+
+    return {"status": "ok", "version": __version__}
+
+
+@router.get("/readyz", response_model=schemas.Health, responses={503: {"model": schemas.Health}})
+def readyz(store: StoreDep, response: Response) -> Any:
+    """200 when the store takes writes; 503 {"ready": false, "reason": ...} when it cannot (read-only
+    or immutable files, a dropped database, a lock held by another process)."""
+    return _ready(store, response)
+
+
+@router.get("/healthz", response_model=schemas.Health, responses={503: {"model": schemas.Health}})
+def healthz(store: StoreDep, response: Response) -> Any:
+    """200 {"status": "ok"} when the store takes writes; 503 {"status": "degraded", "reason": ...} when it
+    does not (predict and recommend still work then, writes and lists may not). Same check as /readyz."""
+    return _ready(store, response)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -31,3 +61,13 @@ def metrics(request: Request) -> PlainTextResponse:
     from api.metrics import CONTENT_TYPE
 
     return PlainTextResponse(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/presets", response_model=schemas.PresetsOut, tags=["model"])
+async def presets() -> Any:
+    """Every preset the service knows by name: models, clusters, GPUs (and training stacks where the
+    model provides them), with their main numbers; pass the names as `model.preset`,
+    `cluster.preset`, `cluster.gpu`."""
+    from tuner.catalog import preset_catalog
+
+    return preset_catalog()

@@ -245,7 +245,19 @@ def test_env_bound_on_gpus_applies_to_recommend(tmp_path):
     with TestClient(create_app(make_settings(tmp_path, max_recommend_gpus=512))) as c:
         r = c.post("/v1/recommend", json=examples.RECOMMEND)
         assert r.status_code == 422
-        assert "cluster.num_gpus=1024 is more than this service searches (512 GPUs at most)" in r.json()["detail"][0]["msg"]
+        assert "cluster.num_gpus=1,024 is more than this service searches (512 GPUs at most" in r.json()["detail"][0]["msg"]
+
+
+def test_the_cli_and_the_service_bound_searches_alike(capsys):
+    """Issue 14 item 25: one bound on searched GPUs (1,048,576), the same words in both."""
+    from api.settings import Settings
+    from tuner.cli import main
+    from tuner.search import MAX_GPUS
+
+    assert Settings(database_url="sqlite://").max_recommend_gpus == MAX_GPUS == 1 << 20
+    assert main(["recommend", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "2000000",
+                 "--global-batch-size", "1536"]) == 2
+    assert "cluster.num_gpus=2,000,000 is more than a search covers (1,048,576 GPUs at most" in capsys.readouterr().err
 
 
 def test_serve_command_line(capsys):

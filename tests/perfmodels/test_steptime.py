@@ -197,7 +197,7 @@ def test_host_floor_bounds_small_shards():
     """A micro-batch takes at least the host time to issue it: (forward + 2 x backward +
     recomputation) block passes of `host_us_per_block` each, for every block plus the head."""
     model = presets.model("gpt2-small")
-    training = Training(global_batch_size=8, dtype="bf16", host_us_per_block=2000.0)
+    training = Training(global_batch_size=8, dtype="bf16", stack="megatron-lm", host_us_per_block=2000.0)
     plan = Plan(G_intra_r=4, G_data=2, micro_batch_size=1, recompute="full")
     pred = predict(model, presets.cluster("selene", 8), training, plan)
     m, passes = 4, 4
@@ -230,8 +230,7 @@ def test_vtrain_single_node_rows(gpus, gb, mb, h, layers, tp, dp, pp, ms):
     from perfmodels.specs import Model
     model = Model(name="gpt", num_layers=layers, hidden_size=h, num_attention_heads=16, seq_length=1024,
                   vocab_size=51200)
-    training = Training(global_batch_size=gb, dtype="fp16", flash_attention=False, overlap_grad_reduce=False,
-                        p2p_scatter_gather=True)
+    training = Training(global_batch_size=gb, dtype="fp16", stack="megatron-deepspeed")
     plan = Plan(G_data=dp, G_inter=pp, G_intra_r=tp, micro_batch_size=mb, recompute="full",
                 placement=("col", "row", "depth", "data", "inter"))
     pred = predict(model, presets.cluster("vtrain-a100", gpus), training, plan)

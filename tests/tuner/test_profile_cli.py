@@ -49,10 +49,23 @@ def test_import_nccl_tests_writes_profile_rows_and_expectations(tmp_path, capsys
 
 
 def test_measure_two_gloo_ranks_quick(tmp_path, capsys):
+    """Also: says at once what it is doing (issue 14 item 24), and `--nproc 2 --upload` stores a cluster
+    of 2 GPUs, not the preset's 4 (item 18)."""
     out = tmp_path / "local.json"
-    code = main(["profile", "--nproc", "2", "--quick", "--max-bytes", "32K", "--out", str(out), "--json"])
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Recorder.seen = []
+    try:
+        code = main(["profile", "--nproc", "2", "--quick", "--max-bytes", "32K", "--out", str(out), "--json",
+                     "--name", "box", "--upload", f"http://127.0.0.1:{server.server_address[1]}"])
+    finally:
+        server.shutdown()
+        server.server_close()
     assert code == 0
-    doc = _json_out(capsys)
+    captured = capsys.readouterr()
+    assert "starting 2 ranks (gloo)" in captured.err
+    doc = json.loads(captured.out.strip().splitlines()[-1])
+    assert _Recorder.seen[0][2]["cluster"]["num_gpus"] == 2
     prov = doc["provenance"]
     assert prov["backend"] == "gloo" and prov["world_size"] == 2 and prov["torch_version"]
     assert prov["expected_from_cluster"] == "local-cpu"
@@ -123,6 +136,15 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
     assert main(["profile", "--import-nccl-tests", SAMPLES[0], "--cluster", "nowhere",
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "unknown cluster preset" in capsys.readouterr().err
+
+
+def test_fits_with_negative_r2_are_warned_about():
+    from tuner.cli.profile import fit_warnings
+
+    doc = {"fits": [{"op": "all_reduce", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": -0.4},
+                    {"op": "all_gather", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": 0.99}]}
+    (warning,) = fit_warnings(doc)
+    assert "all_reduce intra over 2 ranks" in warning and "R^2 = -0.40 < 0" in warning
 
 
 def test_parse_bytes():

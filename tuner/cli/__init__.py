@@ -1,4 +1,4 @@
-"""The `gridtune` command line: recommend, predict, profile, serve, train, validate.
+"""The `gridtune` command line: recommend, predict, sweep, presets, profile, serve, db, train, validate.
 
 Each subcommand lives in its own module with `register(subparsers)`; heavy imports (torch,
 uvicorn) happen inside the handlers, so `gridtune recommend` starts fast. Errors from bad input
@@ -11,14 +11,17 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("recommend", "predict", "profile", "serve", "train", "validate")
+SUBCOMMANDS = ("recommend", "predict", "sweep", "presets", "profile", "serve", "db", "train", "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gridtune",
         description="Find the fastest 4D-parallel layout for training a model on a GPU cluster.",
+        epilog="`gridtune COMMAND --help` shows each command's options and defaults; "
+               "`gridtune presets` lists the model, cluster and GPU names.",
     )
+    parser.add_argument("--version", action="version", version=f"gridtune {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
@@ -29,6 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gridtune")
+    except Exception:  # running from a source tree that was never installed
+        from api import __version__
+
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,19 @@
-"""Arguments shared by `gridtune recommend` and `gridtune predict`: what is trained, on what, how.
+"""Arguments shared by `gridtune recommend`, `predict` and `sweep`: what is trained, on what, how.
 
-Model: `--model PRESET` or `--model-file model.json` (DESIGN.md's Model fields, or {"preset": ...}).
+Model: `--model PRESET` (`gridtune presets` lists them) or `--model-file model.json`, a JSON object
+with the transformer's shape (what `--model-file` takes, and the REST API's "model"):
+
+    {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "ffn_hidden_size": 14336,
+     "seq_length": 8192, "vocab_size": 128256, "num_query_groups": 8, "gated_mlp": true}
+
+or a preset with overrides, `{"preset": "llama3-8b", "seq_length": 4096}`, or an explicit list of
+layers, `{"layers": [{"kind": "linear", "in_features": 4096, "out_features": 4096}, ...]}`.
+
 Cluster: `--cluster PRESET` or `--cluster-file cluster.json`, adjusted by `--gpus`,
-`--gpus-per-node`, `--gpu`, `--intra-node-bandwidth`, `--inter-node-bandwidth`; `--profile
-profile.json` (from `gridtune profile`) supplies measured constants.
+`--gpus-per-node`, `--gpu`, `--intra-node-bandwidth`, `--inter-node-bandwidth`; or, without a
+preset, `--gpu NAME --gpus N` alone: node size and links default from the first cluster preset
+built from that GPU (said on stderr). `--profile profile.json` (from `gridtune profile`) supplies
+measured constants; when its GEMMs beat the preset's peak, the peak follows the measurement.
 Every bad value becomes a ValueError naming the flag or field, which the CLI prints as one line.
 """
 
@@ -11,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,30 +35,45 @@ from perfmodels.io import (
     training_from_dict,
 )
 from perfmodels.specs import Cluster, Model, Training
+from perfmodels.stacks import DEFAULT_STACK, STACK_PRESETS
 
 
-def add_spec_arguments(p: argparse.ArgumentParser) -> None:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the examples in descriptions as written and shows every default."""
+
+
+def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number of GPUs to plan for") -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"model preset ({', '.join(presets.model_names()[:6])}, ...)")
-    g.add_argument("--model-file", type=Path, help="JSON file with the model's fields")
+    g.add_argument("--model", metavar="PRESET",
+                   help=f"model preset: {', '.join(presets.model_names())} (details: gridtune presets)")
+    g.add_argument("--model-file", type=Path, metavar="FILE.json",
+                   help='JSON with the model\'s shape, e.g. {"num_layers": 32, "hidden_size": 4096, '
+                        '"num_attention_heads": 32, "ffn_hidden_size": 14336, "seq_length": 8192, '
+                        '"vocab_size": 128256}, or {"preset": "llama3-8b", "seq_length": 4096}')
     g = p.add_argument_group("cluster")
-    g.add_argument("--cluster", help=f"cluster preset ({', '.join(presets.cluster_names())})")
-    g.add_argument("--cluster-file", type=Path, help="JSON file with the cluster's fields")
-    g.add_argument("--gpus", type=int, help="number of GPUs to plan for")
-    g.add_argument("--gpus-per-node", type=int)
-    g.add_argument("--gpu", help=f"GPU preset ({', '.join(presets.gpu_names())})")
-    g.add_argument("--intra-node-bandwidth", type=float, metavar="GBPS", help="NVLink GB/s per GPU per direction")
-    g.add_argument("--inter-node-bandwidth", type=float, metavar="GBPS", help="network GB/s per GPU per direction")
-    g.add_argument("--profile", type=Path, help="profile JSON written by `gridtune profile`")
+    g.add_argument("--cluster", metavar="PRESET", help=f"cluster preset: {', '.join(presets.cluster_names())}")
+    g.add_argument("--cluster-file", type=Path, metavar="FILE.json", help="JSON file with the cluster's fields")
+    g.add_argument("--gpus", type=int, help=gpus_help)
+    g.add_argument("--gpus-per-node", type=int, help="default: the cluster preset's, else the GPU's usual node")
+    g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(presets.gpu_names())}")
+    g.add_argument("--intra-node-bandwidth", type=float, metavar="GBPS",
+                   help="NVLink GB/s per GPU per direction (default: from the cluster or GPU preset)")
+    g.add_argument("--inter-node-bandwidth", type=float, metavar="GBPS",
+                   help="network GB/s per GPU per direction (default: from the cluster or GPU preset)")
+    g.add_argument("--profile", type=Path, metavar="FILE.json", help="profile JSON written by `gridtune profile`")
     g = p.add_argument_group("training")
-    g.add_argument("--global-batch-size", type=int, required=True)
-    g.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"])
+    g.add_argument("--global-batch-size", type=int, required=True, help="samples per optimizer step")
+    g.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
+                   help="training precision")
+    g.add_argument("--stack", default=DEFAULT_STACK, choices=sorted(STACK_PRESETS),
+                   help="the software that runs the layout: what it holds in memory, what it overlaps, what "
+                        "it can run (`gridtune presets --kind stacks`); the flags below override one behaviour each")
     g.add_argument("--no-flash-attention", action="store_true", help="attention materialises the s x s scores")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="the data-parallel gradient reduction runs after backward")
     g.add_argument("--overlap-tp-comm", action="store_true", help="tensor-parallel comm overlaps GEMMs")
-    g.add_argument("--zero3-gather", default="layer", choices=["layer", "tensor"],
-                   help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed 2021)")
+    g.add_argument("--zero3-gather", choices=["layer", "tensor"],
+                   help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed) (default: the stack's)")
     g.add_argument("--no-overlap-param-gather", action="store_true",
                    help="ZeRO-3 fetches parameters on demand instead of prefetching")
 
@@ -74,6 +100,20 @@ def model_from_args(args: argparse.Namespace) -> Model:
     raise ValueError("--model or --model-file is required")
 
 
+def note(text: str) -> None:
+    """A line for the user on stderr (stdout stays clean for --json)."""
+    print(f"gridtune: note: {text}", file=sys.stderr)
+
+
+def _gpu(name: str) -> Any:
+    from tuner.catalog import resolve_gpu_name
+
+    resolved, alias_note = resolve_gpu_name(name)
+    if alias_note:
+        note(alias_note)
+    return gpu_from_dict(resolved)
+
+
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
     if args.cluster and args.cluster_file:
         raise ValueError("give either --cluster or --cluster-file, not both")
@@ -84,39 +124,66 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
         cluster = cluster_from_dict(_read_json(args.cluster_file, "--cluster-file"))
     elif args.cluster:
         cluster = presets.cluster(args.cluster)
-    elif args.gpu and args.gpus and args.gpus_per_node and args.intra_node_bandwidth and args.inter_node_bandwidth:
-        cluster = Cluster(num_gpus=args.gpus, gpus_per_node=args.gpus_per_node, gpu=gpu_from_dict(args.gpu),
-                          intra_node_bandwidth_GBps=args.intra_node_bandwidth,
-                          inter_node_bandwidth_GBps=args.inter_node_bandwidth)
+    elif args.gpu and args.gpus:
+        cluster = _cluster_from_gpu(args)
     else:
-        raise ValueError("--cluster or --cluster-file is required (or all of --gpu, --gpus, --gpus-per-node, "
-                         "--intra-node-bandwidth, --inter-node-bandwidth)")
+        raise ValueError("--cluster PRESET, --cluster-file FILE, or --gpu NAME with --gpus N is required "
+                         "(gridtune presets lists the names)")
     changes: dict[str, Any] = {}
     if args.gpus is not None:
         changes["num_gpus"] = args.gpus
     if args.gpus_per_node is not None:
         changes["gpus_per_node"] = args.gpus_per_node
     if args.gpu is not None:
-        changes["gpu"] = gpu_from_dict(args.gpu)
+        changes["gpu"] = _gpu(args.gpu)
     if args.intra_node_bandwidth is not None:
         changes["intra_node_bandwidth_GBps"] = args.intra_node_bandwidth
     if args.inter_node_bandwidth is not None:
         changes["inter_node_bandwidth_GBps"] = args.inter_node_bandwidth
     if profile is not None:
-        changes["profile"] = profile
         changes["profile_id"] = profile.profile_id or str(args.profile)
-    return replace(cluster, **changes) if changes else cluster
+    cluster = replace(cluster, **changes) if changes else cluster
+    if profile is not None:
+        from tuner.profiles import apply_profile
+
+        cluster, notes = apply_profile(cluster, profile)
+        for line in notes:
+            note(line)
+    return cluster
+
+
+def _cluster_from_gpu(args: argparse.Namespace) -> Cluster:
+    """A cluster from `--gpu` and `--gpus`: node size and links from the GPU's usual node (a cluster
+    preset with that GPU), each overridable by its flag; the rest must be given when no preset has it."""
+    from tuner.catalog import node_defaults, resolve_gpu_name
+
+    gpu_name, _ = resolve_gpu_name(args.gpu)
+    base, base_name = node_defaults(gpu_name)
+    given = {"gpus_per_node": args.gpus_per_node, "intra_node_bandwidth_GBps": args.intra_node_bandwidth,
+             "inter_node_bandwidth_GBps": args.inter_node_bandwidth}
+    if base is None:
+        missing = [f"--{k.removesuffix('_GBps').replace('_', '-')}" for k, v in given.items() if v is None]
+        if missing:
+            raise ValueError(f"no cluster preset has {gpu_name} GPUs to take defaults from: give {', '.join(missing)}")
+        return Cluster(name="custom", num_gpus=args.gpus, gpu=gpu_from_dict(gpu_name), **given)  # type: ignore[arg-type]
+    taken = [k for k, v in given.items() if v is None]
+    if taken:
+        note(f"{', '.join(f'{k}={getattr(base, k):g}' for k in taken)} taken from the {base_name!r} preset "
+             f"({gpu_name} nodes); override with --gpus-per-node / --intra-node-bandwidth / --inter-node-bandwidth")
+    return replace(base, name=f"{gpu_name}-cluster", num_gpus=args.gpus, profile=None, profile_id=None)
 
 
 def training_from_args(args: argparse.Namespace) -> Training:
+    """Training from the flags: the stack's behaviour, with each given flag overriding one option."""
     return training_from_dict({
         "global_batch_size": args.global_batch_size,
         "dtype": args.dtype,
-        "flash_attention": not args.no_flash_attention,
-        "overlap_grad_reduce": not args.no_overlap_grad_reduce,
-        "overlap_tp_comm": args.overlap_tp_comm,
+        "stack": getattr(args, "stack", DEFAULT_STACK),
+        "flash_attention": False if args.no_flash_attention else None,
+        "overlap_grad_reduce": False if args.no_overlap_grad_reduce else None,
+        "overlap_tp_comm": True if args.overlap_tp_comm else None,
         "zero3_gather": args.zero3_gather,
-        "overlap_param_gather": not args.no_overlap_param_gather,
+        "overlap_param_gather": False if args.no_overlap_param_gather else None,
     })
 
 

@@ -15,6 +15,7 @@ import sys
 from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
 from perfmodels.steptime import predict
 from tuner.cli.common import (
+    HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
     coerce,
@@ -26,7 +27,7 @@ from tuner.cli.common import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict one layout's step time, memory and traffic",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=HelpFormatter)
     add_spec_arguments(p)
     p.add_argument("--plan", required=True, metavar="FIELD=VALUE,...",
                    help="e.g. G_data=8,G_inter=4,G_intra_r=8,micro_batch_size=2,schedule=1f1b")
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     raw = parse_assignments(args.plan, "--plan")
     plan = plan_from_dict({k: coerce(k, v) for k, v in raw.items()})
     pred = predict(model, cluster, training, plan)
-    if args.json:
+    if args.json:  # exit 0: the prediction succeeded; "fits" says whether the layout does
         json.dump({"plan": plan_to_dict(plan), "prediction": prediction_to_dict(pred)}, sys.stdout)
         sys.stdout.write("\n")
         return 0
@@ -47,11 +48,18 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
+    mem = pred.memory
+    if not mem.fits:
+        console.print(f"[bold red]DOES NOT FIT[/]: {mem.per_gpu_gib:.1f} GiB per GPU needed, {mem.capacity_gib:g} GiB "
+                      "available; this layout would run out of memory, so its time and MFU below are hypothetical "
+                      "(try recompute, a higher ZeRO stage, a smaller micro-batch, or `gridtune recommend`)")
     console.print(f"[bold]{model.name}[/] on {cluster.num_gpus} x {cluster.gpu.name}: {plan.grid_string()}, "
                   f"micro-batch {plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}, "
                   f"ZeRO {plan.zero_stage}, placement {'/'.join(plan.order)}")
-    console.print(f"step {pred.iteration_time_s:.3f} s  |  {pred.tokens_per_s:,.0f} tokens/s  |  "
-                  f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU  |  MFU {pred.mfu:.1%}  |  constants: "
+    hypothetical = "" if mem.fits else "if it fitted: "
+    mfu = f"{pred.mfu:.1%}" if pred.mfu <= 1.0 else f">100% ({pred.mfu:.0%}: the GPU peak is below what runs)"
+    console.print(f"{hypothetical}step {pred.iteration_time_s:.3f} s  |  {pred.tokens_per_s:,.0f} tokens/s  |  "
+                  f"{pred.tflops_per_gpu:.3g} TFLOP/s per GPU  |  MFU {mfu}  |  constants: "
                   f"{pred.constants_source} (+/- {pred.uncertainty_rel:.0%})")
     t = Table(title="time (s per step)")
     t.add_column("component")
@@ -60,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(name.removesuffix("_s"), f"{value:.4f}")
     console.print(t)
     m = Table(title=f"memory per GPU: {pred.memory.per_gpu_gib:.1f} of {pred.memory.capacity_gib:g} GiB "
-                    f"({'fits' if pred.memory.fits else 'DOES NOT FIT'})")
+                    f"({'fits' if pred.memory.fits else 'DOES NOT FIT'})", title_style="bold" if mem.fits else "bold red")
     m.add_column("part")
     m.add_column("GiB", justify="right")
     for name in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib", "overhead_gib"):

@@ -107,6 +107,8 @@ def _measure(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
                                          gpus_per_node=args.gpus_per_node, ops=ops, gemm_shapes=shapes,
                                          progress=True)
     if microbench.launched_externally():
+        _say(f"gridtune profile: measuring in place ({backend}); the first numbers follow once every rank "
+             "has started")
         result = microbench.run_in_place(config)
         if result is None:  # not rank 0: rank 0 writes the files
             raise _NotRankZero
@@ -116,12 +118,31 @@ def _measure(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
             import torch
 
             nproc = torch.cuda.device_count() if backend == "nccl" else 2
+        _say(f"gridtune profile: starting {nproc} ranks ({backend}); each imports torch and sets up its "
+             "process group first (about 10 s), then a progress bar follows")
         result = microbench.run_forked(nproc, config, backend=backend)
     return pd.DataFrame(result["rows"]), result["provenance"]
 
 
 class _NotRankZero(Exception):
     pass
+
+
+def _say(text: str) -> None:
+    """A status line on stderr (stdout stays one JSON object under --json)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def fit_warnings(doc: dict[str, Any]) -> list[str]:
+    """Fits not to trust: R^2 below 0 means the alpha-beta line explains the timings worse than their mean."""
+    out = []
+    for f in doc.get("fits", []):
+        r2 = f.get("r2")
+        if isinstance(r2, (int, float)) and math.isfinite(r2) and r2 < 0:
+            out.append(f"{f['op']} {f['level']} over {f['group_size']} ranks ({f['members_per_node']} per node): "
+                       f"R^2 = {r2:.2f} < 0, the timings are noise around their mean; its constants are unreliable "
+                       "(run without --quick, raise --max-bytes, or quiet the machine)")
+    return out
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -143,7 +164,15 @@ def handle(args: argparse.Namespace) -> int:
             provenance = {**provenance, "gemm_shapes_from_model": args.model, "gemm_tokens": args.tokens}
         if cluster is None and provenance.get("backend") == "gloo":
             cluster = _cluster("local-cpu", args.gpus_per_node)
+        world = int(provenance.get("world_size") or 0)
+        if cluster is not None and world > 0:  # the cluster measured is as big as the run, not the preset
+            cluster = dataclasses.replace(cluster, num_gpus=world)
     doc = profiles.build_document(rows, provenance=provenance, cluster=cluster, name=args.name)
+    warnings = fit_warnings(doc)
+    if warnings:
+        doc["provenance"] = {**doc["provenance"], "warnings": warnings}
+        for line in warnings:
+            _say(f"gridtune profile: warning: {line}")
     out = profiles.write_profile(args.out, doc)
     rows_path = profiles.write_rows(profiles.rows_path_for(out), rows)
     uploaded = None
@@ -169,11 +198,15 @@ def _print_tables(doc: dict[str, Any], out: Path, rows_path: Path, uploaded: Any
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 100))
+    console = Console(width=max(Console().width, 130))
     expected = {(e["op"], e["level"], e["group_size"], e["members_per_node"]): e for e in doc.get("expected", [])}
     table = Table(title=f"Collectives ({doc['provenance'].get('backend', '?')}, "
-                        f"{doc['provenance'].get('world_size', '?')} ranks; bandwidths GB/s)")
-    for col in ("op", "level", "p", "q", "alpha_us", "busbw", "expected", "ratio", "R2", "holdout"):
+                        f"{doc['provenance'].get('world_size', '?')} ranks)",
+                  caption="ranks: group size; per node: group members on one node; alpha: latency per step (us); "
+                          "busbw, expected: bus bandwidth (GB/s); ratio: busbw / expected; R2 < 0: do not trust; "
+                          "holdout: median relative error on sizes left out of the fit")
+    for col in ("op", "level", "ranks", "per node", "alpha us", "busbw GB/s", "expected GB/s", "ratio", "R2",
+                "holdout"):
         left = col in ("op", "level")
         table.add_column(col, justify="left" if left else "right", no_wrap=True,
                          min_width=14 if col == "op" else None)
@@ -188,6 +221,8 @@ def _print_tables(doc: dict[str, Any], out: Path, rows_path: Path, uploaded: Any
                       ("" if f.get("bandwidth_resolved", True) else ">=") + _fmt(f["busbw_GBps"], ".3g"),
                       _fmt(e.get("expected_busbw_GBps"), ".3g"), ratio_s, _fmt(f["r2"], ".3f"),
                       _fmt(f["holdout_median_abs_error"], ".1%"))
+        if isinstance(f.get("r2"), (int, float)) and f["r2"] < 0:
+            table.rows[-1].style = "red"
     console.print(table)
     gemm = doc.get("gemm_tflops_max")
     if gemm is not None:

@@ -1,9 +1,16 @@
 """`gridtune recommend`: rank every layout and print the best ones.
 
     gridtune recommend --model gpt3-175b --cluster selene --gpus 1024 --global-batch-size 1536 \\
-        [--top 10] [--pin G_intra_c=1 --pin schedule=1f1b|interleaved-1f1b] [--json] [--plot top.png]
+        [--top 10] [--pin G_intra_c=1 --pin 'schedule=1f1b|interleaved-1f1b'] [--json] [--plot top.png] \\
+        [--csv candidates.csv] [--emit megatron|deepspeed|torchrun]
 
-`--json` prints exactly one JSON object (best, candidates, num_evaluated, pruned, ...).
+Pins: `--pin FIELD=V1,V2` (or `V1|V2`, quoted: `|` is a pipe to the shell) keeps only those values.
+`--json` prints exactly one JSON object (best, candidates, num_evaluated, pruned, complete, launch, ...).
+`--csv FILE` writes every ranked candidate (raise --top for more), one row each with the plan, step
+time, throughput, MFU, memory and time breakdown. `--emit` prints how to launch the best plan:
+Megatron-LM/NeMo arguments, a DeepSpeed config, or the gridtune engine's torchrun line and
+`engine.init(...)` call. Searches of more than 1,048,576 GPUs are refused (the service's default
+bound too; `predict` takes up to 4,194,304).
 """
 
 from __future__ import annotations
@@ -12,17 +19,20 @@ import argparse
 import json
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from perfmodels.specs import Plan
 from tuner.cli.common import (
+    HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
     coerce,
     model_from_args,
     training_from_args,
 )
-from tuner.report import recommendation_to_dict
-from tuner.search import recommend
+from tuner.launch import KINDS, all_launches, launch_for
+from tuner.report import recommendation_to_dict, write_candidates_csv
+from tuner.search import MAX_GPUS, recommend
 from tuner.types import Recommendation, SearchOptions
 
 PINNABLE = {f.name for f in fields(SearchOptions)} - {"max_micro_batch_size", "time_budget_s", "examples_per_reason"}
@@ -30,15 +40,18 @@ PINNABLE = {f.name for f in fields(SearchOptions)} - {"max_micro_batch_size", "t
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recommend", help="rank every layout and show the best",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_spec_arguments(p)
-    p.add_argument("--top", type=int, default=10, help="how many candidates to show (default 10)")
-    p.add_argument("--pin", action="append", default=[], metavar="FIELD=V1|V2",
-                   help=f"restrict a plan field to these values; fields: {', '.join(sorted(PINNABLE))}")
-    p.add_argument("--max-micro-batch-size", type=int, default=64)
+                       description=__doc__, formatter_class=HelpFormatter)
+    add_spec_arguments(p, gpus_help=f"number of GPUs to plan for (at most {MAX_GPUS:,})")
+    p.add_argument("--top", type=int, default=10, help="how many distinct layouts to show")
+    p.add_argument("--pin", action="append", default=[], metavar="FIELD=V1,V2",
+                   help=f"restrict a plan field to these values (comma- or '|'-separated); "
+                        f"fields: {', '.join(sorted(PINNABLE))}")
+    p.add_argument("--max-micro-batch-size", type=int, default=64, help="largest micro-batch searched")
     p.add_argument("--time-budget", type=float, default=30.0, metavar="S", help="stop searching after S seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--plot", metavar="FILE.png", help="bar chart of the top candidates' time and memory")
+    p.add_argument("--plot", metavar="FILE.png", help="picture of the top layouts: step time, breakdown, memory")
+    p.add_argument("--csv", metavar="FILE.csv", help="write every ranked candidate as CSV")
+    p.add_argument("--emit", choices=KINDS, help="print how to launch the best plan with this stack")
     p.set_defaults(handler=run)
 
 
@@ -46,11 +59,11 @@ def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions
     values: dict[str, object] = {}
     for pin in pins:
         if "=" not in pin:
-            raise ValueError(f"--pin expects FIELD=V1|V2, got {pin!r}")
+            raise ValueError(f"--pin expects FIELD=V1,V2, got {pin!r}")
         field, text = (x.strip() for x in pin.split("=", 1))
         if field not in PINNABLE:
             raise ValueError(f"--pin: unknown field {field!r}; pinnable: {sorted(PINNABLE)}")
-        values[field] = tuple(coerce(field, v) for v in text.split("|") if v)
+        values[field] = tuple(coerce(field, v.strip()) for v in text.replace("|", ",").split(",") if v.strip())
     if max_mb < 1:
         raise ValueError(f"--max-micro-batch-size must be >= 1, got {max_mb}")
     if budget <= 0:
@@ -58,8 +71,18 @@ def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions
     return SearchOptions(**values, max_micro_batch_size=max_mb, time_budget_s=budget)  # type: ignore[arg-type]
 
 
+def check_gpus(num_gpus: int) -> None:
+    """One bound for searches, here and in the service (GRIDTUNE_MAX_GPUS defaults to it)."""
+    if num_gpus > MAX_GPUS:
+        raise ValueError(f"cluster.num_gpus={num_gpus:,} is more than a search covers ({MAX_GPUS:,} GPUs at most; "
+                         "`gridtune predict` takes up to 4,194,304)")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
     model, cluster, training = model_from_args(args), cluster_from_args(args), training_from_args(args)
+    check_gpus(cluster.num_gpus)
     options = search_options(args.pin, args.max_micro_batch_size, args.time_budget)
     if args.json:
         rec = recommend(model, cluster, training, top_k=args.top, search=options)
@@ -68,16 +91,29 @@ def run(args: argparse.Namespace) -> int:
 
         with Console(stderr=True).status(f"ranking layouts for {model.name} on {cluster.num_gpus} GPUs..."):
             rec = recommend(model, cluster, training, top_k=args.top, search=options)
-    if args.plot:
+    title = f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name}"
+    if args.plot and rec.candidates:
         from tuner.plot import plot_candidates
 
-        plot_candidates(rec, args.plot, title=f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name}")
+        path = plot_candidates(rec, args.plot, title=f"{title}, global batch {training.global_batch_size}")
+        print(f"gridtune: wrote the plot to {Path(path).resolve()}", file=sys.stderr)
+    if args.csv:
+        path = write_candidates_csv(rec, args.csv)
+        print(f"gridtune: wrote {len(rec.candidates)} candidates to {Path(path).resolve()}", file=sys.stderr)
     if args.json:
-        json.dump(recommendation_to_dict(rec), sys.stdout)
+        out = recommendation_to_dict(rec)
+        if rec.best is not None:
+            out["launch"] = all_launches(model, cluster, training, rec.best.plan)
+        json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print_recommendation(rec, title=f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} "
-                                        f"({cluster.name}), global batch {training.global_batch_size}")
+        print_recommendation(rec, title=f"{title} ({cluster.name}), global batch {training.global_batch_size}")
+        if args.emit and rec.best is not None:
+            launch = launch_for(args.emit, model, cluster, training, rec.best.plan)
+            print(f"\n# launch the best plan ({args.emit}):")
+            print(launch.text)
+            for line in launch.notes:
+                print(f"# note: {line}")
     return 0 if rec.best is not None else 1
 
 
@@ -93,21 +129,30 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
 
     console = Console()
     if not console.is_terminal:
-        console = Console(width=150)
-    table = Table(title=title, caption="grid = G_data x G_inter x G_intra_d x G_intra_r x G_intra_c")
-    for col in ("#", "grid", "mb", "schedule", "recomp", "ZeRO", "inner", "step s", "MFU", "GiB", "bubble s",
+        console = Console(width=160)
+    if not rec.complete:
+        console.print(f"[bold yellow]PARTIAL SEARCH[/]: the time budget ran out after {rec.num_evaluated:,} plans; "
+                      f"{rec.num_not_evaluated:,} were never scored, so a better layout may exist "
+                      "(raise --time-budget or --pin dimensions)")
+    table = Table(title=("PARTIAL: " if not rec.complete else "") + title,
+                  caption="grid = G_data x G_inter x G_intra_d x G_intra_r x G_intra_c (data x pipeline x depth x "
+                          "row x column); innermost = the axis whose ranks are consecutive (share a node first); "
+                          "+n = n other placements predict the same time (merged)")
+    for col in ("#", "grid", "mb", "schedule", "recomp", "ZeRO", "innermost", "step s", "MFU", "GiB", "bubble s",
                 "exposed comm s"):
         table.add_column(col, justify="right", no_wrap=True)
     for c in rec.candidates:
         p, pr = c.plan, c.prediction
         b = pr.breakdown
         grid = f"{p.G_data}x{p.G_inter}x{p.G_intra_d}x{p.G_intra_r}x{p.G_intra_c}"
+        inner = p.order[0] + (f" +{len(c.equivalent_placements)}" if c.equivalent_placements else "")
         table.add_row(str(c.rank), grid, str(p.micro_batch_size), plan_label(p), p.recompute, str(p.zero_stage),
-                      p.order[0], f"{pr.iteration_time_s:.3f}", f"{pr.mfu:.1%}", f"{pr.memory.per_gpu_gib:.1f}",
+                      inner, f"{pr.iteration_time_s:.3f}", _mfu(pr.mfu), f"{pr.memory.per_gpu_gib:.1f}",
                       f"{b.pp_bubble_s:.2f}", f"{b.exposed_comm_s:.2f}")
     console.print(table)
-    console.print(f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid) in {rec.search_time_s:.2f} s; "
-                  f"constants: {rec.constants_source}")
+    scope = "" if rec.complete else f" (PARTIAL: {rec.num_not_evaluated:,} not evaluated)"
+    console.print(f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid) in {rec.search_time_s:.2f} s"
+                  f"{scope}; constants: {rec.constants_source}")
     if rec.explanation:
         console.print(rec.explanation)
     if rec.pruned:
@@ -115,3 +160,7 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
         for reason, count in sorted(rec.pruned.items(), key=lambda kv: -kv[1]):
             example = rec.pruned_examples.get(reason, [])
             console.print(f"  {count:>10,}  {reason}" + (f"  (e.g. {example[0]})" if example else ""))
+
+
+def _mfu(value: float) -> str:
+    return f"{value:.1%}" if value <= 1.0 else f">100% ({value:.0%}: check the GPU peak)"

@@ -1,12 +1,18 @@
-"""`gridtune serve`: the REST service (api.create_app) under uvicorn.
+"""`gridtune serve`: the REST service (api.create_app) under uvicorn, with limits for hostile clients.
 
     gridtune serve                                  # 127.0.0.1:8000, SQLite in ~/.local/share/gridtune
     gridtune serve --host 0.0.0.0 --port 8080 --database-url postgresql+psycopg://user@db/gridtune
     GRIDTUNE_API_KEY=secret gridtune serve          # writes then need "Authorization: Bearer secret"
 
+Limits (see api/server.py): a request's headers and body must arrive within `--request-timeout`
+seconds (else 408 and the connection closes); at most `--limit-concurrency` connections or requests
+are served at once (more get 503; the open-file limit is raised and respected); idle keep-alive
+connections close after `--timeout-keep-alive` seconds.
+
 `--workers N` starts N processes (SQLite in WAL mode and PostgreSQL both take concurrent writers);
-/metrics then reports per worker. uvicorn and FastAPI are imported inside the handler so the
-other subcommands start fast.
+/metrics then reports per worker. The database schema is migrated (alembic) at start-up; `gridtune
+db upgrade` does it alone. uvicorn and FastAPI are imported inside the handler so the other
+subcommands start fast.
 """
 
 from __future__ import annotations
@@ -19,18 +25,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the REST service (predict, recommend, clusters, measurements)",
-        description="Run the gridtune REST service with uvicorn. API docs at http://HOST:PORT/docs.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0 picks a free one)")
     parser.add_argument(
         "--database-url",
         default=None,
         help="SQLAlchemy URL of the store (default: $GRIDTUNE_DATABASE_URL, else a SQLite file "
         "in ~/.local/share/gridtune/)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
-    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    parser.add_argument("--workers", type=int, default=1, help="server processes (default: %(default)s)")
+    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                        help="default: %(default)s")
+    parser.add_argument("--request-timeout", type=float, default=30.0, metavar="S",
+                        help="seconds a request's headers and body may take to arrive (default: %(default)s)")
+    parser.add_argument("--limit-concurrency", type=int, default=1024, metavar="N",
+                        help="connections or requests served at once; more get 503 (default: %(default)s)")
+    parser.add_argument("--timeout-keep-alive", type=float, default=5.0, metavar="S",
+                        help="idle keep-alive connections close after S seconds (default: %(default)s)")
     parser.set_defaults(handler=run)
 
 
@@ -45,22 +59,29 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from api.server import ServerLimits, uvicorn_config
     from api.settings import Settings
 
     settings = Settings.from_env()  # fail here, with one line, on a bad setting
+    try:
+        limits = ServerLimits(request_timeout_s=args.request_timeout, limit_concurrency=args.limit_concurrency,
+                              timeout_keep_alive_s=args.timeout_keep_alive)
+    except ValueError as exc:
+        raise ValueError(f"serve: {exc}") from None
     if args.workers == 1:
         from api import create_app
 
-        app = create_app(settings)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        app: object = create_app(settings)
     else:
-        uvicorn.run(
-            "api.app:create_app",
-            factory=True,
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            log_level=args.log_level,
-            access_log=False,
-        )
+        app = "api.app:create_app"
+    config = uvicorn_config(app, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level,
+                            limits=limits)
+    server = uvicorn.Server(config)
+    if args.workers == 1:
+        server.run()
+        return 0 if server.started else 1
+    from uvicorn.supervisors import Multiprocess
+
+    sock = config.bind_socket()
+    Multiprocess(config, target=server.run, sockets=[sock]).run()
     return 0

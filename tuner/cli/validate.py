@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfmodels.stacks import STACK_PRESETS
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("validate", help="profile, predict, run and compare every plan on this machine",
@@ -38,6 +40,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--nproc", type=int, default=4, help="ranks to fork on this machine (default 4)")
     p.add_argument("--model", default="tiny-gpt", help="model preset the engine can build (default tiny-gpt)")
     p.add_argument("--global-batch-size", type=int, default=16)
+    p.add_argument("--stack", default="gridtune", choices=sorted(STACK_PRESETS),
+                   help="the stack the predictions assume (default gridtune: what the engine does)")
     p.add_argument("--micro-batch-size", type=int, default=4, help="the one micro-batch size searched (default 4)")
     p.add_argument("--steps", type=int, default=5, help="timed steady-state steps per plan (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps per plan (default 2)")
@@ -116,7 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         say(f"profiling {args.nproc} ranks (quick) ...")
         profile = quick_profile(args.nproc)
     cluster = cl.local_cluster(args.nproc, profile)
-    training = cl.engine_training(args.global_batch_size)
+    training = cl.engine_training(args.global_batch_size, stack=args.stack)
     options = cl.engine_search_options(micro_batch_size=args.micro_batch_size)
     candidates = [c for c in cl.candidate_plans(spec, cluster, training, options)
                   if not engine_problems(spec, c.plan, training)]

@@ -1,0 +1,89 @@
+"""The training stack through the REST body and the command line (`training.stack`, `--stack`).
+
+Run: `.venv/bin/python -m pytest -q tests/api/test_stack_input.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from api import examples
+from perfmodels import Plan, Training, predict, presets
+from tuner.cli import main
+
+
+def _body(stack: object) -> dict:
+    body = copy.deepcopy(examples.PREDICT)
+    body["training"] = {**body["training"], "stack": stack}
+    return body
+
+
+def test_rest_predict_uses_the_named_stack(client):
+    """The same layout under two stacks: memory by each stack's bytes, exactly what perfmodels says."""
+    got = {}
+    for stack in ("megatron-core", "gridtune"):
+        r = client.post("/v1/predict", json=_body(stack))
+        assert r.status_code == 200, r.text
+        got[stack] = r.json()["memory"]["optimizer_gib"]
+    model, cluster = presets.model("gpt3-175b"), presets.cluster("selene", 1024)
+    plan_fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in examples.PLAN_MEGATRON.items()}
+    training = Training(global_batch_size=examples.TRAINING_GPT3["global_batch_size"],
+                        dtype=examples.TRAINING_GPT3.get("dtype", "bf16"), stack="megatron-core")
+    want = predict(model, cluster, training, Plan(**plan_fields)).memory.optimizer_gib
+    assert abs(got["megatron-core"] - want) < 1e-6
+    assert got["megatron-core"] != got["gridtune"]  # 12 bytes (master + Adam) vs 8 per parameter
+
+
+def test_rest_stack_object_overrides_one_option_and_bad_names_are_422(client):
+    base = client.post("/v1/predict", json=_body("megatron-core")).json()
+    changed = client.post("/v1/predict", json=_body({"name": "megatron-core", "overlap_grad_reduce": False}))
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["iteration_time_s"] >= base["iteration_time_s"]
+    bad = client.post("/v1/predict", json=_body("nemo-99"))
+    assert bad.status_code == 422 and "stack" in bad.text and "nemo-99" in bad.text
+    bad = client.post("/v1/predict", json=_body({"name": "fsdp", "overlap_everything": True}))
+    assert bad.status_code == 422 and "overlap_everything" in bad.text
+
+
+def test_rest_presets_list_the_stacks(client):
+    r = client.get("/v1/presets")
+    assert r.status_code == 200
+    stacks = r.json()["stacks"]
+    assert {"megatron-core", "fsdp", "torchtitan", "gridtune"} <= set(stacks)
+
+
+def test_cli_recommend_with_a_stack_ranks_only_what_it_runs(capsys):
+    assert main(["recommend", "--model", "gpt3-1.7b", "--cluster", "selene", "--gpus", "16",
+                 "--global-batch-size", "64", "--stack", "fsdp", "--top", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    plans = [c["plan"] for c in out["candidates"]]
+    assert plans and all(p["G_intra_r"] == 1 and p["G_inter"] == 1 and p["zero_stage"] in (0, 2, 3) for p in plans)
+    assert any("fsdp stack does not run" in reason for reason in out["pruned"])
+
+
+def test_cli_predict_stack_flag_changes_memory(capsys):
+    args = ["predict", "--model", "gpt3-1.7b", "--cluster", "selene", "--gpus", "8", "--global-batch-size", "64",
+            "--plan", "G_data=8,micro_batch_size=1", "--json"]
+    assert main([*args, "--stack", "megatron-lm"]) == 0
+    lm = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*args, "--stack", "gridtune"]) == 0
+    ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # Megatron: 2 + 4 + 12 bytes per parameter; the engine: 4 + 4 + 8
+    lm_mem, our_mem = lm["prediction"]["memory"], ours["prediction"]["memory"]
+    assert abs(lm_mem["params_gib"] * 2 - our_mem["params_gib"]) < 1e-9
+    assert abs(lm_mem["optimizer_gib"] * 8 / 12 - our_mem["optimizer_gib"]) < 1e-9
+
+
+def test_search_tries_sequence_parallelism_where_the_stack_has_it():
+    """Megatron-Core on 256 H100s for Llama 3 70B: the search finds NeMo's own recipe (TP4 PP4,
+    interleaved, no recomputation, sequence parallel), which needs sequence parallelism to fit."""
+    import tuner
+    from perfmodels import Training, presets
+
+    model, cluster = presets.model("llama3-70b"), presets.cluster("eos", 256)
+    best = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="megatron-core"), top_k=1).best
+    assert best is not None and best.plan.sequence_parallel and best.plan.recompute == "none"
+    assert (best.plan.G_intra_r, best.plan.G_inter) == (4, 4)
+    ours = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="gridtune"), top_k=5)
+    assert not any(c.plan.sequence_parallel for c in ours.candidates)  # the engine has none

@@ -1,0 +1,79 @@
+"""What presets exist, by name, with their main numbers: `gridtune presets` and `GET /v1/presets`.
+
+Why: a new user cannot guess names like `gpt3-175b`, `selene` or `A100-80GB`, and `--help` cannot list
+them all readably. Also the defaults a cluster given by flags takes from its GPU (`node_defaults`).
+
+    from tuner.catalog import preset_catalog
+    print(sorted(preset_catalog()["gpus"]))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import perfmodels
+from perfmodels import presets
+from perfmodels.specs import GPU, Cluster
+
+
+def _numbers(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, (int, float, str, bool)) or value is None:
+            out[f.name] = value
+        elif isinstance(value, GPU):
+            out[f.name] = value.name
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (int, float, str, bool)) for v in value):
+            out[f.name] = list(value)
+    return out
+
+
+def stack_presets() -> dict[str, Any]:
+    """Training stacks (`Training.stack`) where perfmodels provides them, else none."""
+    # perfmodels.stacks (STACK_PRESETS: name -> frozen dataclass) arrives with the model's stack
+    # support; until then there is nothing to list, and nothing here breaks.
+    stacks = getattr(perfmodels, "stacks", None)
+    if stacks is None:
+        try:
+            import importlib
+
+            stacks = importlib.import_module("perfmodels.stacks")
+        except ImportError:
+            return {}
+    return dict(getattr(stacks, "STACK_PRESETS", {}) or {})
+
+
+def preset_catalog() -> dict[str, dict[str, dict[str, Any]]]:
+    """{"models": {name: fields}, "clusters": {...}, "gpus": {...}, "stacks": {...}} (JSON-ready)."""
+    stacks = {}
+    for name, spec in stack_presets().items():
+        stacks[str(name)] = _numbers(spec) if dataclasses.is_dataclass(spec) else {"value": str(spec)}
+    return {
+        "models": {n: _numbers(presets.model(n)) for n in presets.model_names()},
+        "clusters": {n: _numbers(presets.cluster(n)) for n in presets.cluster_names()},
+        "gpus": {n: _numbers(presets.gpu(n)) for n in presets.gpu_names()},
+        "stacks": stacks,
+    }
+
+
+def resolve_gpu_name(name: str) -> tuple[str, str | None]:
+    """(the preset's own name, a note when `name` was an alias such as "H100" for "H100-SXM")."""
+    gpu = presets.gpu(name)
+    if gpu.name.lower() == str(name).strip().lower():
+        return gpu.name, None
+    variants = [g for g in presets.gpu_names() if g.lower().startswith(str(name).strip().lower().split("-")[0])]
+    others = f" (other variants: {', '.join(v for v in variants if v != gpu.name)})" if len(variants) > 1 else ""
+    return gpu.name, f"GPU {name!r} is taken as the {gpu.name} preset{others}"
+
+
+def node_defaults(gpu_name: str) -> tuple[Cluster | None, str]:
+    """The cluster preset whose nodes carry this GPU (gpus per node, link bandwidths, latencies, backend),
+    so a cluster given by `--gpu` alone gets plausible links; (None, "") when no preset has it."""
+    gpu = presets.gpu(gpu_name)
+    for name in presets.cluster_names():
+        c = presets.cluster(name)
+        if c.gpu.name == gpu.name:
+            return c, name
+    return None, ""
