@@ -194,3 +194,8 @@ def test_quickstart_refuses_a_port_another_server_holds(tmp_path):
         other.server_close()
     assert done.returncode == 1, done.stdout + done.stderr
     assert "already in use" in done.stderr and "best plan" not in done.stdout
+
+
+def test_absurd_link_bandwidths_on_the_command_line_name_the_plausible_range(capsys):
+    assert main(["predict", *TINY, "--inter-node-bandwidth", "1e-300", "--plan", "G_data=4"]) == 2
+    assert "--inter-node-bandwidth=1e-300 is outside the plausible range 0.001 to 100000" in capsys.readouterr().err
