@@ -79,6 +79,17 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _loc_part(part: Any) -> Any:
+    """pydantic names union members by their validator chain ("function-after[_no_nul(), constrained-str]"):
+    say "str" instead."""
+    if isinstance(part, int):
+        return part
+    text = str(part)
+    if text.startswith("function-after[") and "str" in text:
+        return "str"
+    return _clip(text, 60)
+
+
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     parts = [_clip(p, 60) if isinstance(p, str) else str(p)
              for p in loc if p not in ("body", "query", "path", "header")]
@@ -113,7 +124,7 @@ def _range_note(loc: list[Any], kind: str) -> str:
 def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     detail = []
     for err in errors[:50]:
-        loc = [p if isinstance(p, int) else _clip(str(p), 60) for p in err.get("loc", ())]
+        loc = [_loc_part(p) for p in err.get("loc", ())]
         field = _field(loc)
         kind = str(err.get("type", "value_error"))
         msg = _clip(str(err.get("msg", "invalid")), 400)

@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from api import examples
 from perfmodels.stacks import STACK_PRESETS
+from tuner.catalog import PLAUSIBLE, plausible_range  # noqa: F401 - api.errors quotes the ranges from here
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -37,31 +38,8 @@ PROFILE_EXTRAS = ("provenance", "fits", "expected", "holdout_median_abs_error")
 MAX_GPUS = 1 << 22  # the domain's own "absurd" bound (perfmodels.specs.Cluster)
 MAX_LAYERS = 4096  # explicit layer lists (what the engine extracts); Llama-3 405B has 882 Linears
 
-PLAUSIBLE: dict[str, tuple[float, float, str]] = {
-    "bandwidth_GBps": (1e-3, 1e5, "GB/s per GPU per direction"),
-    "latency_us": (0.0, 1e6, "microseconds"),
-    "peak_tflops": (1e-4, 1e5, "TFLOP/s"),
-    "memory_gib": (1e-2, 1e5, "GiB"),
-    "hbm_bandwidth_GBps": (0.1, 1e6, "GB/s"),
-    "alpha_us": (0.0, 1e6, "microseconds"),
-}
-"""Plausible ranges of physical constants (bounds included); `api.errors` quotes them in 422s."""
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def plausible_range(field: str) -> tuple[float, float, str] | None:
-    """The plausible range of a field by its name (e.g. `inter_node_bandwidth_GBps`), if it has one."""
-    if field.endswith("hbm_bandwidth_GBps"):
-        return PLAUSIBLE["hbm_bandwidth_GBps"]
-    for suffix in ("bandwidth_GBps", "latency_us", "memory_gib", "alpha_us"):
-        if field.endswith(suffix):
-            return PLAUSIBLE[suffix]
-    if field == "busbw_GBps":
-        return PLAUSIBLE["bandwidth_GBps"]
-    if field.startswith("peak_tflops") or field == "gemm_tflops_max" or field in ("fp32", "tf32", "bf16", "fp16", "fp8"):
-        return PLAUSIBLE["peak_tflops"]
-    return None
 
 
 def _no_nul(value: str) -> str:

@@ -13,7 +13,7 @@ if [ "${GRIDTUNE_SKIP_SETUP:-0}" != 1 ]; then
 fi
 PORT=${GRIDTUNE_PORT:-8000}
 export GRIDTUNE_DATABASE_URL=${GRIDTUNE_DATABASE_URL:-sqlite:///$PWD/gridtune.db}
-if .venv/bin/python -c "import socket, sys; s = socket.socket(); s.settimeout(1); sys.exit(s.connect_ex(('127.0.0.1', $PORT)) != 0)"; then
+if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then  # something already listens there
   echo "quickstart: port $PORT is already in use (another server?); stop it or set GRIDTUNE_PORT=<free port>" >&2
   exit 1
 fi

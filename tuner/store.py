@@ -384,6 +384,7 @@ class Store:
         )
         self._lock = threading.Lock()
         self._write_slots = threading.BoundedSemaphore(WRITE_SLOTS)
+        self._head: str | None = None
         if create:
             self.create_tables()
 
@@ -399,10 +400,12 @@ class Store:
         return cfg
 
     def head_revision(self) -> str:
-        """The newest migration in this copy of gridtune."""
-        from alembic.script import ScriptDirectory
+        """The newest migration in this copy of gridtune (read once: the files do not change)."""
+        if self._head is None:
+            from alembic.script import ScriptDirectory
 
-        return str(ScriptDirectory(str(MIGRATIONS)).get_current_head())
+            self._head = str(ScriptDirectory(str(MIGRATIONS)).get_current_head())
+        return self._head
 
     def schema_revision(self, engine: Engine | None = None) -> str | None:
         """The migration the database is at (None: not managed yet, or no tables)."""

@@ -128,6 +128,8 @@ def test_nul_characters_and_huge_page_cursors_are_not_500_on_postgres(postgres_s
     r = httpx.get(srv.url + "/v1/measurements", params={"cluster_id": "a\x00"}, timeout=30)
     assert r.status_code == 200 and r.json()["items"] == []
     assert _post(srv.url, "/v1/measurements", SMALL_MEASUREMENT).status_code == 201
+    r = _post(srv.url, "/v1/measurements", {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 1, "note": "a\x00b"}})
+    assert r.status_code == 201, r.text[:300]  # NUL inside free-form JSON is data, and PostgreSQL's json keeps it
     for before in (2**31 - 1, 2**31, 2**62):
         r = httpx.get(srv.url + "/v1/measurements", params={"before_id": before}, timeout=30)
         assert r.status_code == 200 and r.json()["items"], (before, r.text[:300])
@@ -165,6 +167,7 @@ def test_a_write_lock_held_elsewhere_gives_503_while_reads_and_liveness_answer(t
         try:
             codes, threads = _writers(srv.url, 60)
             assert httpx.get(srv.url + "/livez", timeout=30).status_code == 200
+            assert httpx.get(srv.url + "/v1/measurements", timeout=30).status_code == 200  # reads go on
             r = httpx.get(srv.url + "/readyz", timeout=30)
             assert r.status_code == 503 and "locked" in r.json()["reason"], r.text
             for t in threads:

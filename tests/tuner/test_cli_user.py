@@ -134,6 +134,11 @@ def test_a_profile_faster_than_the_preset_never_shows_mfu_above_100(tmp_path, ca
     rec = json.loads(captured.out.strip().splitlines()[-1])
     assert all(0 < c["prediction"]["mfu"] <= 1.0 for c in rec["candidates"])
     assert "the peak follows the measurement" in captured.err
+    # item 13 (CLI side): a profile never checked against measured steps claims no band
+    assert main(["predict", "--model", "gpt3-1.7b", "--cluster", "local-cpu", "--gpus", "4", "--global-batch-size",
+                 "64", "--profile", str(path), "--plan", "G_data=4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "band unknown until measured steps calibrate it" in out and "+/- 10%" not in out
 
 
 def test_emit_csv_and_the_launch_in_json(tmp_path, capsys):
@@ -194,3 +199,8 @@ def test_quickstart_refuses_a_port_another_server_holds(tmp_path):
         other.server_close()
     assert done.returncode == 1, done.stdout + done.stderr
     assert "already in use" in done.stderr and "best plan" not in done.stdout
+
+
+def test_absurd_link_bandwidths_on_the_command_line_name_the_plausible_range(capsys):
+    assert main(["predict", *TINY, "--inter-node-bandwidth", "1e-300", "--plan", "G_data=4"]) == 2
+    assert "--inter-node-bandwidth=1e-300 is outside the plausible range 0.001 to 100000" in capsys.readouterr().err

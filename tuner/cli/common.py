@@ -115,6 +115,13 @@ def _gpu(name: str) -> Any:
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
+    from tuner.catalog import check_plausible
+
+    for flag, field in (("--intra-node-bandwidth", "intra_node_bandwidth_GBps"),
+                        ("--inter-node-bandwidth", "inter_node_bandwidth_GBps")):
+        value = getattr(args, field.removesuffix("_GBps"), None)
+        if value is not None:
+            check_plausible(field, value, where=flag)
     if args.cluster and args.cluster_file:
         raise ValueError("give either --cluster or --cluster-file, not both")
     profile = None

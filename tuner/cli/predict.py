@@ -57,10 +57,15 @@ def run(args: argparse.Namespace) -> int:
                   f"micro-batch {plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}, "
                   f"ZeRO {plan.zero_stage}, placement {'/'.join(plan.order)}")
     hypothetical = "" if mem.fits else "if it fitted: "
+    band = f"+/- {pred.uncertainty_rel:.0%}"
+    measured_band = cluster.profile is not None and cluster.profile.uncertainty_rel is not None
+    if pred.constants_source == "profile" and not measured_band:
+        # a fresh profile's constants were never checked against measured steps: no band is known yet
+        band = "band unknown until measured steps calibrate it (gridtune validate / engine.train)"
     mfu = f"{pred.mfu:.1%}" if pred.mfu <= 1.0 else f">100% ({pred.mfu:.0%}: the GPU peak is below what runs)"
     console.print(f"{hypothetical}step {pred.iteration_time_s:.3f} s  |  {pred.tokens_per_s:,.0f} tokens/s  |  "
                   f"{pred.tflops_per_gpu:.3g} TFLOP/s per GPU  |  MFU {mfu}  |  constants: "
-                  f"{pred.constants_source} (+/- {pred.uncertainty_rel:.0%})")
+                  f"{pred.constants_source} ({band})")
     t = Table(title="time (s per step)")
     t.add_column("component")
     t.add_column("seconds", justify="right")

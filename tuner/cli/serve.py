@@ -83,5 +83,5 @@ def run(args: argparse.Namespace) -> int:
     from uvicorn.supervisors import Multiprocess
 
     sock = config.bind_socket()
-    Multiprocess(config, target=server.run, sockets=[sock]).run()
+    Multiprocess(config, sockets=[sock]).run()
     return 0

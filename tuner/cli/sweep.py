@@ -114,5 +114,6 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(f"{p['x']:,}", f"{p['iteration_time_s']:.3f}", f"{p['tokens_per_s']:,.0f}",
                       f"{p['tokens_per_s_per_gpu']:,.0f}", f"{p['mfu']:.1%}", f"{p['per_gpu_gib']:.1f}",
                       p["plan_text"] + ("" if p["complete"] else " (PARTIAL search)"))
-    Console().print(table)
+    console = Console()
+    (console if console.is_terminal else Console(width=170)).print(table)
     return 0 if any(p["plan"] for p in points) else 1
