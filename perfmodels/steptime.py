@@ -69,8 +69,6 @@ UNCERTAINTY_PRESET = 0.15
 """Relative band of a prediction from preset constants: the p90 error on published runs (17%) rounded."""
 UNCERTAINTY_CPU_PRESET = 1.0
 """The CPU "device" preset is an order-of-magnitude guess until `gridtune profile` measures the machine."""
-UNCERTAINTY_PROFILE = 0.10
-"""Band with measured constants when the profile carries no measured error (hold-out error of fits)."""
 UNCERTAINTY_CALIBRATED = 0.08
 """Band after calibration on measured steps when the profile carries no leave-one-out error."""
 FIRST_GATHER_SHARE = 0.05
@@ -316,9 +314,16 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     source = "preset" if prof is None else prof.source
     # preset GPU constants are checked against published runs (MAPE ~11%); the CPU "device" preset is
     # an order-of-magnitude guess until `gridtune profile` measures the machine
+    # the band comes from measured error: a profile's microbenchmarks do not measure a training step,
+    # so until calibration against measured steps (which sets uncertainty_rel from leave-one-out
+    # errors) the band stays the preset's
     preset_band = UNCERTAINTY_CPU_PRESET if cluster.gpu.vendor == "cpu" else UNCERTAINTY_PRESET
-    fallback = UNCERTAINTY_PROFILE if prof is not None and prof.source == "profile" else UNCERTAINTY_CALIBRATED
-    uncertainty = preset_band if prof is None else (prof.uncertainty_rel or fallback)
+    if prof is None:
+        uncertainty = preset_band
+    elif prof.source == "calibrated":
+        uncertainty = prof.uncertainty_rel or UNCERTAINTY_CALIBRATED
+    else:
+        uncertainty = max(preset_band, prof.uncertainty_rel or 0.0)
     return BatchPrediction(
         arrays=arrays, iteration_time_s=iteration, tokens_per_s=tokens / iteration,
         tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu * 1e12 / peak, parts=parts, memory=mem,
