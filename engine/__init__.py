@@ -30,6 +30,7 @@ from engine.pipeline import Pipeline
 from engine.recorder import CommRecorder
 from engine.train import TrainReport, train
 from engine.zero import ZeroOptimizer
+from engine.zero3 import Zero3
 
 __all__ = [
     "AutoLinear",
@@ -41,6 +42,7 @@ __all__ = [
     "Pipeline",
     "ShardedLinear",
     "TrainReport",
+    "Zero3",
     "ZeroOptimizer",
     "auto_parallelize",
     "clip_grad_norm_",

@@ -285,8 +285,10 @@ def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: 
 
     `splittable=False`: a net passed already built (not as a factory), which can only be replicated."""
     problems = []
-    if plan.zero_stage not in (0, 1):
-        problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 and 1")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 to 3")
+    if plan.zero_stage == 3 and (plan.G_inter > 1 or plan.G_intra_d > 1):
+        problems.append("zero_stage=3 runs with G_inter=1 and G_intra_d=1 (engine.Zero3)")
     if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
         problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in GPT "
                         "(recompute='full') or nothing")
@@ -317,16 +319,21 @@ def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: 
 
 
 def _make_optimizer(optimizer: OptimizerFactory | type | None, net: nn.Module, zero_stage: int,
-                    grid: Any) -> torch.optim.Optimizer:
-    """The optimizer over `net`'s trainable parameters; ZeRO-1 wraps the same factory."""
+                    grid: Any, offload: bool = False) -> torch.optim.Optimizer:
+    """The optimizer over `net`'s trainable parameters; ZeRO-1/2 (engine.ZeroOptimizer) and ZeRO-3
+    (engine.Zero3) wrap the same factory."""
     factory: Any = optimizer
     kwargs: dict[str, Any] = {}
     if factory is None:
         factory, kwargs = torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01}
-    if zero_stage == 1:
+    if zero_stage == 3:
+        from engine.zero3 import Zero3
+
+        return Zero3(net, factory, grid=grid, offload=offload, **kwargs)
+    if zero_stage in (1, 2):
         from engine.zero import ZeroOptimizer
 
-        return ZeroOptimizer(net, factory, grid=grid, **kwargs)
+        return ZeroOptimizer(net, factory, grid=grid, stage=zero_stage, offload=offload, **kwargs)
     return factory([p for p in net.parameters() if p.requires_grad], **kwargs)
 
 
@@ -388,7 +395,7 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           micro_batch_size: int | None = None, warmup_steps: int = 2,
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
           progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
-          dtype: str = "fp32", init: str = "serial") -> TrainReport:
+          dtype: str = "fp32", init: str = "serial", offload: bool = False) -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
@@ -399,8 +406,12 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     runs forward and backward under bf16 autocast (parameters, gradients and optimizer in fp32).
     `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
     differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
-    The plan may use zero_stage=1 (engine.ZeroOptimizer) and, for the GPT, recompute="full".
+    The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; G_inter=1,
+    G_intra_d=1) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's optimizer state
+    in host memory (ZeRO stages 1-3).
     """
+    if not isinstance(offload, bool):
+        raise ValueError(f"offload must be True or False, got {offload!r}")
     if steps <= warmup_steps:
         raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
     if dtype not in ("fp32", "bf16"):
@@ -471,7 +482,7 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                 inner = model()
         net = engine.wrap(_WithLoss(inner.to(grid.device), loss_fn or nn.functional.cross_entropy), grid=grid)
         tokens_per_sample = 1
-    opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid)
+    opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid, offload)
     # shuffled windows (same seed on every rank, so the batch split stays consistent): sequential
     # windows would walk the corpus file by file and the loss would follow the files, not training
     loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid, shuffle=True)

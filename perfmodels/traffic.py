@@ -195,6 +195,7 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
         # recomputation stops once backward has what it saved: the block's last output all-reduce
         # (fc2's) feeds only the residual add, which saves nothing, so it is not repeated
         linear(k, n, tr, blocks, bias, output_recomputed=i != len(linears) - 1)
+    block_linears = local_params / np.maximum(blocks, 1.0)  # one block's Linear parameters (for ZeRO-3 units)
 
     # Megatron sequence parallelism (row-only TP): each all-reduce becomes all-gather + reduce-scatter
     seq_calls = blocks * m * sp
@@ -225,20 +226,33 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
     # ZeRO-3 gather units on this stage: blocks, embedding, final norm + head
+    unit_bytes = None
     if training.effective_stack.zero3_gather == "layer":
         units = blocks + st.has_embedding + st.has_head
+        # each unit is one flat vector zero-padded to a multiple of G_data (engine.zero3, FSDP1)
+        G = arrays.G_data
+
+        def pad(x: np.ndarray) -> np.ndarray:
+            return np.ceil(x / G) * G
+
+        head_unit = norm_params * h / G_c + h * V / (G_r * G_c) / G_d
+        unit_bytes = (blocks * pad(block_linears + 2 * norm_params * h / G_c) + st.has_embedding * pad(emb)
+                      + st.has_head * pad(head_unit)) * e
     else:  # every parameter tensor: 4 weights (+4 biases), 2 norms (weight, +bias)
         per_block = 4 * (1 + bias) + 2 * norm_params
         units = blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (1 + norm_params)
-    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units)
+    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units, unit_bytes)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
 
 
 def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local_params: np.ndarray,
-                      replicated_over_depth: np.ndarray, m: np.ndarray, units: np.ndarray | float) -> None:
+                      replicated_over_depth: np.ndarray, m: np.ndarray, units: np.ndarray | float,
+                      unit_bytes: np.ndarray | None = None) -> None:
     """`units`: ZeRO-3 gather units of the stage (blocks or parameter tensors, per
-    `Stack.zero3_gather`); each is gathered and reduce-scattered by its own call."""
+    `Stack.zero3_gather`); each is gathered and reduce-scattered by its own call. `unit_bytes`:
+    the units' bytes summed, each padded to a multiple of G_data (None: the parameter bytes, and
+    one padding of the whole vector for the reduce-scatter)."""
     e = training.bytes_per_element
     z = arrays.zero_stage
     # replicated parameters see different samples on each depth rank
@@ -267,9 +281,11 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     u = np.maximum(np.asarray(units, dtype=np.float64), 1.0)
     piped = arrays.G_inter > 1
     zero3_calls = np.where(piped, 1.0, m) * u * (z == 3)
-    ev.add("data", "all_gather", "fwd", "zero3", grads / u, zero3_calls)
-    ev.add("data", "all_gather", "bwd", "zero3", grads / u, zero3_calls * ~piped)
-    ev.add("data", "reduce_scatter", "bwd", "zero3", padded / u, zero3_calls)
+    gathered = grads if unit_bytes is None else unit_bytes
+    scattered = padded if unit_bytes is None else unit_bytes
+    ev.add("data", "all_gather", "fwd", "zero3", gathered / u, zero3_calls)
+    ev.add("data", "all_gather", "bwd", "zero3", gathered / u, zero3_calls * ~piped)
+    ev.add("data", "reduce_scatter", "bwd", "zero3", scattered / u, zero3_calls)
 
 
 def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape) -> None:
