@@ -11,9 +11,12 @@ over the local batch. Returns the mean local loss (None on pipeline ranks withou
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from engine.grads import no_sync
 from engine.pipeline import Pipeline
 
 
@@ -32,7 +35,10 @@ def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tens
     n = tokens.shape[0] // mb
     total = torch.zeros((), device=device)
     for i in range(n):
-        loss = model(tokens[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb])
-        (loss / n).backward()
+        # every micro-batch but the last accumulates only (the overlapped data reduction, if the
+        # model has one, launches during the last backward)
+        with no_sync(model) if i < n - 1 else contextlib.nullcontext():
+            loss = model(tokens[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb])
+            (loss / n).backward()
         total += loss.detach().float()  # read back once, after the last micro-batch: on a GPU the host
     return float(total) / n             # keeps issuing the next micro-batch while this one runs

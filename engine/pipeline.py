@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from engine.grads import _OVERLAP_ATTR
 from engine.grid import Grid, GridError
 from engine.parallel_gpt import ParallelGPT
 
@@ -86,7 +87,16 @@ class Pipeline:
         losses: list[torch.Tensor] = []
         kwargs = {"target": targets, "losses": losses} if self.is_last else {}
         args = (tokens,) if self.is_first else ()
-        self.schedule.step(*args, return_outputs=False, **kwargs)
+        # a parameter's data all-reduce (engine.grads, overlapped) launches after its last
+        # micro-batch's backward, while the schedule drains the rest
+        reducer = getattr(self.model, _OVERLAP_ATTR, None)
+        if reducer is not None:  # the schedule divides the gradients by n after backward (scale_grads)
+            reducer.expected, reducer.launch_scale = self.n_microbatches, 1.0 / self.n_microbatches
+        try:
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        finally:
+            if reducer is not None:
+                reducer.expected, reducer.launch_scale = 1, 1.0
         if self.is_last:
             return float(torch.stack([loss.detach() for loss in losses]).mean())
         return None

@@ -246,10 +246,12 @@ STACK_PRESETS: dict[str, Stack] = {
               weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=4.0, grad_bytes_fp16=2.0,
               schedules=("gpipe", "1f1b"), zero_stages=(0,), sequence_parallel=False),
         Stack(name="gridtune", summary="gridtune's own engine: fp32 parameters under autocast, PyTorch SDPA, "
-              "gradient sync after the last micro-batch, synchronous tensor-parallel collectives",
-              overlap_grad_reduce=False, overlap_param_gather=False, overlap_tp_comm=False, flash_attention=True,
+              "data-parallel all-reduce in buckets overlapped with the last micro-batch's backward, "
+              "ZeRO 1-2 (ZeRO-2 reducing once per step; engine.Zero3 is not offered to the search yet), "
+              "synchronous tensor-parallel collectives",
+              overlap_grad_reduce=True, overlap_param_gather=False, overlap_tp_comm=False, flash_attention=True,
               weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
-              schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 1), tensor_parallel_3d=True,
+              schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 1, 2), tensor_parallel_3d=True,
               sequence_parallel=False, vocab_parallel_embedding=False,
               # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
               # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
