@@ -28,6 +28,7 @@ from engine.linear import Linear, ShardedLinear
 from engine.loop import forward_backward
 from engine.parallel_gpt import ParallelGPT
 from engine.pipeline import Pipeline
+from engine.precision import LossScaler, MixedPrecision
 from engine.recorder import CommRecorder
 from engine.train import TrainReport, train
 from engine.zero import ZeroOptimizer
@@ -39,6 +40,8 @@ __all__ = [
     "Grid",
     "GridError",
     "Linear",
+    "LossScaler",
+    "MixedPrecision",
     "ParallelGPT",
     "Pipeline",
     "ShardedLinear",

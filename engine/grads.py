@@ -82,12 +82,16 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterator[list[to
         yield bucket
 
 
-def all_reduce_bucketed(tensors: list[torch.Tensor], group: object, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-    """Sum each tensor over `group` in place, flattening them into buckets of at most `bucket_bytes`."""
+def all_reduce_bucketed(tensors: list[torch.Tensor], group: object, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                        dtype: torch.dtype | None = None) -> None:
+    """Sum each tensor over `group` in place, flattening them into buckets of at most `bucket_bytes`
+    (summed in `dtype` when given: engine.MixedPrecision's reduce_dtype)."""
     if group is None or not tensors:
         return
     for bucket in _buckets(tensors, bucket_bytes):
         flat = _flatten_dense_tensors(bucket)
+        if dtype is not None:
+            flat = flat.to(dtype)
         dist.all_reduce(flat, group=group)
         for t, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             t.copy_(synced)
@@ -151,7 +155,9 @@ class _OverlappedReducer:
         flat = self.flats[i]
         if flat is None:
             bucket = self.buckets[i]
-            flat = self.flats[i] = torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype,
+            model = self.model_ref()
+            dtype = getattr(model, "_gridtune_reduce_dtype", None) if model is not None else None
+            flat = self.flats[i] = torch.zeros(sum(p.numel() for p in bucket), dtype=dtype or bucket[0].dtype,
                                                device=bucket[0].device)
         return flat
 
@@ -212,7 +218,7 @@ class _OverlappedReducer:
             assert flat is not None
             for p, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                 if p.grad is None:
-                    p.grad = synced.clone()
+                    p.grad = synced.to(p.dtype, copy=True)
                 else:
                     p.grad.copy_(synced)
         self._reset()
@@ -328,7 +334,8 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
         overlapped = reducer.finish() if reduce_data else (reducer.discard() or False)
     reduce_depth_replicated(model, grid, bucket_bytes)
     if reduce_data and not overlapped:
-        all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes)
+        all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes,
+                            dtype=getattr(model, "_gridtune_reduce_dtype", None))
     scale = 1.0 / grid.batch_shards
     if scale != 1.0:
         for p in params:

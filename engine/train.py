@@ -395,7 +395,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           micro_batch_size: int | None = None, warmup_steps: int = 2,
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
           progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
-          dtype: str = "fp32", init: str = "serial", offload: bool = False) -> TrainReport:
+          dtype: str = "fp32", init: str = "serial", offload: bool = False,
+          reduce_dtype: str = "fp32") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
@@ -403,7 +404,10 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     than the GPT compute `loss_fn(net(input), target)` (default cross entropy). `optimizer`: a
     callable taking the parameters (default AdamW lr 1e-3). `profile`: constants (a Profile or a
     `gridtune profile` JSON file) for this cluster. `record=False` stores nothing. `dtype="bf16"`
-    runs forward and backward under bf16 autocast (parameters, gradients and optimizer in fp32).
+    or "fp16" runs forward and backward under autocast with fp32 master weights (parameters,
+    gradients and optimizer in fp32; fp16 with dynamic loss scaling, engine.LossScaler, ZeRO stage
+    0 only); `reduce_dtype` ("fp32", "bf16", "fp16") is the dtype of the data-parallel all-reduce
+    (engine.MixedPrecision).
     `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
     differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
     The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; G_inter=1,
@@ -414,8 +418,13 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
         raise ValueError(f"offload must be True or False, got {offload!r}")
     if steps <= warmup_steps:
         raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
-    if dtype not in ("fp32", "bf16"):
-        raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"dtype must be 'fp32', 'bf16' or 'fp16', got {dtype!r}")
+    from engine.precision import LossScaler, MixedPrecision
+
+    policy = MixedPrecision(compute_dtype=dtype, reduce_dtype=reduce_dtype)  # ValueError naming the field
+    if dtype == "fp16" and plan is not None and plan.zero_stage:
+        raise ValueError(f"dtype='fp16' (loss scaling) runs with zero_stage=0, got zero_stage={plan.zero_stage}")
     from tuner import closed_loop as cl
 
     ensure_process_group()
@@ -448,6 +457,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     assert isinstance(decision, _Decision)
     chosen = decision.plan
     problems = engine_problems(spec, chosen, training, splittable=splittable)
+    if dtype == "fp16" and chosen.zero_stage:
+        problems.append(f"dtype='fp16' (loss scaling) runs with zero_stage=0, not {chosen.zero_stage}")
     if problems:
         raise ValueError(f"engine.train cannot run {chosen.grid_string()}: " + "; ".join(problems))
 
@@ -483,12 +494,14 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
         net = engine.wrap(_WithLoss(inner.to(grid.device), loss_fn or nn.functional.cross_entropy), grid=grid)
         tokens_per_sample = 1
     opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid, offload)
+    policy.apply(net)
+    scaler = LossScaler() if dtype == "fp16" else None
     # shuffled windows (same seed on every rank, so the batch split stays consistent): sequential
     # windows would walk the corpus file by file and the loss would follow the files, not training
     loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid, shuffle=True)
     batches = _cycle(loader)
 
-    autocast = torch.autocast(grid.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    autocast = policy.autocast(grid.device)
     timer = CommTimer(grid)
     clock = StepClock(timer)
     samples: list[StepSample] = []
@@ -504,8 +517,15 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                 opt.zero_grad(set_to_none=True)
                 with autocast:
                     loss = engine.forward_backward(net, tokens, targets, micro_batch_size=chosen.micro_batch_size,
-                                                   pipeline=pipe)
-                engine.step(net, opt, max_grad_norm=max_grad_norm, grid=grid)
+                                                   pipeline=pipe, loss_scale=scaler.scale if scaler else 1.0)
+                if scaler is None:
+                    engine.step(net, opt, max_grad_norm=max_grad_norm, grid=grid)
+                else:  # fp16: unscale after the reduction; skip the step on inf/nan anywhere
+                    engine.sync_gradients(net, grid=grid)
+                    if scaler.unscale_and_check(net, grid.device):
+                        if max_grad_norm is not None:
+                            engine.clip_grad_norm_(net, max_grad_norm, grid=grid)
+                        opt.step()
                 sample = clock.stop()
                 samples.append(sample)
                 losses.append(loss)
