@@ -12,6 +12,7 @@ perfmodels/traffic.py for the bytes every step sends.
 """
 
 from engine.auto import AutoLinear, auto_parallelize
+from engine.block_pipeline import BlockPipeline
 from engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint, save_consolidated
 from engine.data import create_dataloader, local_batch_size
 from engine.grads import (
@@ -36,6 +37,7 @@ from engine.zero3 import Zero3
 
 __all__ = [
     "AutoLinear",
+    "BlockPipeline",
     "CommRecorder",
     "Grid",
     "GridError",

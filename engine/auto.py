@@ -39,13 +39,15 @@ AutoLinear = Linear  # the name this class had before engine.Linear became the d
 
 
 @contextlib.contextmanager
-def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False) -> Iterator[Grid]:
-    """Within the block, `torch.nn.Linear(...)` returns an engine.Linear where the shapes divide."""
+def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False, pipeline: bool = False) -> Iterator[Grid]:
+    """Within the block, `torch.nn.Linear(...)` returns an engine.Linear where the shapes divide.
+    `pipeline=True`: the blocks built here go to engine.BlockPipeline (allowed with G_inter > 1)."""
     grid = current_grid(grid)
-    if grid.size("inter") > 1:
+    if grid.size("inter") > 1 and not pipeline:
         raise GridError(f"auto_parallelize splits Linears over G_intra_r/G_intra_c/G_intra_d, but the grid has "
                         f"G_inter={grid.size('inter')}: a model built this way has no pipeline stages, so every "
-                        f"stage would hold and compute the whole model; use G_inter=1 (or engine.ParallelGPT)")
+                        f"stage would hold and compute the whole model; use G_inter=1, engine.ParallelGPT, or "
+                        f"auto_parallelize(pipeline=True) with engine.BlockPipeline")
     original = nn.Linear
 
     def linear(in_features: int, out_features: int, bias: bool = True, device: Any = None,
