@@ -27,6 +27,7 @@ from engine.grads import (
 from engine.grid import Grid, GridError, current_grid, init
 from engine.linear import Linear, ShardedLinear
 from engine.loop import forward_backward
+from engine.memory import model_state_bytes
 from engine.parallel_gpt import ParallelGPT
 from engine.pipeline import Pipeline
 from engine.precision import LossScaler, MixedPrecision
@@ -60,6 +61,7 @@ __all__ = [
     "init",
     "load_checkpoint",
     "local_batch_size",
+    "model_state_bytes",
     "no_sync",
     "overlap_grad_reduce",
     "save_checkpoint",

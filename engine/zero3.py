@@ -44,6 +44,10 @@ from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies, sum_
 from engine.grid import Grid, current_grid
 
 
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
 class _Unit:
     """One gather unit: its modules, its parameters as one padded flat vector, this rank's shard."""
 
@@ -80,6 +84,7 @@ class _Unit:
                 offset += n
         self.full = full
         self.owner.live[full.untyped_storage().data_ptr()] = self
+        self.owner.note_peak()
 
     def free(self) -> None:
         if self.full is not None:
@@ -90,6 +95,7 @@ class _Unit:
 
     def reduce(self) -> None:
         """Reduce-scatter the unit's accumulated gradient over data into the shard's gradient."""
+        self.owner.note_peak()
         device = self.owner.grid.device
         flat = torch.zeros(self.padded, dtype=self.shard.dtype, device=device)
         offset = 0
@@ -170,10 +176,29 @@ class Zero3(torch.optim.Optimizer):
         for key, value in self.inner.defaults.items():
             self.defaults.setdefault(key, value)
             self.param_groups[0].setdefault(key, value)
+        self.peak_model_state_bytes = 0
         self._install_hooks()
         self._scaled = False
         for p in params:
             setattr(p, ZERO_ATTR, weakref.ref(self))
+
+    # ---- memory ------------------------------------------------------------------------------
+
+    def model_state_bytes(self) -> int:
+        """Bytes of model states this rank holds now: parameter shards, their gradients, the
+        optimizer state, plus the gathered units and their unreduced gradients."""
+        total = 0
+        for unit in self.units:
+            total += _nbytes(unit.shard) + _nbytes(unit.shard.grad)
+            if unit.full is not None:
+                total += _nbytes(unit.full)
+            total += sum(_nbytes(p.grad) for p in unit.params)
+        for state in self.inner.state.values():
+            total += sum(_nbytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return total
+
+    def note_peak(self) -> None:
+        self.peak_model_state_bytes = max(self.peak_model_state_bytes, self.model_state_bytes())
 
     # ---- hooks -------------------------------------------------------------------------------
 
@@ -285,6 +310,7 @@ class Zero3(torch.optim.Optimizer):
         hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         self.inner.param_groups[0].update(hyper)
         self.inner.step()
+        self.note_peak()  # the optimizer state exists from the first step on
         for p in self.param_groups[0]["params"]:  # engine.sync_gradients leaves empty placeholders
             p.grad = None
         for unit in self.units:  # parameters gathered since (materialize) are stale now

@@ -42,3 +42,21 @@ def test_zero23_matches_single_process_and_traffic(degrees, stage):
         want_bytes, want_calls = predicted_traffic(degrees, options, r["coords"]["inter"])
         assert {k: float(v) for k, v in r["bytes"].items()} == want_bytes, r["table"]
         assert {k: float(v) for k, v in r["calls"].items()} == want_calls, r["table"]
+
+
+def test_zero3_peak_model_states_at_most_035_of_zero0_on_4_data_ranks():
+    """engine.Zero3's peak model-state bytes (shards + gradients + AdamW state + gathered units)
+    against ZeRO-0's parameters + gradients + AdamW state, per rank (bench/engine_zero_memory.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    from engine.launch import launch
+    from engine.models.gpt import GPTConfig
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "engine_zero_memory.py"
+    spec = importlib.util.spec_from_file_location("engine_zero_memory", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = GPTConfig(num_layers=8, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+    for r in launch(bench.measure, 4, args=(cfg,), timeout_s=120):
+        assert r[3] <= 0.35 * r[0], (r[3], r[0])
