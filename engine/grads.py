@@ -461,6 +461,21 @@ def broadcast_replicas(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT
                 dist.broadcast(t, src=src, group=group)
 
 
+def _check_tied_embeddings(model: nn.Module, grid: Grid) -> None:
+    """A vocabulary-parallel embedding's rows (split over row) are a Linear head's local block only
+    when the head splits nothing else: G_intra_c = G_intra_d = 1."""
+    from engine.vocab_embedding import VocabParallelEmbedding
+
+    if grid.size("col") == 1 and grid.size("depth") == 1:
+        return
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
+    for name, m in model.named_modules():
+        if not isinstance(m, VocabParallelEmbedding) and id(getattr(m, "weight", None)) in tables:
+            raise ValueError(f"{name}.weight is tied to a vocabulary-parallel embedding, which only works with "
+                             f"G_intra_c=1 and G_intra_d=1 (got G_intra_c={grid.size('col')}, "
+                             f"G_intra_d={grid.size('depth')})")
+
+
 def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
          overlap_grad_reduce: bool = True) -> nn.Module:
     """Make `model` safe to train on the grid; returns it.
@@ -473,6 +488,7 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
     and compute all of it.
     """
     grid = current_grid(grid)
+    _check_tied_embeddings(model, grid)
     if grid.size("inter") > 1 and not is_stage_split(model):
         warnings.warn(f"{type(model).__name__} is not split into pipeline stages but the grid has "
                       f"G_inter={grid.size('inter')}: every stage holds and computes the whole model "
