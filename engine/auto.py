@@ -40,13 +40,14 @@ AutoLinear = Linear  # the name this class had before engine.Linear became the d
 
 @contextlib.contextmanager
 def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False, pipeline: bool = False,
-                     embedding: bool = False, conv: bool = False) -> Iterator[Grid]:
+                     embedding: bool = False, conv: bool = False, attention: bool = False) -> Iterator[Grid]:
     """Within the block, `torch.nn.Linear(...)` returns an engine.Linear where the shapes divide.
     `pipeline=True`: the blocks built here go to engine.BlockPipeline (allowed with G_inter > 1).
     `embedding=True`: `torch.nn.Embedding(V, D)` (no padding_idx / max_norm / sparse) returns an
     engine.vocab_embedding.VocabParallelEmbedding, its vocabulary split over G_intra_r.
     `conv=True`: `torch.nn.Conv2d` returns an engine.conv.ChannelParallelConv2d (output channels
-    split over G_intra_r) where they divide."""
+    split over G_intra_r) where they divide. `attention=True`: `torch.nn.MultiheadAttention` returns
+    an engine.mha.HeadParallelMultiheadAttention (heads split over G_intra_r) where they divide."""
     grid = current_grid(grid)
     if grid.size("inter") > 1 and not pipeline:
         raise GridError(f"auto_parallelize splits Linears over G_intra_r/G_intra_c/G_intra_d, but the grid has "
@@ -81,9 +82,15 @@ def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False, pipel
         from engine.conv import make_conv2d
 
         nn.Conv2d = make_conv2d(original_conv, grid)  # type: ignore[misc,assignment]
+    original_mha = nn.MultiheadAttention
+    if attention:
+        from engine.mha import make_mha
+
+        nn.MultiheadAttention = make_mha(original_mha, grid)  # type: ignore[misc,assignment]
     try:
         yield grid
     finally:
         nn.Linear = original  # type: ignore[misc]
         nn.Embedding = original_embedding  # type: ignore[misc]
         nn.Conv2d = original_conv  # type: ignore[misc]
+        nn.MultiheadAttention = original_mha  # type: ignore[misc]
