@@ -29,6 +29,7 @@ from engine.linear import Linear, ShardedLinear
 from engine.loop import forward_backward
 from engine.memory import model_state_bytes
 from engine.parallel_gpt import ParallelGPT
+from engine.parallelize import parallelize
 from engine.pipeline import Pipeline
 from engine.precision import LossScaler, MixedPrecision
 from engine.recorder import CommRecorder
@@ -64,6 +65,7 @@ __all__ = [
     "model_state_bytes",
     "no_sync",
     "overlap_grad_reduce",
+    "parallelize",
     "save_checkpoint",
     "save_consolidated",
     "step",

@@ -283,7 +283,8 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
 def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: bool = True) -> list[str]:
     """Why engine.train cannot run `plan` (empty when it can): what the engine, not the model, lacks.
 
-    `splittable=False`: a net passed already built (not as a factory), which can only be replicated."""
+    `splittable=False`: a net passed already built (not as a factory); the automatic search keeps it
+    data parallel, an explicit plan with tensor axes splits it with engine.parallelize."""
     problems = []
     if plan.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 to 3")
@@ -312,9 +313,6 @@ def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: 
             problems.append(f"{plan.schedule} needs at least G_inter={plan.G_inter} micro-batches per step")
     elif plan.G_inter > 1:
         problems.append("nets other than the built-in GPT have no pipeline stages (G_inter must be 1)")
-    elif not splittable and plan.world_size != plan.G_data:
-        problems.append("a net passed already built can only be replicated (data parallel); pass a factory "
-                        "(e.g. the class) so engine.auto_parallelize can split its Linears")
     return problems
 
 
@@ -380,7 +378,12 @@ class _WithLoss(nn.Module):
         self.inner, self.loss_fn = inner, loss_fn
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.inner(x), y)
+        out = self.inner(x)
+        if hasattr(out, "logits"):  # Hugging Face ModelOutput
+            out = out.logits
+        if isinstance(out, torch.Tensor) and out.dim() == y.dim() + 1 and out.dim() > 2:  # per-token logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        return self.loss_fn(out, y)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,8 +402,9 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           reduce_dtype: str = "fp32") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
-    `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
-    the meta device first to read its shapes). `dataset` yields (input, target) pairs; nets other
+    `model`: a GPTConfig, a GPT, any nn.Module (e.g. a Hugging Face transformers model: its
+    `.logits` are used), or a zero-argument factory returning one (built on the meta device first
+    to read its shapes). `dataset` yields (input, target) pairs; nets other
     than the GPT compute `loss_fn(net(input), target)` (default cross entropy). `optimizer`: a
     callable taking the parameters (default AdamW lr 1e-3). `profile`: constants (a Profile or a
     `gridtune profile` JSON file) for this cluster. `record=False` stores nothing. `dtype="bf16"`
@@ -486,8 +490,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                                    local_batch_size=local)
         tokens_per_sample = cfg.seq_length
     else:
-        if isinstance(model, nn.Module):
-            inner = model
+        if isinstance(model, nn.Module):  # built: split its Linears when the plan has tensor axes
+            inner = engine.parallelize(model, grid) if chosen.world_size != chosen.G_data else model
         else:
             with engine.auto_parallelize(grid):
                 inner = model()
