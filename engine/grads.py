@@ -86,6 +86,7 @@ def all_reduce_bucketed(tensors: list[torch.Tensor], group: object, bucket_bytes
                         dtype: torch.dtype | None = None) -> None:
     """Sum each tensor over `group` in place, flattening them into buckets of at most `bucket_bytes`
     (summed in `dtype` when given: engine.MixedPrecision's reduce_dtype)."""
+    tensors = [t for t in tensors if t.numel()]  # (engine.Zero3 leaves empty placeholders)
     if group is None or not tensors:
         return
     for bucket in _buckets(tensors, bucket_bytes):

@@ -25,9 +25,10 @@ vocabulary padding) that gradient sync, global-norm clipping and checkpoints rea
 gradients by the data size itself, while the engine scales once by 1/(G_data*G_intra_d) after the
 depth reduction; and it pads every parameter's first dimension separately, which is not the flat
 per-unit layout perfmodels.traffic counts. Limits (a ValueError names them before any collective):
-G_inter == 1 (pipeline stages keep their gathered parameters for the whole step, not written yet)
-and G_intra_d == 1 (depth-replicated gradients would need their depth all-reduce inside each
-data shard).
+G_inter == 1 (pipeline stages keep their gathered parameters for the whole step, not written
+yet). With G_intra_d > 1 each unit's depth-replicated gradients (biases, norms, embeddings) are
+all-reduced over depth right before the unit's data reduce-scatter (one call per unit and
+micro-batch, as perfmodels.traffic counts for zero_stage=3).
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
-from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies, sum_of_powers
+from engine.grads import (
+    ZERO_ATTR,
+    reduce_norm_over_model,
+    replica_copies,
+    replicated_over_depth,
+    sum_of_powers,
+)
 from engine.grid import Grid, current_grid
 
 
@@ -67,6 +74,16 @@ class _Unit:
             flat[offset:offset + n] = p.detach().reshape(-1)
             offset += n
         self.shard = nn.Parameter(flat[start:start + self.segment].to(owner.state_device, copy=True))
+        # positions of depth-replicated parameters in the flat vector (their gradients need a depth sum)
+        self.rep_index: torch.Tensor | None = None
+        if owner.depth_group is not None:
+            idx, offset = [], 0
+            for p, n in zip(params, self.numels):
+                if replicated_over_depth(p):
+                    idx.append(torch.arange(offset, offset + n))
+                offset += n
+            if idx:
+                self.rep_index = torch.cat(idx).to(params[0].device)
         self.full: torch.Tensor | None = None
         self.forwards_done = 0
         self.pending = sum(1 for p in params if p.requires_grad)
@@ -103,6 +120,10 @@ class _Unit:
             if p.grad is not None:
                 flat[offset:offset + n] = p.grad.reshape(-1)
             offset += n
+        if self.rep_index is not None:  # depth-replicated parameters saw other samples on each depth rank
+            rep = flat[self.rep_index]
+            dist.all_reduce(rep, group=self.owner.depth_group)
+            flat[self.rep_index] = rep
         mine = reduce_scatter_flat(flat, self.owner.group).to(self.owner.state_device)
         if self.shard.grad is None:
             self.shard.grad = mine.clone() if mine is flat else mine
@@ -144,12 +165,12 @@ class Zero3(torch.optim.Optimizer):
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
         self.grid = current_grid(grid)
-        for axis, field in (("inter", "G_inter"), ("depth", "G_intra_d")):
-            if self.grid.size(axis) != 1:
-                raise ValueError(f"ZeRO-3 runs with {field}=1 (got {field}={self.grid.size(axis)}); use "
-                                 "zero_stage 1 or 2 on this grid")
+        if self.grid.size("inter") != 1:
+            raise ValueError(f"ZeRO-3 runs with G_inter=1 (got G_inter={self.grid.size('inter')}); use "
+                             "zero_stage 1 or 2 on this grid")
         self.model, self.offload = model, offload
         self.group = self.grid.comm_group("data")
+        self.depth_group = self.grid.comm_group("depth")
         self.state_device = torch.device("cpu") if offload else self.grid.device
         params = [p for p in model.parameters() if p.requires_grad]
         super().__init__(params, dict(optimizer_kwargs))

@@ -20,7 +20,7 @@ GRIDS4 = [
     {"data": 2, "inter": 1, "depth": 2, "row": 1, "col": 1},
     {"data": 2, "inter": 2, "depth": 1, "row": 1, "col": 1},
 ]
-CASES = [(g, 2) for g in GRIDS4] + [(g, 3) for g in GRIDS4 if g["inter"] == 1 and g["depth"] == 1]
+CASES = [(g, 2) for g in GRIDS4] + [(g, 3) for g in GRIDS4 if g["inter"] == 1]
 
 
 def _options(degrees: dict[str, int], stage: int) -> dict:
