@@ -532,10 +532,14 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                 sample = clock.stop()
                 samples.append(sample)
                 losses.append(loss)
-                if bar is not None:
-                    tok_s = global_batch_size * tokens_per_sample / max(sample.wall_s, 1e-9)
-                    shown = f"loss {loss:.3f}  " if loss is not None else ""
-                    bar.update(f"{shown}{sample.wall_s * 1e3:.1f} ms/step  {tok_s:,.0f} tok/s")
+                if progress:  # every rank takes part: the bar shows what the summary will report
+                    shown_loss = _global_loss(loss, grid.device)
+                    if bar is not None:
+                        steady = samples[warmup_steps:] or samples  # as the summary: warm-up steps excluded
+                        median_s = _median([x.wall_s for x in steady])
+                        tok_s = global_batch_size * tokens_per_sample / max(median_s, 1e-9)
+                        shown = f"loss {shown_loss:.3f}  " if shown_loss is not None else ""
+                        bar.update(f"{shown}median {median_s * 1e3:.1f} ms/step  {tok_s:,.0f} tok/s")
     finally:
         if bar is not None:
             bar.stop()
@@ -554,6 +558,16 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     if isinstance(report, BaseException):
         raise report
     return report
+
+
+def _global_loss(loss: float | None, device: torch.device) -> float | None:
+    """The step's loss as the summary reports it: the mean over every rank that computed one (the
+    last pipeline stage of every replica), not rank 0's own. One scalar all-reduce over the world,
+    after the step's clock has stopped."""
+    stat = torch.tensor([loss if loss is not None else 0.0, 0.0 if loss is None else 1.0], dtype=torch.float64,
+                        device=device)
+    dist.all_reduce(stat)
+    return float(stat[0] / stat[1]) if stat[1] > 0 else None
 
 
 def _median(values: Sequence[float]) -> float:

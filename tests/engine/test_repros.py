@@ -424,3 +424,23 @@ def test_resume_restores_scheduler_rng_and_param_groups(tmp_path):
             assert b["losses"][step] == pytest.approx(a["losses"][step], rel=1e-6)
         for name, value in a["state"].items():
             assert (b["state"][name] - value).abs().max().item() <= 1e-6, name
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 14 item 17: the progress bar shows the global loss, as the summary does
+# ---------------------------------------------------------------------------------------------
+
+
+def _progress_loss(rank: int, world: int) -> Any:
+    import engine
+    from engine.train import _global_loss
+
+    engine.init(G_data=world)
+    mine = None if rank == 2 else float(rank + 1)  # a rank without a loss (a non-last pipeline stage)
+    return _global_loss(mine, torch.device("cpu"))
+
+
+def test_the_progress_line_shows_the_mean_loss_over_ranks_not_rank_zeros():
+    # ranks 0, 1, 3 hold losses 1, 2, 4: the summary's mean is 7/3, rank 0 alone would say 1
+    results = launch(_progress_loss, world_size=4, timeout_s=60)
+    assert all(r == pytest.approx(7.0 / 3.0) for r in results)
