@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--model", default="tiny-gpt")
     args = p.parse_args(argv)
-    from tuner.cli import main as gridtune
+    from cli import main as gridtune
 
     print(f"{'nproc':>5} {'plans':>5} {'spearman':>8} {'best@':>5} {'MAPE':>7} {'holdout':>8} {'calibrated':>10} "
           f"{'wall s':>7}")

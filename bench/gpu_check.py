@@ -18,7 +18,7 @@ performance model's memory and compute predictions need a GPU to be checked at a
   memory within 10%, compute within 15%. The same GPT in plain PyTorch (no engine) is timed too,
   so a gap can be told apart: the engine's own overhead (engine 1 rank vs plain) or the model's.
 - `summary-gpt1b` / `summary-layouts`: the table rows gpu_check.sh prints from the JSON files.
-(`gridtune profile` on the GPU is run by scripts/gpu_check.sh itself: `python3 -m tuner.cli profile`
+(`gridtune profile` on the GPU is run by scripts/gpu_check.sh itself: `python3 -m cli profile`
 imports none of the service stack.)
 
 Needs only torch, numpy, scipy, pandas, rich (no fastapi/pydantic/sqlalchemy/httpx).

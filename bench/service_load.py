@@ -57,7 +57,7 @@ def free_port() -> int:
 def start_server(port: int, db_url: str, workers: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("GRIDTUNE_API_KEY", None)
-    cmd = [sys.executable, "-c", "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))",
+    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
            "serve", "--port", str(port), "--database-url", db_url, "--workers", str(workers),
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)

@@ -251,7 +251,7 @@ def test_env_bound_on_gpus_applies_to_recommend(tmp_path):
 def test_the_cli_and_the_service_bound_searches_alike(capsys):
     """Issue 14 item 25: one bound on searched GPUs (1,048,576), the same words in both."""
     from api.settings import Settings
-    from tuner.cli import main
+    from cli import main
     from tuner.search import MAX_GPUS
 
     assert Settings(database_url="sqlite://").max_recommend_gpus == MAX_GPUS == 1 << 20
@@ -261,7 +261,7 @@ def test_the_cli_and_the_service_bound_searches_alike(capsys):
 
 
 def test_serve_command_line(capsys):
-    from tuner.cli import build_parser, main
+    from cli import build_parser, main
 
     args = build_parser().parse_args(["serve", "--port", "9001", "--host", "0.0.0.0", "--database-url", "sqlite://"])
     assert (args.port, args.host, args.database_url, args.workers) == (9001, "0.0.0.0", "sqlite://", 1)

@@ -39,7 +39,7 @@ def _start(db_url: str, port: int, log: pathlib.Path) -> subprocess.Popen:
     env = {**os.environ, "GRIDTUNE_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
     env.pop("GRIDTUNE_DATABASE_URL", None)
     cmd = [
-        sys.executable, "-c", "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))",
+        sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
         "serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", db_url, "--log-level", "warning",
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)

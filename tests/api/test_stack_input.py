@@ -9,8 +9,8 @@ import copy
 import json
 
 from api import examples
+from cli import main
 from perfmodels import Plan, Training, predict, presets
-from tuner.cli import main
 
 
 def _body(stack: object) -> dict:

@@ -117,7 +117,7 @@ def test_validate_closes_the_loop_on_real_ranks(tmp_path, capsys):
     """gridtune validate on 2 ranks: every valid plan really runs, the measurements and the
     calibrated profile land in the store, calibration reduces the error on the plans it did not
     see, and engine.train(auto=True) afterwards predicts with the calibrated constants."""
-    from tuner.cli import main
+    from cli import main
 
     url = f"sqlite:///{tmp_path / 'validate.db'}"
     code = main(["validate", "--nproc", "2", "--model", "tiny-gpt", "--global-batch-size", "8",

@@ -118,7 +118,7 @@ def test_explanation_names_the_differences():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_recommend_json_is_one_object():

@@ -49,8 +49,8 @@ def register(subparsers: Any) -> None:
 
 
 def parse_plan(text: str) -> Any:
+    from cli.common import coerce, parse_assignments
     from perfmodels.io import plan_from_dict
-    from tuner.cli.common import coerce, parse_assignments
 
     fields = {k: coerce(k, v) for k, v in parse_assignments(text, "--plan").items()}
     return plan_from_dict(fields)

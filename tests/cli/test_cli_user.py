@@ -1,5 +1,5 @@
 """What a new user met with the CLI (issue 14 items 11, 14-16, 19-22, 25 and the launch/CSV/sweep
-features): each test runs the real command line (`tuner.cli.main`, or scripts/quickstart.sh).
+features): each test runs the real command line (`cli.main`, or scripts/quickstart.sh).
 Run: `.venv/bin/python -m pytest tests/tuner/test_cli_user.py -q`.
 """
 
@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from tuner.cli import build_parser, main
+from cli import build_parser, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GPT3 = ["--model", "gpt3-175b", "--cluster", "selene", "--gpus", "1024", "--global-batch-size", "1536"]

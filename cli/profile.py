@@ -1,8 +1,8 @@
 """`gridtune profile`: measure this cluster (or import nccl-tests output), fit the model's constants.
 
     gridtune profile --nproc 4 --quick --out local.json           # fork 4 ranks here (gloo/NCCL)
-    torchrun --nnodes 2 --nproc-per-node 8 -m tuner.cli profile --out cluster.json   # in place
-    srun -N 2 --ntasks-per-node 8 python -m tuner.cli profile --out cluster.json     # MASTER_ADDR set
+    torchrun --nnodes 2 --nproc-per-node 8 -m cli profile --out cluster.json   # in place
+    srun -N 2 --ntasks-per-node 8 python -m cli profile --out cluster.json     # MASTER_ADDR set
     gridtune profile --import-nccl-tests all_reduce.txt all_gather.json --cluster selene --out sel.json
     gridtune profile --quick --json --upload http://127.0.0.1:8000 --name my-cluster
 

@@ -12,11 +12,11 @@ from typing import ClassVar
 import pandas as pd
 import pytest
 
+from cli import main
+from cli.profile import parse_bytes
 from perfmodels import fitting
 from perfmodels.io import profile_from_dict
 from tuner import profiles
-from tuner.cli import main
-from tuner.cli.profile import parse_bytes
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "nccl_tests"
 SAMPLES = [str(DATA / "all_reduce_perf_2x8_a100.txt"), str(DATA / "all_gather_perf_1x8_h100.json")]
@@ -139,7 +139,7 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
 
 
 def test_fits_with_negative_r2_are_warned_about():
-    from tuner.cli.profile import fit_warnings
+    from cli.profile import fit_warnings
 
     doc = {"fits": [{"op": "all_reduce", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": -0.4},
                     {"op": "all_gather", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": 0.99}]}
@@ -165,7 +165,7 @@ def test_runs_in_place_under_torchrun_environment(tmp_path):
     root = pathlib.Path(__file__).resolve().parents[2]
     out = tmp_path / "inplace.json"
     port = str(free_port())
-    code = ("import sys; from tuner.cli import main; sys.exit(main(['profile', '--quick', '--max-bytes', '8K', "
+    code = ("import sys; from cli import main; sys.exit(main(['profile', '--quick', '--max-bytes', '8K', "
             f"'--ops', 'all_reduce,send_recv', '--out', {str(out)!r}]))")
     procs = []
     for rank in range(2):

@@ -23,7 +23,7 @@ KIND_COLUMNS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tuner.cli.common import HelpFormatter
+    from cli.common import HelpFormatter
 
     p = sub.add_parser("presets", help="list model, cluster, GPU (and stack) presets", description=__doc__,
                        formatter_class=HelpFormatter)

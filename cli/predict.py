@@ -12,9 +12,7 @@ import argparse
 import json
 import sys
 
-from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
-from perfmodels.steptime import predict
-from tuner.cli.common import (
+from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
@@ -23,6 +21,8 @@ from tuner.cli.common import (
     parse_assignments,
     training_from_args,
 )
+from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
+from perfmodels.steptime import predict
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,8 +21,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from perfmodels.specs import Plan
-from tuner.cli.common import (
+from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
@@ -30,6 +29,7 @@ from tuner.cli.common import (
     model_from_args,
     training_from_args,
 )
+from perfmodels.specs import Plan
 from tuner.launch import KINDS, all_launches, launch_for
 from tuner.report import recommendation_to_dict, write_candidates_csv
 from tuner.search import MAX_GPUS, recommend

@@ -18,14 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuner.cli.common import (
+from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
     model_from_args,
     training_from_args,
 )
-from tuner.cli.recommend import check_gpus, search_options
+from cli.recommend import check_gpus, search_options
 from tuner.plot import plan_text
 from tuner.search import recommend
 
