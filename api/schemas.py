@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from api import examples
 from perfmodels.stacks import STACK_PRESETS
 from tuner.catalog import PLAUSIBLE, plausible_range  # noqa: F401 - api.errors quotes the ranges from here
+from tuner.store import Measurement
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -518,16 +527,12 @@ class ClusterList(_Out):
     next_offset: int | None = Field(None, description="pass as offset to get the next (older) page")
 
 
-class MeasurementOut(_Out):
-    id: int
-    cluster_id: str | None
-    model: dict[str, Any]
-    cluster: dict[str, Any]
-    training: dict[str, Any]
-    plan: dict[str, Any]
-    measured: dict[str, Any]
-    prediction: dict[str, Any] | None
-    created_at: _dt.datetime
+# The stored measurement's fields are defined once, by `tuner.store.Measurement`; the response
+# model is built from that dataclass so a new stored field shows up here (and in the OpenAPI doc).
+MeasurementOut = create_model(
+    "MeasurementOut", __base__=_Out, __module__=__name__,
+    **{name: (hint, ...) for name, hint in get_type_hints(Measurement).items()},
+)
 
 
 class MeasurementList(_Out):

@@ -1,4 +1,4 @@
-"""Local closed-loop figures for 2 and 4 processes (DESIGN.md section 5): not a test, prints numbers.
+"""Local closed-loop figures for 2 and 4 processes (`gridtune validate`, docs/architecture.md): not a test, prints numbers.
 
     .venv/bin/python bench/closed_loop.py [--nproc 2 4] [--rounds 2]
 

@@ -1,6 +1,6 @@
 """Peak memory per rank of a 16-layer GPT at hidden 2048 on 4 ranks (row2 x col2), measured by the
 engine (TrainReport.memory: peak RSS per rank on CPU), against its shard of weights, gradients and
-AdamW state plus activations, and against perfmodels' prediction (issue 12; target <= 1.3x).
+AdamW state plus activations, and against perfmodels' prediction (target <= 1.3x).
 
 Why: the engine builds only each rank's shards (engine.ParallelGPT(cfg) draws the full tensors
 chunk by chunk and keeps its slice), so peak memory must follow the shard, not the model.

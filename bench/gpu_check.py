@@ -1,4 +1,4 @@
-"""The GPU figures of scripts/gpu_check.sh (issue 12); prints tables and writes JSON.
+"""The GPU figures of scripts/gpu_check.sh; prints tables and writes JSON.
 
     PYTHONPATH=. python3 bench/gpu_check.py gpt1b   [--out DIR]   # ~1B GPT, bf16, engine.train on 1 GPU
     PYTHONPATH=. python3 bench/gpu_check.py layouts [--out DIR]   # one rank of >= 10 layouts, fake PG

@@ -1,4 +1,4 @@
-"""How fast is the full layout search? Prints the figures of issue 3.
+"""How fast is the full layout search? Prints the README's search-speed figures.
 
     .venv/bin/python bench/search_speed.py [--repeats 3]
 

@@ -1,4 +1,4 @@
-"""How well does the model predict published training runs? Prints the figures of ISSUE 11.
+"""How well does the model predict published training runs? Prints the README's accuracy figures.
 
     PYTHONPATH=. .venv/bin/python bench/validate_published.py [--data-dir DIR] [--csv extra.csv ...]
         [--json] [--verbose]

@@ -96,7 +96,7 @@ def handle(args: argparse.Namespace) -> int:
     from engine.models.gpt import GPTConfig
     from engine.train import engine_problems
     from perfmodels import presets
-    from perfmodels.io import profile_to_dict
+    from perfmodels.io import json_safe, profile_to_dict
     from tuner import closed_loop as cl
     from tuner.profiles import read_profile
 
@@ -177,7 +177,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         out = cl.summary_json(summary)
         out.update(wall_time_s=wall, failed=failed, nproc=args.nproc, model=args.model, cluster_id=cluster_id,
-                   profile=cl._finite(profile_to_dict(profile)))
+                   profile=json_safe(profile_to_dict(profile)))
         print(json.dumps(out))
     else:
         _print(summary, wall)

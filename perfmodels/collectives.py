@@ -76,8 +76,6 @@ def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node:
 def _profile_lookup(fits: tuple[CollectiveFit, ...], op: str, level: str, p: np.ndarray):
     """Fitted (alpha, busbw) for the nearest measured group size of this op and level, or None."""
     cands = [f for f in fits if f.op == op and f.level == level]
-    if not cands and op == "reduce_scatter":
-        return None
     if not cands:
         return None
     sizes = np.array([f.group_size for f in cands], dtype=np.float64)

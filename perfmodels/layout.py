@@ -18,14 +18,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perfmodels.specs import AXES, Plan
+from perfmodels.specs import AXES
 
 MESH_ORDER = ("data", "inter", "depth", "row", "col")
 """Outermost-first axis names, as torch's DeviceMesh wants them (last name = contiguous ranks)."""
-
-
-def degrees_of(plan: Plan) -> dict[str, int]:
-    return {axis: plan.degree(axis) for axis in AXES}
 
 
 def strides(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str, int]:

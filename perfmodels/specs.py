@@ -553,8 +553,6 @@ def combination_problems(model: Model, cluster: Cluster, training: Training, pla
             )
     if plan.sequence_parallel and plan.G_intra_c * plan.G_intra_d != 1:
         problems.append("plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)")
-    if plan.G_intra_d > 1 and plan.zero_stage == 3:
-        pass  # allowed: ZeRO-3 over data on top of depth sharding
     return problems
 
 

@@ -15,7 +15,7 @@ pipeline stage unless a stage index is given. e = bytes per element of the train
 statistics and loss reductions are fp32 (STAT_BYTES). m = micro-batches per step per (data, depth)
 replica; T = micro_batch_size * seq local tokens per micro-batch.
 
-3D-parallel Linear(k -> n) (DESIGN.md section 1; engine.linear), per micro-batch; "normal" splits
+3D-parallel Linear(k -> n) (engine.linear; docs/architecture.md), per micro-batch; "normal" splits
 input features over col and output over row, "transposed" swaps them:
   fwd  all-gather weight (depth)            n*k/(G_r*G_c) * e
   fwd  all-reduce partial output            normal: col, T*n/G_r ; transposed: row, T*n/G_c

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command for a GPU machine (issue 12): checks the engine's GPU path and the performance
+# The one command for a GPU machine: checks the engine's GPU path and the performance
 # model on this machine, prints one table, exits non-zero when a check fails or misses its target.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default OUT_DIR: ./gpu_check_out (or $OUT when set)

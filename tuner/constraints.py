@@ -145,7 +145,6 @@ def stack_can_run(model: Model, cluster: Cluster, training: Training, cols: Colu
 
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split)
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run)
-DOMINANCE = (gpipe_dominated, selective_without_scores)
 
 
 def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:

@@ -104,13 +104,12 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
                 continue
             arrays = arrays.take(np.flatnonzero(fits))
             batch = predict_many(model, cluster, training, arrays)
-            fits = np.ones(len(arrays), dtype=bool)
             # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
             simpler = (arrays.zero_stage + arrays.recompute + (exp.placement != orders[0])
                        + arrays.sequence_parallel)
-            times = np.where(fits, batch.iteration_time_s * (1.0 + 1e-9 * simpler), np.inf)
+            times = batch.iteration_time_s * (1.0 + 1e-9 * simpler)
             keep = top_k * len(orders)  # room for placements that merge into one row
-            k = min(keep, int(fits.sum()))
+            k = min(keep, len(times))
             if k:
                 idx = np.argpartition(times, k - 1)[:k]
                 for i in idx:

@@ -1,6 +1,6 @@
 """The durable store of cluster profiles and measured training steps (SQLAlchemy 2).
 
-Why: the closed loop (DESIGN.md section 4) needs somewhere to keep the constants that
+Why: the closed loop (tuner/closed_loop/, docs/architecture.md) needs somewhere to keep the constants that
 `gridtune profile` fits and the step times that `engine.train` measures, so that later predictions
 for that cluster can use them. One `Store` works on an embedded SQLite file (the default, no server
 to run) and on any SQLAlchemy URL, e.g. PostgreSQL for a shared service:
@@ -229,6 +229,10 @@ class Measurement:
     measured: dict[str, Any]
     prediction: dict[str, Any] | None
     created_at: _dt.datetime
+
+
+# The JSON documents of a Measurement (its other fields are the id, cluster_id and created_at).
+MEASUREMENT_DOCUMENTS = ("model", "cluster", "training", "plan", "measured", "prediction")
 
 
 # --------------------------------------------------------------------------------------------
@@ -710,7 +714,7 @@ class Store:
     def _measurement(r: Mapping[str, Any]) -> tuple[Measurement, int]:
         total = 100
         parts: dict[str, Any] = {}
-        for key in ("model", "cluster", "training", "plan", "measured", "prediction"):
+        for key in MEASUREMENT_DOCUMENTS:
             if r[key] is None:
                 parts[key] = None
                 continue
@@ -734,9 +738,3 @@ class Store:
                 return int(conn.execute(query).scalar_one())
 
         return self._run(fetch)
-
-
-
-def open_store(url: str | None = None) -> Store:
-    """A Store on `url`, GRIDTUNE_DATABASE_URL, or the default SQLite file, in that order."""
-    return Store(url or default_database_url())

@@ -1,4 +1,5 @@
-"""The figures of ISSUE 11 over scored cases: error by source and framework, rankings, memory verdicts.
+"""The accuracy figures over scored cases (the README's, printed by bench/validate_published.py):
+error by source and framework, rankings, memory verdicts.
 
 Pure arithmetic on (`Case`, `CaseScore`) pairs, so `bench/validate_published.py` only reads files
 and prints. Figures:

@@ -249,7 +249,7 @@ def test_env_bound_on_gpus_applies_to_recommend(tmp_path):
 
 
 def test_the_cli_and_the_service_bound_searches_alike(capsys):
-    """Issue 14 item 25: one bound on searched GPUs (1,048,576), the same words in both."""
+    """One bound on searched GPUs (1,048,576), the same words in both."""
     from api.settings import Settings
     from cli import main
     from tuner.search import MAX_GPUS

@@ -1,5 +1,5 @@
 """Hostile input and exhausted resources against a real `gridtune serve` (uvicorn in a subprocess),
-on SQLite files and on the PostgreSQL server of GRIDTUNE_TEST_POSTGRES_URL (issue 14, items 1-10).
+on SQLite files and on the PostgreSQL server of GRIDTUNE_TEST_POSTGRES_URL.
 
 What each test proves is in its name; none asserts a duration (waits have generous deadlines).
 Run: `.venv/bin/python -m pytest tests/api/test_hostile.py -q`.
@@ -70,7 +70,7 @@ def server(request):
     return request.getfixturevalue("postgres_server")[0]
 
 
-# -- item 1: unpaired surrogates ------------------------------------------------------------------
+# -- unpaired surrogates ------------------------------------------------------------------
 
 
 def test_unpaired_surrogates_are_422_naming_the_field_and_never_stored(server):
@@ -113,7 +113,7 @@ def test_a_row_stored_before_the_fix_cannot_break_a_read(tmp_path):
             assert "\ufffd" in r.json()["items"][0]["measured"] if path == "/v1/measurements" else "\ufffd" in r.text
 
 
-# -- item 2: PostgreSQL NUL and int4 ids ---------------------------------------------------------------
+# -- PostgreSQL NUL and int4 ids ---------------------------------------------------------------
 
 
 def test_nul_characters_and_huge_page_cursors_are_not_500_on_postgres(postgres_server):
@@ -135,7 +135,7 @@ def test_nul_characters_and_huge_page_cursors_are_not_500_on_postgres(postgres_s
         assert r.status_code == 200 and r.json()["items"], (before, r.text[:300])
 
 
-# -- item 3: a locked database answers 503, reads and liveness stay up ---------------------------------
+# -- a locked database answers 503, reads and liveness stay up ---------------------------------
 
 
 def _writers(url: str, n: int) -> list[int]:
@@ -179,7 +179,7 @@ def test_a_write_lock_held_elsewhere_gives_503_while_reads_and_liveness_answer(t
         assert 503 in codes
         assert _post(srv.url, "/v1/measurements", SMALL_MEASUREMENT).status_code == 201  # recovers
         log = srv.log.read_text()
-    assert "Traceback" not in log and len(log) < 20_000, log[-2000:]  # item 9: one line per second at most
+    assert "Traceback" not in log and len(log) < 20_000, log[-2000:]  # one line per second at most
 
 
 def test_a_table_lock_on_postgres_gives_503_while_other_tables_answer(postgres_server, postgres_url):
@@ -202,7 +202,7 @@ def test_a_table_lock_on_postgres_gives_503_while_other_tables_answer(postgres_s
     assert _post(srv.url, "/v1/measurements", SMALL_MEASUREMENT).status_code == 201
 
 
-# -- item 4: a 500 says Connection: close --------------------------------------------------------------
+# -- a 500 says Connection: close --------------------------------------------------------------
 
 
 def test_a_server_error_says_connection_close(tmp_path):
@@ -221,7 +221,7 @@ def test_a_server_error_says_connection_close(tmp_path):
         assert head.startswith(b"http/1.1 500") and b"connection: close" in head, head
 
 
-# -- items 5 and 9: bounded pages, bounded fields, bounded echoes ------------------------------------
+# -- bounded pages, bounded fields, bounded echoes ------------------------------------
 
 
 def test_list_pages_are_bounded_in_bytes_and_free_form_fields_in_size(sqlite_server):
@@ -256,7 +256,7 @@ def test_a_huge_bad_value_gets_a_small_422(sqlite_server):
     assert len(r.content) < 4000 and "name" in r.text
 
 
-# -- item 6: slow clients ---------------------------------------------------------------------------
+# -- slow clients ---------------------------------------------------------------------------
 
 
 def _drain(sockets: list[socket.socket]) -> list[bytes]:
@@ -296,7 +296,7 @@ def test_slow_clients_are_timed_out_and_capped_without_starving_the_server(tmp_p
     assert "Too many open files" not in log and len(log) < 20_000, log[-2000:]
 
 
-# -- item 7: readiness and schema recovery -----------------------------------------------------------
+# -- readiness and schema recovery -----------------------------------------------------------
 
 
 def test_readiness_says_no_when_the_sqlite_file_is_immutable(tmp_path):
@@ -346,7 +346,7 @@ def test_an_old_database_is_adopted_by_the_migrations(tmp_path):
     assert store.get_profile("p").name == "kept"
 
 
-# -- items 8 and 10: the schema says what the API does; plausible ranges --------------------------------
+# -- the schema says what the API does; plausible ranges --------------------------------
 
 
 def test_openapi_cluster_rules_and_options_agree_with_the_api(sqlite_server):
@@ -375,7 +375,7 @@ def test_physically_absurd_constants_are_422_naming_the_plausible_range(sqlite_s
     assert httpx.get(sqlite_server.url + "/docs", timeout=30).status_code == 200
 
 
-# -- item 23 and the launch feature: offline docs, launch in the recommend answer ------------------------
+# -- offline docs, launch in the recommend answer ------------------------
 
 
 def test_docs_pages_load_their_assets_from_this_server(sqlite_server):

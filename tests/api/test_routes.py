@@ -464,15 +464,15 @@ def test_docs_page_is_served(client):
 def test_accepts_what_gridtune_profile_upload_sends(client):
     """The body `tuner.profiles.upload` POSTs: a full cluster_to_dict and a profile document with
     provenance, fits, expected (and keys io does not know moved into provenance)."""
-    profiles = pytest.importorskip("tuner.profiles")
     from perfmodels import presets
-    from perfmodels.io import cluster_to_dict
+    from perfmodels.io import cluster_to_dict, json_safe
+    from tuner import profiles
 
     doc = {**examples.PROFILE, "fits": [{"op": "all_reduce", "r2": None, "n_points": 12}],
            "expected": [{"op": "all_reduce", "ratio": 0.93}], "holdout_median_abs_error": 0.04}
     doc["collectives"] = [{**doc["collectives"][0], "r2": None}]  # NaN fits come out as null
     body = {"name": "uploaded", "profile": profiles.service_profile(doc),
-            "cluster": profiles._clean(cluster_to_dict(presets.cluster("local-cpu", 4)))}
+            "cluster": json_safe(cluster_to_dict(presets.cluster("local-cpu", 4)))}
     r = client.post("/v1/clusters", json=body)
     assert r.status_code == 201, r.text
     stored = r.json()

@@ -1,6 +1,6 @@
-"""What a new user met with the CLI (issue 14 items 11, 14-16, 19-22, 25 and the launch/CSV/sweep
-features): each test runs the real command line (`cli.main`, or scripts/quickstart.sh).
-Run: `.venv/bin/python -m pytest tests/tuner/test_cli_user.py -q`.
+"""What a new user met with the CLI, and the launch/CSV/sweep
+features: each test runs the real command line (`cli.main`, or scripts/quickstart.sh).
+Run: `.venv/bin/python -m pytest tests/cli/test_cli_user.py -q`.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_a_profile_faster_than_the_preset_never_shows_mfu_above_100(tmp_path, ca
     rec = json.loads(captured.out.strip().splitlines()[-1])
     assert all(0 < c["prediction"]["mfu"] <= 1.0 for c in rec["candidates"])
     assert "the peak follows the measurement" in captured.err
-    # item 13 (CLI side): a profile never checked against measured steps claims no band
+    # CLI side: a profile never checked against measured steps claims no band
     assert main(["predict", "--model", "gpt3-1.7b", "--cluster", "local-cpu", "--gpus", "4", "--global-batch-size",
                  "64", "--profile", str(path), "--plan", "G_data=4"]) == 0
     out = " ".join(capsys.readouterr().out.split())

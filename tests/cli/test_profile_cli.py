@@ -49,8 +49,8 @@ def test_import_nccl_tests_writes_profile_rows_and_expectations(tmp_path, capsys
 
 
 def test_measure_two_gloo_ranks_quick(tmp_path, capsys):
-    """Also: says at once what it is doing (issue 14 item 24), and `--nproc 2 --upload` stores a cluster
-    of 2 GPUs, not the preset's 4 (item 18)."""
+    """Also: says at once what it is doing, and `--nproc 2 --upload` stores a cluster
+    of 2 GPUs, not the preset's 4."""
     out = tmp_path / "local.json"
     server = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
