@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perfmodels.specs import AXES
+from perfmodels.specs import AXES, AXIS_FIELDS
 
-MESH_ORDER = ("data", "inter", "depth", "row", "col")
+MESH_ORDER = tuple(AXIS_FIELDS)
 """Outermost-first axis names, as torch's DeviceMesh wants them (last name = contiguous ranks)."""
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodels.specs import AXES, RECOMPUTE, SCHEDULES, Plan, Training
+from perfmodels.specs import AXES, RECOMPUTE, SCALAR_PLAN_FIELDS, SCHEDULES, Plan, Training
 
 SCHEDULE_CODE = {name: i for i, name in enumerate(SCHEDULES)}
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
@@ -71,10 +71,7 @@ class PlanArrays:
         )
 
 
-_ARRAY_FIELDS = (
-    "G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "schedule",
-    "virtual_stages", "recompute", "zero_stage", "sequence_parallel",
-)
+_ARRAY_FIELDS = SCALAR_PLAN_FIELDS
 
 
 def from_plans(plans: Sequence[Plan]) -> PlanArrays:

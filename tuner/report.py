@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmodels.io import plan_to_dict, prediction_to_dict
-from perfmodels.specs import Plan, Prediction
+from perfmodels.specs import SCALAR_PLAN_FIELDS, Plan, Prediction
 from tuner.types import Candidate, Recommendation
 
 
@@ -39,8 +39,7 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     }
 
 
-CSV_PLAN = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "schedule",
-            "virtual_stages", "recompute", "zero_stage", "sequence_parallel")
+CSV_PLAN = SCALAR_PLAN_FIELDS
 CSV_PREDICTION = ("iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu")
 CSV_MEMORY = ("per_gpu_gib", "capacity_gib", "fits", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
               "comm_buffers_gib", "overhead_gib")

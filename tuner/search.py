@@ -26,7 +26,7 @@ from collections import Counter
 import numpy as np
 
 from perfmodels.plans import from_columns
-from perfmodels.specs import Cluster, Model, Training
+from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
 from tuner.space import GRID_COLUMNS, expand_options, grid_rows, placements
@@ -213,9 +213,7 @@ def explain(candidates: list[Candidate]) -> str:
             diffs.append((abs(a - b), name, a, b))
     diffs.sort(reverse=True)
     parts = [f"{name.removesuffix('_s')} {a:.3g} s vs {b:.3g} s" for _, name, a, b in diffs[:3]]
-    changed = [f for f in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size",
-                           "schedule", "virtual_stages", "recompute", "zero_stage", "sequence_parallel")
-               if getattr(best.plan, f) != getattr(second.plan, f)]
+    changed = [f for f in SCALAR_PLAN_FIELDS if getattr(best.plan, f) != getattr(second.plan, f)]
     what = [f"{f}={getattr(best.plan, f)} (runner-up {getattr(second.plan, f)})" for f in changed]
     if best.plan.order != second.plan.order:
         what.append(f"placement {'/'.join(best.plan.order)} (runner-up {'/'.join(second.plan.order)})")
