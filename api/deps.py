@@ -16,7 +16,9 @@ from api.service import ProfileCache
 from api.settings import Settings
 from tuner.store import Store
 
-_bearer = HTTPBearer(auto_error=False, description="GRIDTUNE_API_KEY, needed for writes when the server sets one")
+_bearer = HTTPBearer(
+    auto_error=False, description="GRIDTUNE_API_KEY, needed for writes when the server sets one"
+)
 
 
 def get_settings(request: Request) -> Settings:
@@ -39,7 +41,9 @@ def require_write_key(
     key = request.app.state.settings.api_key
     if key is None:
         return
-    given = credentials.credentials if credentials is not None and credentials.scheme.lower() == "bearer" else ""
+    given = (
+        credentials.credentials if credentials is not None and credentials.scheme.lower() == "bearer" else ""
+    )
     if not hmac.compare_digest(given.encode(), key.encode()):
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,

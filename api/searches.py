@@ -87,7 +87,9 @@ def run_in_process(ctx: Any, job: service.RecommendJob, limit_s: float) -> tuple
             )
         message = receiver.recv()
     except EOFError:
-        raise service.Unavailable(f"the search process ended without an answer (exit code {proc.exitcode})") from None
+        raise service.Unavailable(
+            f"the search process ended without an answer (exit code {proc.exitcode})"
+        ) from None
     finally:
         if proc.is_alive():
             proc.kill()
@@ -123,7 +125,9 @@ class SearchRunner:
     def executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gridtune-search")
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.workers, thread_name_prefix="gridtune-search"
+                )
             return self._executor
 
     def start(self) -> None:
@@ -179,7 +183,8 @@ class SearchRunner:
                 data, complete = await asyncio.wait_for(future, timeout=wait_s)
             except asyncio.TimeoutError:
                 raise service.Unavailable(
-                    f"the search did not finish within {wait_s:g} s (time budget {job.time_budget_s:g} s); retry later"
+                    f"the search did not finish within {wait_s:g} s (time budget {job.time_budget_s:g} s); "
+                    "retry later"
                 ) from None
             if complete:
                 self.cache.put(job.key, data)

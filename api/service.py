@@ -291,14 +291,17 @@ def search_options(body: schemas.SearchIn | None, settings: Settings) -> tuple[A
     return options, budget
 
 
-def prepare_recommend(body: schemas.RecommendRequest, profiles: ProfileCache, settings: Settings) -> RecommendJob:
+def prepare_recommend(
+    body: schemas.RecommendRequest, profiles: ProfileCache, settings: Settings
+) -> RecommendJob:
     model = to_model(body.model)
     cluster, profile_id = to_cluster(body.cluster, profiles)
     if cluster.num_gpus > settings.max_recommend_gpus:
         raise InputError(
             ("body", "cluster", "num_gpus"),
             f"cluster.num_gpus={cluster.num_gpus:,} is more than this service searches "
-            f"({settings.max_recommend_gpus:,} GPUs at most, GRIDTUNE_MAX_GPUS; /v1/predict takes up to 4,194,304)",
+            f"({settings.max_recommend_gpus:,} GPUs at most, GRIDTUNE_MAX_GPUS; /v1/predict takes up to "
+            "4,194,304)",
         )
     training = to_training(body.training)
     options, budget = search_options(body.search, settings)
@@ -329,7 +332,10 @@ def run_recommend(job: RecommendJob) -> tuple[bytes, bool]:
 def recommendation_json(rec: Any, profile_id: str | None) -> dict[str, Any]:
     best = None
     if rec.best is not None:
-        best = {"plan": pio.plan_to_dict(rec.best.plan), "prediction": prediction_json(rec.best.prediction, profile_id)}
+        best = {
+            "plan": pio.plan_to_dict(rec.best.plan),
+            "prediction": prediction_json(rec.best.prediction, profile_id),
+        }
     return json_safe(
         {
             "best": best,
@@ -397,7 +403,9 @@ def measurement_json(m: Measurement) -> dict[str, Any]:
     return {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
 
 
-def create_measurement(body: schemas.MeasurementCreate, store: Store, profiles: ProfileCache) -> dict[str, Any]:
+def create_measurement(
+    body: schemas.MeasurementCreate, store: Store, profiles: ProfileCache
+) -> dict[str, Any]:
     model = to_model(body.model)
     cluster, profile_id = to_cluster(body.cluster, profiles)
     training = to_training(body.training)

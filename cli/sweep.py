@@ -94,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from tuner.plot import plot_sweep
 
-        path = plot_sweep(points, args.plot, x_label=label, title=f"{model.name} on {cluster.gpu.name}: best layout "
-                                                                  f"per {label}")
+        path = plot_sweep(
+            points,
+            args.plot,
+            x_label=label,
+            title=f"{model.name} on {cluster.gpu.name}: best layout per {label}",
+        )
         print(f"gridtune: wrote the plot to {Path(path).resolve()}", file=sys.stderr)
     if args.json:
         json.dump({"swept": swept, "points": points}, sys.stdout)

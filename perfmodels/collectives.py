@@ -59,7 +59,9 @@ def collective_time_s(op: str, nbytes: np.ndarray, p: np.ndarray, alpha_us: np.n
     return np.where(p > 1, t, 0.0)
 
 
-def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node: np.ndarray | int = 1) -> np.ndarray:
+def expected_busbw_GBps(
+    cluster: Cluster, op: str, level: str, members_per_node: np.ndarray | int = 1
+) -> np.ndarray:
     """What the preset hardware says a group's bus bandwidth should be (GB/s).
 
     intra: NVLink bandwidth x library efficiency. inter: q GPUs' share of the node's NICs, capped

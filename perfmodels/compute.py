@@ -165,7 +165,9 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         score_elems = 0.0
     else:
         bh = b * heads  # batched GEMMs over (micro-batch x local heads)
-        attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
+        attn = (
+            bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
+        )
         attn_bwd = 2.0 * attn
         # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
         score_elems = SCORE_PASSES * bh * s * span
@@ -212,7 +214,9 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
         model.vocab_size * h / G_c)
     local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
-    optimizer = local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
+    optimizer = (
+        local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
+    )
 
     return StageCompute(
         gemm_fwd_s=blocks * gemm + st.has_head * head_gemm,

@@ -136,8 +136,9 @@ def training_from_dict(data: Mapping[str, Any]) -> Training:
         options = dict(stack)
         name = options.pop("name", None)
         if not isinstance(name, str):
-            raise ValueError(f"training.stack.name must name a stack preset ({sorted(stacks.STACK_PRESETS)}), "
-                             f"got {name!r}")
+            raise ValueError(
+                f"training.stack.name must name a stack preset ({sorted(stacks.STACK_PRESETS)}), got {name!r}"
+            )
         for key in ("schedules", "zero_stages"):
             if isinstance(options.get(key), list):
                 options[key] = tuple(options[key])

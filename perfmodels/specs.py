@@ -21,7 +21,13 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("col", "row", "depth", "inter", "data")
 """Grid axis names, in the default placement order: innermost (consecutive ranks) first."""
-AXIS_FIELDS = {"data": "G_data", "inter": "G_inter", "depth": "G_intra_d", "row": "G_intra_r", "col": "G_intra_c"}
+AXIS_FIELDS = {
+    "data": "G_data",
+    "inter": "G_inter",
+    "depth": "G_intra_d",
+    "row": "G_intra_r",
+    "col": "G_intra_c",
+}
 """Axis name -> the Plan field holding its degree, outermost (data) first."""
 DEGREE_FIELDS = tuple(AXIS_FIELDS.values())
 """The five degree fields of a Plan, outermost first: G_data, G_inter, G_intra_d, G_intra_r, G_intra_c."""
@@ -234,11 +240,22 @@ class GPU:
     vendor: str = "nvidia"
 
     def __post_init__(self) -> None:
-        for name in ("peak_tflops_fp32", "peak_tflops_bf16", "peak_tflops_fp16", "memory_gib", "hbm_bandwidth_GBps"):
+        for name in (
+            "peak_tflops_fp32",
+            "peak_tflops_bf16",
+            "peak_tflops_fp16",
+            "memory_gib",
+            "hbm_bandwidth_GBps",
+        ):
             _positive_float("gpu", name, getattr(self, name))
         _positive_float("gpu", "peak_tflops_fp8", self.peak_tflops_fp8, allow_zero=True)
         _positive_float("gpu", "peak_tflops_tf32", self.peak_tflops_tf32, allow_zero=True)
-        for name in ("gemm_efficiency_max", "memory_efficiency", "flash_fwd_efficiency", "flash_bwd_efficiency"):
+        for name in (
+            "gemm_efficiency_max",
+            "memory_efficiency",
+            "flash_fwd_efficiency",
+            "flash_bwd_efficiency",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"gpu.{name} must be in (0, 1], got {value!r}")
@@ -403,14 +420,19 @@ class Training:
             _positive_float("training", "host_us_per_block", self.host_us_per_block, allow_zero=True)
         for name in _STACK_OVERRIDES:
             value = getattr(self, name)
-            if value is not None and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction") \
-                    and not isinstance(value, bool):
+            if (
+                value is not None
+                and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction")
+                and not isinstance(value, bool)
+            ):
                 raise ValueError(f"training.{name} must be true, false or null, got {value!r}")
         object.__setattr__(self, "_stack", self._resolve_stack())
 
     def _resolve_stack(self) -> Stack:
         base = stacks.resolve(self.stack)
-        overrides = {name: getattr(self, name) for name in _STACK_OVERRIDES if getattr(self, name) is not None}
+        overrides = {
+            name: getattr(self, name) for name in _STACK_OVERRIDES if getattr(self, name) is not None
+        }
         try:
             return replace(base, **overrides) if overrides else base
         except ValueError as exc:
@@ -549,7 +571,9 @@ def combination_problems(model: Model, cluster: Cluster, training: Training, pla
                 f"G_inter={plan.G_inter}"
             )
     if plan.sequence_parallel and not rules.sequence_parallel_row_only(plan.G_intra_d, plan.G_intra_c):
-        problems.append("plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)")
+        problems.append(
+            "plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)"
+        )
     return problems
 
 
@@ -563,10 +587,14 @@ def _shape_problems(model: Model, plan: Plan) -> list[str]:
     problems: list[str] = []
     r, c = plan.G_intra_r, plan.G_intra_c
     if not rules.heads_split(model.num_attention_heads, r):
-        problems.append(f"G_intra_r={r} does not divide model.num_attention_heads={model.num_attention_heads}")
+        problems.append(
+            f"G_intra_r={r} does not divide model.num_attention_heads={model.num_attention_heads}"
+        )
     elif not rules.query_groups_split(int(model.num_query_groups), r):
         # only said when the heads split: a head split that fails already explains the layout
-        problems.append(f"G_intra_r={r} and model.num_query_groups={model.num_query_groups}: neither divides the other")
+        problems.append(
+            f"G_intra_r={r} and model.num_query_groups={model.num_query_groups}: neither divides the other"
+        )
     for name in ("hidden_size", "ffn_hidden_size"):
         size = int(getattr(model, name))
         if not rules.hidden_split(size, r, c):

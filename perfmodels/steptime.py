@@ -106,13 +106,19 @@ class BatchPrediction:
             tflops_per_gpu=float(self.tflops_per_gpu[i]),
             mfu=float(self.mfu[i]),
             memory=MemoryBreakdown(
-                per_gpu_gib=float(mem.total_gib[i]), capacity_gib=mem.capacity_gib,
-                fits=bool(mem.total_gib[i] <= mem.capacity_gib), params_gib=float(mem.params_gib[i]),
-                grads_gib=float(mem.grads_gib[i]), optimizer_gib=float(mem.optimizer_gib[i]),
-                activations_gib=float(mem.activations_gib[i]), comm_buffers_gib=float(mem.comm_buffers_gib[i]),
+                per_gpu_gib=float(mem.total_gib[i]),
+                capacity_gib=mem.capacity_gib,
+                fits=bool(mem.total_gib[i] <= mem.capacity_gib),
+                params_gib=float(mem.params_gib[i]),
+                grads_gib=float(mem.grads_gib[i]),
+                optimizer_gib=float(mem.optimizer_gib[i]),
+                activations_gib=float(mem.activations_gib[i]),
+                comm_buffers_gib=float(mem.comm_buffers_gib[i]),
                 overhead_gib=float(mem.overhead_gib[i]),
             ),
-            breakdown=TimeBreakdown(**{name: float(p[name][i]) for name in TimeBreakdown.__dataclass_fields__}),
+            breakdown=TimeBreakdown(
+                **{name: float(p[name][i]) for name in TimeBreakdown.__dataclass_fields__}
+            ),
             bytes_per_group={k: float(v[i]) for k, v in self.bytes_per_group.items()},
             calls_per_group={k: float(v[i]) for k, v in self.calls_per_group.items()},
             constants_source=self.constants_source,
@@ -178,7 +184,9 @@ def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, event
     return np.where(g["size"] > 1, per_call, 0.0)
 
 
-def _prefetched_exposed(total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray) -> np.ndarray:
+def _prefetched_exposed(
+    total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray
+) -> np.ndarray:
     """Exposed part of per-micro-batch collectives that a prefetching stream runs behind compute:
     what `PREFETCH_COVER` of the compute cannot cover, and never less than `FIRST_GATHER_SHARE` of
     one micro-batch's share (the first gather has nothing to hide behind). Not overlapped: all of it."""
@@ -226,7 +234,9 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "depth_grad": total(("depth",), ("depth_grad",)),
         "p2p_call": _p2p_seconds(cluster, training, arrays, events, geo),
     }
-    tp_exposed = total(("row", "col"), ("tp_exposed",)) + TP_FWD_EXPOSED_SHARE * total(("row", "col"), ("tp_fwd_half",))
+    tp_exposed = total(("row", "col"), ("tp_exposed",)) + TP_FWD_EXPOSED_SHARE * total(
+        ("row", "col"), ("tp_fwd_half",)
+    )
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
     compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
@@ -236,14 +246,18 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     # tensor-parallel: backward input-grad all-reduce overlaps the weight-grad GEMM when enabled
     tp_bwd = t["tp_bwd"] * c_tp
     stack = training.effective_stack
-    tp_exposed = tp_exposed * c_tp + np.where(stack.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
+    tp_exposed = tp_exposed * c_tp + np.where(
+        stack.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd
+    )
     tp_total = (t["row"] + t["col"]) * c_tp
     depth_total = t["depth"] * c_dp
     depth_exposed = _prefetched_exposed(depth_total, stack.overlap_depth_comm, compute_step, m)
     # ZeRO-2 that keeps only its gradient shard reduce-scatters after every backward, in buckets
     # behind the rest of that backward when the stack overlaps gradient reduction
     dp_mb_total = t["dp_mb"] * c_dp
-    dp_mb_exposed = _prefetched_exposed(dp_mb_total, stack.overlap_grad_reduce, m * (comp.bwd_s + comp.recompute_s), m)
+    dp_mb_exposed = _prefetched_exposed(
+        dp_mb_total, stack.overlap_grad_reduce, m * (comp.bwd_s + comp.recompute_s), m
+    )
     # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
     # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
     zero3_total = t["zero3"] * c_dp
@@ -257,14 +271,23 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
     blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(n)
     cost_r, cost_c, cost_d = stack.host_split_axis_costs
-    axis_factor = 1.0 + cost_r * (arrays.G_intra_r > 1) + cost_c * (arrays.G_intra_c > 1) + cost_d * (arrays.G_intra_d > 1)
+    axis_factor = (
+        1.0
+        + cost_r * (arrays.G_intra_r > 1)
+        + cost_c * (arrays.G_intra_c > 1)
+        + cost_d * (arrays.G_intra_d > 1)
+    )
     host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued * axis_factor
     t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
     avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
         comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
     bubble = bubble_s(t_mb * avg_ratio, arrays.G_inter, arrays.schedule, arrays.virtual_stages)
-    p2p = p2p_transfers_on_critical_path(m, arrays.G_inter, arrays.schedule, arrays.virtual_stages) * t["p2p_call"] * c_pp
+    p2p = (
+        p2p_transfers_on_critical_path(m, arrays.G_inter, arrays.schedule, arrays.virtual_stages)
+        * t["p2p_call"]
+        * c_pp
+    )
 
     dp_total = t["dp_step"] * c_dp
     window = comp.bwd_s + comp.recompute_s
@@ -317,7 +340,9 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     # preset GPU constants are checked against published runs (MAPE ~11%); the CPU "device" preset is
     # an order-of-magnitude guess until `gridtune profile` measures the machine
     preset_band = UNCERTAINTY_CPU_PRESET if cluster.gpu.vendor == "cpu" else UNCERTAINTY_PRESET
-    fallback = UNCERTAINTY_PROFILE if prof is not None and prof.source == "profile" else UNCERTAINTY_CALIBRATED
+    fallback = (
+        UNCERTAINTY_PROFILE if prof is not None and prof.source == "profile" else UNCERTAINTY_CALIBRATED
+    )
     uncertainty = preset_band if prof is None else (prof.uncertainty_rel or fallback)
     return BatchPrediction(
         arrays=arrays, iteration_time_s=iteration, tokens_per_s=tokens / iteration,
@@ -330,7 +355,9 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
     m = arrays.num_microbatches(training).astype(np.float64)
-    return peak_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m)
+    return peak_memory(
+        model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m
+    )
 
 
 def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:

@@ -144,7 +144,9 @@ class _Events:
         self.items.append(CommEvent(axis, op, phase, tag, np.asarray(p, dtype=np.float64), c))
 
 
-def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest") -> list[CommEvent]:
+def comm_events(
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
+) -> list[CommEvent]:
     """All communication of one rank in one optimizer step (steady state)."""
     if not model.is_transformer:
         return _layer_list_events(model, training, arrays, stage)
@@ -179,7 +181,14 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
         if_sp = sp & (out_axis == "row")
         ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", T * n / out_split * e, count * m * ~if_sp)
         ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, count * m)
-        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e, count * m * ~(sp & (in_axis == "row")))
+        ev.add(
+            in_axis,
+            "all_reduce",
+            "bwd",
+            "tp_bwd",
+            T * k / in_split * e,
+            count * m * ~(sp & (in_axis == "row")),
+        )
         ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
         # recomputation repeats the forward communication
         rc = full_rc & recomputed
@@ -198,9 +207,15 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
 
     # Megatron sequence parallelism (row-only TP): each all-reduce becomes all-gather + reduce-scatter
     seq_calls = blocks * m * sp
-    for phase, calls in (("fwd", 2 * seq_calls), ("bwd", 2 * seq_calls), ("recompute", 2 * seq_calls * full_rc)):
+    for phase, calls in (
+        ("fwd", 2 * seq_calls),
+        ("bwd", 2 * seq_calls),
+        ("recompute", 2 * seq_calls * full_rc),
+    ):
         ev.add("row", "all_gather", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
-        ev.add("row", "reduce_scatter", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
+        ev.add(
+            "row", "reduce_scatter", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2
+        )
 
     # norms on the residual stream (features split over col): statistics all-reduced over col
     stats = 2 if bias else 1
@@ -255,9 +270,18 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     per_mb_zero2 = training.effective_stack.zero2_grad_reduce == "per_microbatch"
     z2_step = (z == 2) & (not per_mb_zero2)
     z2_mb = (z == 2) & per_mb_zero2
-    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | z2_step))
+    ev.add(
+        "data",
+        "reduce_scatter",
+        "step",
+        "dp_grad",
+        np.where(z >= 1, padded, grads),
+        1.0 * ((z == 1) | z2_step),
+    )
     ev.add("data", "reduce_scatter", "bwd", "dp_grad", padded, m * z2_mb)
-    ev.add("data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2)))
+    ev.add(
+        "data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2))
+    )
     # ZeRO-3 holds neither full parameters nor full gradients: every micro-batch gathers each unit's
     # parameters for forward and again for backward (recomputation runs inside that backward
     # gather) and reduce-scatters each unit's gradients right after its backward. Under a pipeline
@@ -272,7 +296,9 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     ev.add("data", "reduce_scatter", "bwd", "zero3", padded / u, zero3_calls)
 
 
-def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape) -> None:
+def _p2p_events(
+    ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape
+) -> None:
     v = arrays.virtual_stages
     sends_fwd = np.where(st.is_last & (v == 1), 0, v) - (st.is_last & (v > 1))
     recvs_fwd = np.where(st.is_first & (v == 1), 0, v) - (st.is_first & (v > 1))
@@ -281,7 +307,9 @@ def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.nd
         ev.add("inter", op, phase, "p2p", act_bytes, calls * m)
 
 
-def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str) -> list[CommEvent]:
+def _layer_list_events(
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str
+) -> list[CommEvent]:
     """Arbitrary networks under auto_parallelize: each parallel Linear takes and returns ordinary
     activations (local batch, full features), so around it the engine slices its input (free),
     all-gathers its output over row (fwd) and all-gathers its input grad over col (bwd); transposed

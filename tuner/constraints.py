@@ -68,32 +68,44 @@ def hidden_split(model: Model, cluster: Cluster, training: Training, cols: Colum
         return _none(len(r))
     h, f = model.hidden_size, int(model.ffn_hidden_size)
     bad = ~rules.hidden_split(h, r, c) | ~rules.hidden_split(f, r, c)
-    return Rejection(bad, f"G_intra_r*G_intra_c does not divide model.hidden_size={h} and ffn_hidden_size={f}",
-                     lambda i: f"G_intra_r*G_intra_c={r[i] * c[i]} does not divide model.hidden_size={h} "
-                               f"and model.ffn_hidden_size={f}")
+    return Rejection(
+        bad,
+        f"G_intra_r*G_intra_c does not divide model.hidden_size={h} and ffn_hidden_size={f}",
+        lambda i: (
+            f"G_intra_r*G_intra_c={r[i] * c[i]} does not divide model.hidden_size={h} "
+            f"and model.ffn_hidden_size={f}"
+        ),
+    )
 
 
 def enough_layers(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     layers = model.depth
     stages = cols["G_inter"]
     virtual = cols.get("virtual_stages", np.ones_like(stages))
-    return Rejection(~rules.enough_layers(layers, stages, virtual),
-                     f"G_inter*virtual_stages exceeds model.num_layers={layers}",
-                     lambda i: f"G_inter*virtual_stages={stages[i] * virtual[i]} exceeds model.num_layers={layers}")
+    return Rejection(
+        ~rules.enough_layers(layers, stages, virtual),
+        f"G_inter*virtual_stages exceeds model.num_layers={layers}",
+        lambda i: f"G_inter*virtual_stages={stages[i] * virtual[i]} exceeds model.num_layers={layers}",
+    )
 
 
 def batch_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     d, dd = cols["G_data"], cols["G_intra_d"]
     gb = training.global_batch_size
-    return Rejection(~rules.batch_split(gb, d, dd), f"G_data*G_intra_d does not divide training.global_batch_size={gb}",
-                     lambda i: f"G_data*G_intra_d={d[i] * dd[i]} does not divide training.global_batch_size={gb}")
+    return Rejection(
+        ~rules.batch_split(gb, d, dd),
+        f"G_data*G_intra_d does not divide training.global_batch_size={gb}",
+        lambda i: f"G_data*G_intra_d={d[i] * dd[i]} does not divide training.global_batch_size={gb}",
+    )
 
 
 def enough_microbatches(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     """1F1B-style schedules need at least one micro-batch per stage (torch.distributed.pipelining
     refuses fewer); interleaving needs a multiple of the stage count."""
     S = cols["G_inter"]
-    m = rules.num_microbatches(training.global_batch_size, cols["G_data"], cols["G_intra_d"], cols["micro_batch_size"])
+    m = rules.num_microbatches(
+        training.global_batch_size, cols["G_data"], cols["G_intra_d"], cols["micro_batch_size"]
+    )
     sched = cols["schedule"]
     too_few = (S > 1) & (sched != SCHEDULE_CODE["gpipe"]) & ~rules.enough_microbatches(m, S)
     not_multiple = (S > 1) & (sched == SCHEDULE_CODE["interleaved-1f1b"]) & ~rules.interleave_fits(m, S)
@@ -104,8 +116,11 @@ def enough_microbatches(model: Model, cluster: Cluster, training: Training, cols
             return f"{name}: {m[i]} micro-batches < G_inter={S[i]} stages"
         return f"{name}: {m[i]} micro-batches is not a multiple of G_inter={S[i]} stages"
 
-    return Rejection(too_few | not_multiple,
-                     "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)", example)
+    return Rejection(
+        too_few | not_multiple,
+        "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)",
+        example,
+    )
 
 
 def sequence_parallel_shape(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
@@ -130,7 +145,9 @@ def selective_without_scores(model: Model, cluster: Cluster, training: Training,
     A stack whose selective policy is per-op (torchtitan) saves other activations, so it stays."""
 
     stack = training.effective_stack
-    pointless = stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+    pointless = (
+        stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+    )
     bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(pointless)
     return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",
                      lambda i: f"selective recompute with {_grid_str(cols, i)}")

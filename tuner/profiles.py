@@ -72,7 +72,9 @@ def import_provenance(rows: pd.DataFrame, files: Sequence[str]) -> dict[str, Any
     hosts: list[str] = []
     for h in rows.get("host", pd.Series(dtype=str)).astype(str):
         hosts += [x for x in h.split(",") if x and x not in hosts]
-    versions = sorted({v for v in rows.get("nccl_version", pd.Series(dtype=str)).astype(str) if v and v != "nan"})
+    versions = sorted(
+        {v for v in rows.get("nccl_version", pd.Series(dtype=str)).astype(str) if v and v != "nan"}
+    )
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hosts": hosts, "torch_version": "", "nccl_version": ",".join(versions), "backend": "nccl",
@@ -98,7 +100,11 @@ def build_document(rows: pd.DataFrame, *, provenance: Mapping[str, Any], cluster
     if cluster is not None:
         prov["expected_from_cluster"] = cluster.name
     if gemm is not None:
-        prov["gemm_fit"] = {"r2": gemm.r2, "median_abs_error": gemm.median_abs_error, "n_points": gemm.n_points}
+        prov["gemm_fit"] = {
+            "r2": gemm.r2,
+            "median_abs_error": gemm.median_abs_error,
+            "n_points": gemm.n_points,
+        }
     doc = profile_to_dict(profile)
     doc["provenance"] = prov
     doc["fits"] = fits.to_dict(orient="records")
@@ -176,12 +182,25 @@ def upload(url: str, doc: Mapping[str, Any], *, name: str, cluster: Cluster | No
     body: dict[str, Any] = {"name": name, "profile": service_profile(doc)}
     if cluster is not None:
         body["cluster"] = service_cluster(cluster)
-    answer = post_json(url, "/v1/clusters", json_safe(body), what="upload to", api_key=api_key, timeout_s=timeout_s,
-                       client=client)
+    answer = post_json(
+        url,
+        "/v1/clusters",
+        json_safe(body),
+        what="upload to",
+        api_key=api_key,
+        timeout_s=timeout_s,
+        client=client,
+    )
     return dict(answer) if isinstance(answer, dict) else {"answer": answer}
 
 
-_PEAK_FIELDS = ("peak_tflops_fp32", "peak_tflops_tf32", "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp8")
+_PEAK_FIELDS = (
+    "peak_tflops_fp32",
+    "peak_tflops_tf32",
+    "peak_tflops_bf16",
+    "peak_tflops_fp16",
+    "peak_tflops_fp8",
+)
 
 
 def apply_profile(cluster: Cluster, profile: Profile | None) -> tuple[Cluster, list[str]]:
@@ -203,6 +222,9 @@ def apply_profile(cluster: Cluster, profile: Profile | None) -> tuple[Cluster, l
         if raised:
             gpu = dataclasses.replace(gpu, **raised)
             names = ", ".join(f.removeprefix("peak_tflops_") for f in raised)
-            notes.append(f"the profile measured GEMMs at {measured:.4g} TFLOP/s, above the {cluster.gpu.name} preset's "
-                         f"peak ({names}); the peak follows the measurement, so MFU stays <= 100%")
+            notes.append(
+                f"the profile measured GEMMs at {measured:.4g} TFLOP/s, above the {cluster.gpu.name} "
+                "preset's "
+                f"peak ({names}); the peak follows the measurement, so MFU stays <= 100%"
+            )
     return dataclasses.replace(cluster, gpu=gpu, profile=profile), notes

@@ -41,8 +41,17 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
 
 CSV_PLAN = SCALAR_PLAN_FIELDS
 CSV_PREDICTION = ("iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu")
-CSV_MEMORY = ("per_gpu_gib", "capacity_gib", "fits", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
-              "comm_buffers_gib", "overhead_gib")
+CSV_MEMORY = (
+    "per_gpu_gib",
+    "capacity_gib",
+    "fits",
+    "params_gib",
+    "grads_gib",
+    "optimizer_gib",
+    "activations_gib",
+    "comm_buffers_gib",
+    "overhead_gib",
+)
 
 
 def candidate_row(c: Candidate) -> dict[str, Any]:

@@ -98,7 +98,9 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
                 continue
             arrays = from_columns(placement=exp.placement, **{k: v[ok] for k, v in cols.items()})
             mem = memory_many(model, cluster, training, arrays)
-            fits = pruned.apply(C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool))
+            fits = pruned.apply(
+                C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool)
+            )
             num_valid += int(fits.sum())
             if not fits.any():
                 continue
@@ -126,8 +128,10 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     if truncated:
         skipped, exact = _count_rest(model, training, grids, options, orders, *stopped)
         approx = "" if exact else "at least "
-        pruned.counts[f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}{skipped:,} plans "
-                      f"never scored)"] += skipped
+        pruned.counts[
+            f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}{skipped:,} plans "
+            f"never scored)"
+        ] += skipped
     source = "preset" if cluster.profile is None else cluster.profile.source
     return Recommendation(
         best=candidates[0] if candidates else None,
@@ -184,8 +188,16 @@ def _count_rest(model: Model, training: Training, grids: np.ndarray, options: Se
     return count, True
 
 
-_COMPONENTS = ("compute_s", "tp_comm_s", "dp_comm_s", "pp_bubble_s", "pp_p2p_s", "exposed_comm_s", "optimizer_s",
-               "recompute_s")
+_COMPONENTS = (
+    "compute_s",
+    "tp_comm_s",
+    "dp_comm_s",
+    "pp_bubble_s",
+    "pp_p2p_s",
+    "exposed_comm_s",
+    "optimizer_s",
+    "recompute_s",
+)
 
 
 def explain(candidates: list[Candidate]) -> str:
@@ -217,6 +229,9 @@ def explain(candidates: list[Candidate]) -> str:
     what = [f"{f}={getattr(best.plan, f)} (runner-up {getattr(second.plan, f)})" for f in changed]
     if best.plan.order != second.plan.order:
         what.append(f"placement {'/'.join(best.plan.order)} (runner-up {'/'.join(second.plan.order)})")
-    return (f"best is {(ts - tb) / ts:.1%} faster than the runner-up #{second.rank} ({tb:.3g} s vs {ts:.3g} s per "
-            f"step){tie_note}; it differs in {', '.join(what) or 'nothing'}; largest component differences: "
-            f"{'; '.join(parts) or 'none'}")
+    return (
+        f"best is {(ts - tb) / ts:.1%} faster than the runner-up #{second.rank} ({tb:.3g} s vs {ts:.3g} s "
+        "per "
+        f"step){tie_note}; it differs in {', '.join(what) or 'nothing'}; largest component differences: "
+        f"{'; '.join(parts) or 'none'}"
+    )

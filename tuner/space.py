@@ -169,8 +169,15 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def _combine(g: np.ndarray, mb: int, sched_opts: list[tuple[int, int]], rc_opts: list[int], zero_opts: list[int],
-             sp_opts: list[bool], layers: int) -> dict[str, np.ndarray] | None:
+def _combine(
+    g: np.ndarray,
+    mb: int,
+    sched_opts: list[tuple[int, int]],
+    rc_opts: list[int],
+    zero_opts: list[int],
+    sp_opts: list[bool],
+    layers: int,
+) -> dict[str, np.ndarray] | None:
     n = len(g)
     G_inter = g[:, 1]
     G_data = g[:, 0]

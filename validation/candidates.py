@@ -59,8 +59,12 @@ def _degree_combos(lay: Layout, *, layers: int, heads: int) -> list[tuple[int, i
         return [(t, mp // t, dp) for t in divisors(mp)
                 if t <= 8 and rules.heads_split(heads, t) and rules.enough_layers(layers, mp // t, 1)]
     if tp or pp:
-        return [(t, p, G // (t * p)) for t in ([tp] if tp else _TENSOR_DEGREES) for p in ([pp] if pp else divisors(G))
-                if G % (t * p) == 0 and rules.heads_split(heads, t) and rules.enough_layers(layers, p, 1)]
+        return [
+            (t, p, G // (t * p))
+            for t in ([tp] if tp else _TENSOR_DEGREES)
+            for p in ([pp] if pp else divisors(G))
+            if G % (t * p) == 0 and rules.heads_split(heads, t) and rules.enough_layers(layers, p, 1)
+        ]
     return [(t, p, G // (t * p)) for t in _TENSOR_DEGREES if G % t == 0 and rules.heads_split(heads, t)
             for p in divisors(G // t) if rules.enough_layers(layers, p, 1)]
 
@@ -82,7 +86,11 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
         if t * p * d != lay.num_gpus or not rules.batch_split(lay.global_batch, d, 1):
             continue
         per_replica = lay.global_batch // d
-        micros = [lay.micro_batch] if lay.micro_batch else [x for x in divisors(per_replica) if x <= _MAX_MICRO_BATCH]
+        micros = (
+            [lay.micro_batch]
+            if lay.micro_batch
+            else [x for x in divisors(per_replica) if x <= _MAX_MICRO_BATCH]
+        )
         for micro in micros:
             if not rules.divides(micro, per_replica):
                 continue
@@ -99,8 +107,18 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
                         continue  # sequence parallelism needs tensor parallelism to split over
                     for rc in recomputes:
                         for z in zero_stages:
-                            plans.append(Plan(G_data=d, G_inter=p, G_intra_r=t, micro_batch_size=micro,
-                                              schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
-                                              recompute=rc, sequence_parallel=sp and t > 1,  # type: ignore[arg-type]
-                                              zero_stage=z, placement=placement))
+                            plans.append(
+                                Plan(
+                                    G_data=d,
+                                    G_inter=p,
+                                    G_intra_r=t,
+                                    micro_batch_size=micro,
+                                    schedule="interleaved-1f1b" if v > 1 else "1f1b",
+                                    virtual_stages=v,
+                                    recompute=rc,
+                                    sequence_parallel=sp and t > 1,  # type: ignore[arg-type]
+                                    zero_stage=z,
+                                    placement=placement,
+                                )
+                            )
     return plans

@@ -128,12 +128,23 @@ def _vtrain_case(cid: str, row: Mapping[str, str]) -> Case:
     published = {
         "source": "vTrain ground truth (VIA-Research/vTrain, MICRO'24)",
         "model_name": f"gpt-{size}b" if size else f"gpt-h{h}-L{L}",
-        "num_layers": row["# layers"], "hidden_size": row["hidden size"], "num_heads": row["attention heads"],
-        "seq_len": row["sequence length"], "global_batch_size": row["global batch"],
-        "micro_batch_size": row["micro batch"], "tp": row["tensor parallelism"], "pp": row["pipeline parallelism"],
-        "dp": row["data parallelism"], "virtual_pp": "1", "sequence_parallel": "false", "cp": "1",
-        "num_gpus": row["# GPUs"], "gpu_type": "A100", "metric_name": "iteration_time_ms",
-        "metric_value": row["iteration time (ms)"], **VTRAIN_STACK,
+        "num_layers": row["# layers"],
+        "hidden_size": row["hidden size"],
+        "num_heads": row["attention heads"],
+        "seq_len": row["sequence length"],
+        "global_batch_size": row["global batch"],
+        "micro_batch_size": row["micro batch"],
+        "tp": row["tensor parallelism"],
+        "pp": row["pipeline parallelism"],
+        "dp": row["data parallelism"],
+        "virtual_pp": "1",
+        "sequence_parallel": "false",
+        "cp": "1",
+        "num_gpus": row["# GPUs"],
+        "gpu_type": "A100",
+        "metric_name": "iteration_time_ms",
+        "metric_value": row["iteration time (ms)"],
+        **VTRAIN_STACK,
     }
     gpu, memory = card("A100", None)
     cluster = replace(presets.cluster("vtrain-a100", num_gpus=gpus), gpu=gpu)
@@ -180,9 +191,13 @@ def _published_case(cid: str, row: Mapping[str, str], *,
 
     if cluster is None:
         cluster = cluster_from_columns(
-            gpu_type=row.get("gpu_type") or "", memory_gb=_float("gpu_memory_gb", row.get("gpu_memory_gb")),
-            num_gpus=G, gpus_per_node=_int(row, "gpus_per_node"),
-            intra_text=row.get("intra_node_interconnect") or "", inter_text=row.get("inter_node_interconnect") or "")
+            gpu_type=row.get("gpu_type") or "",
+            memory_gb=_float("gpu_memory_gb", row.get("gpu_memory_gb")),
+            num_gpus=G,
+            gpus_per_node=_int(row, "gpus_per_node"),
+            intra_text=row.get("intra_node_interconnect") or "",
+            inter_text=row.get("inter_node_interconnect") or "",
+        )
     the_cluster, memory = cluster
     stack = read_stack(row, the_cluster.gpu)
 
@@ -215,8 +230,13 @@ def _published_case(cid: str, row: Mapping[str, str], *,
     if not plans:
         raise ValueError("no layout consistent with the stated degrees")
     unknown = list(stack.unknown)  # and the layout columns whose emptiness leaves more than one value
-    for column, fieldname in (("tp", "G_intra_r"), ("pp", "G_inter"), ("micro_batch_size", "micro_batch_size"),
-                              ("virtual_pp", "virtual_stages"), ("sequence_parallel", "sequence_parallel")):
+    for column, fieldname in (
+        ("tp", "G_intra_r"),
+        ("pp", "G_inter"),
+        ("micro_batch_size", "micro_batch_size"),
+        ("virtual_pp", "virtual_stages"),
+        ("sequence_parallel", "sequence_parallel"),
+    ):
         if len({getattr(p, fieldname) for p in plans}) > 1:
             unknown.append(column)
 
@@ -236,8 +256,20 @@ def _published_case(cid: str, row: Mapping[str, str], *,
 
     framework = stack.framework or "any stack"
     group = f"{framework} {model.name.split(' (')[0]} L{L} h{h} on {G} {the_cluster.gpu.name} gb{gb}"
-    return Case(case_id=cid, source=(row.get("source") or "").strip(), framework=framework, group=group,
-                model=model, cluster=the_cluster, trainings=stack.trainings(gb * cp), plans=tuple(plans),
-                measured_time_s=measured, measured_memory_gib=_float("peak_memory_gib", row.get("peak_memory_gib")),
-                expect_oom=expect_oom, layout_stated=layout.stated, unknown=tuple(unknown), card_memory=memory,
-                notes=row.get("notes") or "")
+    return Case(
+        case_id=cid,
+        source=(row.get("source") or "").strip(),
+        framework=framework,
+        group=group,
+        model=model,
+        cluster=the_cluster,
+        trainings=stack.trainings(gb * cp),
+        plans=tuple(plans),
+        measured_time_s=measured,
+        measured_memory_gib=_float("peak_memory_gib", row.get("peak_memory_gib")),
+        expect_oom=expect_oom,
+        layout_stated=layout.stated,
+        unknown=tuple(unknown),
+        card_memory=memory,
+        notes=row.get("notes") or "",
+    )

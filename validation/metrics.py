@@ -16,9 +16,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TIME_METRICS = ("iteration_time_s", "iteration_time_ms", "step_time_ms", "tokens_per_s", "tokens_per_second",
-                "throughput_tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_second_per_gpu", "samples_per_s",
-                "sequences_per_s", "throughput_samples_per_s", "tflops_per_gpu", "mfu", "mfu_percent")
+TIME_METRICS = (
+    "iteration_time_s",
+    "iteration_time_ms",
+    "step_time_ms",
+    "tokens_per_s",
+    "tokens_per_second",
+    "throughput_tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tokens_per_second_per_gpu",
+    "samples_per_s",
+    "sequences_per_s",
+    "throughput_samples_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "mfu_percent",
+)
 
 
 def megatron_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int, ffn: int | None = None,
@@ -67,9 +80,17 @@ def step_time_s(metric: str, value: float, shape: RunShape, *, recompute_full: b
     tokens = float(shape.global_batch * shape.seq)
 
     def flops(recompute: bool) -> float:
-        return megatron_flops(batch=shape.global_batch, seq=shape.seq, layers=shape.layers, hidden=shape.hidden,
-                              vocab=shape.vocab, ffn=shape.ffn, recompute_full=recompute,
-                              kv_hidden=shape.kv_hidden, gated=shape.gated)
+        return megatron_flops(
+            batch=shape.global_batch,
+            seq=shape.seq,
+            layers=shape.layers,
+            hidden=shape.hidden,
+            vocab=shape.vocab,
+            ffn=shape.ffn,
+            recompute_full=recompute,
+            kv_hidden=shape.kv_hidden,
+            gated=shape.gated,
+        )
 
     if m == "iteration_time_s":
         return value

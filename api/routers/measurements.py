@@ -21,12 +21,18 @@ router = APIRouter(responses=DB_DOWN, prefix="/v1/measurements", tags=["measurem
     response_model=schemas.MeasurementOut,
     dependencies=[WriteAuth],
     responses={
-        401: {"model": schemas.ErrorOut, "description": "GRIDTUNE_API_KEY is set and the bearer key is missing or wrong"},
+        401: {
+            "model": schemas.ErrorOut,
+            "description": "GRIDTUNE_API_KEY is set and the bearer key is missing or wrong",
+        },
         422: {"model": schemas.ErrorOut, "description": "invalid specs or measurement"},
     },
 )
 def create_measurement(
-    body: Annotated[schemas.MeasurementCreate, Body(openapi_examples={"one measured step": {"value": examples.MEASUREMENT}})],
+    body: Annotated[
+        schemas.MeasurementCreate,
+        Body(openapi_examples={"one measured step": {"value": examples.MEASUREMENT}}),
+    ],
     store: StoreDep,
     profiles: ProfilesDep,
 ) -> Any:

@@ -40,7 +40,9 @@ def test_cli_predict_and_errors_are_one_line():
     assert "= 32 but cluster.num_gpus = 64" in bad.stderr
     worse = run_cli("recommend", "--model", "gpt3-175b", "--cluster", "selene", "--global-batch-size", "8",
                     "--pin", "G_foo=2")
-    assert worse.returncode == 2 and "unknown field 'G_foo'" in worse.stderr and "Traceback" not in worse.stderr
+    assert (
+        worse.returncode == 2 and "unknown field 'G_foo'" in worse.stderr and "Traceback" not in worse.stderr
+    )
 
 
 def test_cli_plot_writes_a_png(tmp_path):

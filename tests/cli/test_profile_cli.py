@@ -40,7 +40,9 @@ def test_import_nccl_tests_writes_profile_rows_and_expectations(tmp_path, capsys
         ("all_reduce", "inter", 16), ("all_gather", "intra", 8)}
     exp = {(e["op"], e["level"]): e for e in doc["expected"]}
     assert exp[("all_gather", "intra")]["ratio"] == pytest.approx(
-        exp[("all_gather", "intra")]["measured_busbw_GBps"] / exp[("all_gather", "intra")]["expected_busbw_GBps"])
+        exp[("all_gather", "intra")]["measured_busbw_GBps"]
+        / exp[("all_gather", "intra")]["expected_busbw_GBps"]
+    )
     profile, saved = profiles.read_profile(out)
     assert len(profile.collectives) == 2 and saved["fits"] == doc["fits"]
     rows = profiles.read_rows(profiles.rows_path_for(out))
@@ -124,14 +126,30 @@ def test_upload_posts_profile_with_bearer_key(tmp_path, capsys, monkeypatch):
 
 
 def test_upload_failure_is_one_line_error(tmp_path, capsys):
-    code = main(["profile", "--import-nccl-tests", SAMPLES[0], "--name", "x", "--out", str(tmp_path / "p.json"),
-                 "--upload", "http://127.0.0.1:9"])
+    code = main(
+        [
+            "profile",
+            "--import-nccl-tests",
+            SAMPLES[0],
+            "--name",
+            "x",
+            "--out",
+            str(tmp_path / "p.json"),
+            "--upload",
+            "http://127.0.0.1:9",
+        ]
+    )
     assert code == 2
     assert "upload to http://127.0.0.1:9/v1/clusters failed" in capsys.readouterr().err
 
 
 def test_bad_inputs_exit_2(tmp_path, capsys):
-    assert main(["profile", "--import-nccl-tests", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            ["profile", "--import-nccl-tests", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x.json")]
+        )
+        == 2
+    )
     assert "no such file" in capsys.readouterr().err
     assert main(["profile", "--import-nccl-tests", SAMPLES[0], "--cluster", "nowhere",
                  "--out", str(tmp_path / "x.json")]) == 2
@@ -141,8 +159,12 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
 def test_fits_with_negative_r2_are_warned_about():
     from cli.profile import fit_warnings
 
-    doc = {"fits": [{"op": "all_reduce", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": -0.4},
-                    {"op": "all_gather", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": 0.99}]}
+    doc = {
+        "fits": [
+            {"op": "all_reduce", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": -0.4},
+            {"op": "all_gather", "level": "intra", "group_size": 2, "members_per_node": 2, "r2": 0.99},
+        ]
+    }
     (warning,) = fit_warnings(doc)
     assert "all_reduce intra over 2 ranks" in warning and "R^2 = -0.40 < 0" in warning
 

@@ -126,9 +126,13 @@ def test_expected_table_ratio_and_expected_formula():
 
 
 def test_build_profile_round_trips_through_io():
-    rows = pd.concat([fitting.synthetic_rows("all_reduce", 2, 5.0, 100.0, SIZES),
-                      fitting.synthetic_rows("all_reduce", 4, 5.0, 10.0, SIZES, level="inter", members_per_node=2),
-                      fitting.synthetic_rows("all_reduce", 4, 5.0, 5.0, SIZES, level="inter", members_per_node=1)])
+    rows = pd.concat(
+        [
+            fitting.synthetic_rows("all_reduce", 2, 5.0, 100.0, SIZES),
+            fitting.synthetic_rows("all_reduce", 4, 5.0, 10.0, SIZES, level="inter", members_per_node=2),
+            fitting.synthetic_rows("all_reduce", 4, 5.0, 5.0, SIZES, level="inter", members_per_node=1),
+        ]
+    )
     fits, _ = fitting.fit_collectives(rows)
     gemm = fitting.GemmFit(gemm_tflops_max=100.0, gemm_half_size=64.0, gemm_overhead_us=5.0, r2=1.0,
                            median_abs_error=0.0, n_points=5)

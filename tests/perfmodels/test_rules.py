@@ -25,7 +25,11 @@ def test_rules_broadcast_like_their_scalar_form():
     r = np.array([1, 2, 3, 4, 6, 12])
     assert list(rules.heads_split(6, r)) == [rules.heads_split(6, int(x)) for x in r]
     assert list(rules.query_groups_split(3, r)) == [True, False, True, False, True, True]
-    assert rules.query_groups_split(4, 2) and rules.query_groups_split(2, 4) and not rules.query_groups_split(4, 6)
+    assert (
+        rules.query_groups_split(4, 2)
+        and rules.query_groups_split(2, 4)
+        and not rules.query_groups_split(4, 6)
+    )
     assert not rules.enough_layers(4, 2, 3) and rules.enough_layers(4, 2, 2)
     assert rules.num_microbatches(64, 2, 2, 4) == 4 and rules.microbatch_split(64, 2, 2, 4)
     assert not rules.microbatch_split(64, 2, 2, 3)
@@ -45,9 +49,19 @@ def test_combination_problems_and_constraints_reject_the_same_layouts():
     needs row ranks, neither of which combination_problems asks of a stated plan)."""
     training = Training(global_batch_size=24)
     plans = [
-        Plan(G_data=d, G_inter=p, G_intra_d=dd, G_intra_r=r, G_intra_c=c, micro_batch_size=mb,
-             schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)
-        for d, p, dd, r, c, mb, v in itertools.product((1, 2), (1, 2, 4), (1, 2), (1, 2, 3), (1, 2), (1, 2, 4), (1, 2))
+        Plan(
+            G_data=d,
+            G_inter=p,
+            G_intra_d=dd,
+            G_intra_r=r,
+            G_intra_c=c,
+            micro_batch_size=mb,
+            schedule="interleaved-1f1b" if v > 1 else "1f1b",
+            virtual_stages=v,
+        )
+        for d, p, dd, r, c, mb, v in itertools.product(
+            (1, 2), (1, 2, 4), (1, 2), (1, 2, 3), (1, 2), (1, 2, 4), (1, 2)
+        )
     ]
     cols = _columns(plans)
     shared = (C.heads_split, C.query_groups_split, C.hidden_split, C.batch_split, C.enough_layers)

@@ -55,7 +55,9 @@ def test_exact_plan_set_for_8_gpus_matches_brute_force():
 
 
 def test_candidates_are_sorted_and_best_is_first():
-    rec = recommend(presets.model("gpt3-1.7b"), presets.cluster("selene", 64), Training(global_batch_size=512), top_k=20)
+    rec = recommend(
+        presets.model("gpt3-1.7b"), presets.cluster("selene", 64), Training(global_batch_size=512), top_k=20
+    )
     times = [c.prediction.iteration_time_s for c in rec.candidates]
     # non-decreasing; exact ties (to float noise) are ordered simpler-plan first
     assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(times))
@@ -89,13 +91,22 @@ def test_every_pruning_reason_is_counted_with_examples():
         assert needle in reasons, needle
     for reason, examples in rec.pruned_examples.items():
         assert examples, reason
-    assert "G_intra_r=4 does not divide model.num_attention_heads=6" in functools.reduce(operator.iadd, rec.pruned_examples.values(), [])
+    assert "G_intra_r=4 does not divide model.num_attention_heads=6" in functools.reduce(
+        operator.iadd, rec.pruned_examples.values(), []
+    )
 
 
 def test_pins_restrict_the_space():
-    rec = recommend(presets.model("gpt3-1.7b"), presets.cluster("selene", 64), Training(global_batch_size=512),
-                    top_k=50, search=SearchOptions(G_intra_r=(2,), G_intra_c=(1,), G_intra_d=(1,), recompute=("full",)))
-    assert rec.candidates and all(c.plan.G_intra_r == 2 and c.plan.recompute == "full" for c in rec.candidates)
+    rec = recommend(
+        presets.model("gpt3-1.7b"),
+        presets.cluster("selene", 64),
+        Training(global_batch_size=512),
+        top_k=50,
+        search=SearchOptions(G_intra_r=(2,), G_intra_c=(1,), G_intra_d=(1,), recompute=("full",)),
+    )
+    assert rec.candidates and all(
+        c.plan.G_intra_r == 2 and c.plan.recompute == "full" for c in rec.candidates
+    )
     assert rec.pruned["excluded by the search pins"] > 0
 
 
@@ -108,7 +119,11 @@ def test_no_valid_layout_is_reported_not_raised():
 
 
 def test_explanation_names_the_differences():
-    rec = recommend(presets.model("gpt3-175b"), presets.cluster("selene", 1024), Training(global_batch_size=1536),
-                    top_k=10)
+    rec = recommend(
+        presets.model("gpt3-175b"),
+        presets.cluster("selene", 1024),
+        Training(global_batch_size=1536),
+        top_k=10,
+    )
     assert "faster than the runner-up" in rec.explanation
     assert "largest component differences" in rec.explanation

@@ -50,7 +50,9 @@ def calibration_pairs(records: Sequence[Any], base: Profile | None = None) -> li
         if not measured or measured <= 0:
             continue
         profile = base if base is not None else uncorrected(cluster.profile)
-        pairs.append((predict(model, dataclasses.replace(cluster, profile=profile), training, plan), float(measured)))
+        pairs.append(
+            (predict(model, dataclasses.replace(cluster, profile=profile), training, plan), float(measured))
+        )
     return pairs
 
 
@@ -62,8 +64,12 @@ class Refit:
     kernel_overhead_us: float | None
     collective_factor_by_group_size: dict[int, float]
 
-_MEASURED_AXIS_PARTS = {"tp_comm_row_s": "G_intra_r", "tp_comm_col_s": "G_intra_c", "tp_comm_depth_s": "G_intra_d",
-                        "dp_comm_s": "G_data"}
+_MEASURED_AXIS_PARTS = {
+    "tp_comm_row_s": "G_intra_r",
+    "tp_comm_col_s": "G_intra_c",
+    "tp_comm_depth_s": "G_intra_d",
+    "dp_comm_s": "G_data",
+}
 
 
 def _predict_with(rec: Any, profile: Profile | None) -> Prediction:

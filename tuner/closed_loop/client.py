@@ -62,4 +62,6 @@ def service_recommend(url: str, model: Model, cluster: Cluster, training: Traini
     best = answer.get("best") if isinstance(answer, dict) else None
     if not best:
         raise ValueError(f"the service at {url} found no valid layout: {str(answer)[:500]}")
-    return plan_from_dict({k: v for k, v in best["plan"].items() if k in {f.name for f in dataclasses.fields(Plan)}})
+    return plan_from_dict(
+        {k: v for k, v in best["plan"].items() if k in {f.name for f in dataclasses.fields(Plan)}}
+    )

@@ -24,8 +24,12 @@ from tuner.types import Candidate, SearchOptions
 def local_cluster(nproc: int, profile: Profile | None = None) -> Cluster:
     """`nproc` CPU ranks on one machine (gloo), optionally with measured/calibrated constants."""
     base = presets.cluster("local-cpu", num_gpus=nproc)
-    return dataclasses.replace(base, gpus_per_node=nproc, profile=profile,
-                               profile_id=profile.profile_id if profile is not None and profile.profile_id else None)
+    return dataclasses.replace(
+        base,
+        gpus_per_node=nproc,
+        profile=profile,
+        profile_id=profile.profile_id if profile is not None and profile.profile_id else None,
+    )
 
 
 def engine_training(global_batch_size: int, *, dtype: str = "fp32", optimizer: str = "adamw",
@@ -50,9 +54,17 @@ def engine_search_options(*, micro_batch_size: int | None = None, data_parallel_
         pins["G_inter"] = (1,)
     if data_parallel_only:
         pins.update(G_intra_d=(1,), G_intra_r=(1,), G_intra_c=(1,))
-    return SearchOptions(micro_batch_size=(micro_batch_size,) if micro_batch_size else None, schedule=("1f1b",),
-                         virtual_stages=(1,), recompute=("none",), zero_stage=(0,), placement=(AXES,),
-                         sequence_parallel=(False,), time_budget_s=time_budget_s, **pins)
+    return SearchOptions(
+        micro_batch_size=(micro_batch_size,) if micro_batch_size else None,
+        schedule=("1f1b",),
+        virtual_stages=(1,),
+        recompute=("none",),
+        zero_stage=(0,),
+        placement=(AXES,),
+        sequence_parallel=(False,),
+        time_budget_s=time_budget_s,
+        **pins,
+    )
 
 
 def candidate_plans(model: Model, cluster: Cluster, training: Training, options: SearchOptions,

@@ -69,9 +69,14 @@ def summarize(records: Sequence[Mapping[str, Any]], *, base: Profile | None, cal
         calibrated.append(predict(model, cal_cluster, training, plan).iteration_time_s)
     rest = [i for i in range(len(records)) if i not in chosen] or list(range(len(records)))
     plans = tuple(
-        PlanResult(plan=record_specs(rec)[3], predicted_s=predicted[i], measured_s=measured[i],
-                   calibrated_s=calibrated[i], used_for_calibration=i in chosen,
-                   measured_parts={k: float(v) for k, v in rec["measured"].items() if isinstance(v, (int, float))})
+        PlanResult(
+            plan=record_specs(rec)[3],
+            predicted_s=predicted[i],
+            measured_s=measured[i],
+            calibrated_s=calibrated[i],
+            used_for_calibration=i in chosen,
+            measured_parts={k: float(v) for k, v in rec["measured"].items() if isinstance(v, (int, float))},
+        )
         for i, rec in enumerate(records)
     )
     return ValidationSummary(
@@ -84,8 +89,9 @@ def summarize(records: Sequence[Mapping[str, Any]], *, base: Profile | None, cal
         spearman_calibrated=spearman(calibrated, measured),
         corrections=dict(result.corrections),
         # the band a user should believe: never below the error seen on plans calibration did not use
-        calibration_uncertainty_rel=float(max(result.uncertainty_rel,
-                                              mape([calibrated[i] for i in rest], [measured[i] for i in rest]))),
+        calibration_uncertainty_rel=float(
+            max(result.uncertainty_rel, mape([calibrated[i] for i in rest], [measured[i] for i in rest]))
+        ),
         calibrated_profile=result.profile,
         kernel_overhead_us=refit.kernel_overhead_us,
         collective_factor_by_group_size=refit.collective_factor_by_group_size,
