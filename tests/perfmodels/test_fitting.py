@@ -14,13 +14,7 @@ from perfmodels.io import profile_from_dict, profile_to_dict
 SIZES = fitting.message_sizes(4096, 64 << 20)
 
 
-def test_factors_are_the_time_models():
-    from perfmodels import collectives
-
-    for op in fitting.OPS:
-        for p in (2, 3, 4, 8, 64):
-            assert fitting.latency_steps(op, p) == pytest.approx(float(collectives.latency_steps(op, p)))
-            assert fitting.bytes_factor(op, p) == pytest.approx(float(collectives.bytes_factor(op, p)))
+def test_factors_are_the_textbook_ring_and_tree_forms():
     p = 8  # the ring forms where model and textbook agree
     assert fitting.bytes_factor("all_reduce", p) == 14 / 8
     for op in ("all_gather", "reduce_scatter", "all_to_all"):

@@ -112,7 +112,7 @@ def test_hand_derived_bytes_depth_and_data():
 # t=8, p=8, global batch 64, micro-batch 1, interleaved (3 virtual stages).
 @pytest.mark.parametrize("recompute, sp, measured_s", [("full", False, 18.13), ("selective", True, 13.75)])
 def test_korthikanti_table5_gpt3(recompute, sp, measured_s):
-    cluster = dataclasses.replace(presets.cluster("selene", 64))
+    cluster = presets.cluster("selene", 64)
     training = Training(global_batch_size=64, dtype="bf16", flash_attention=False, overlap_grad_reduce=False,
                         p2p_scatter_gather=True)
     plan = Plan(G_inter=8, G_intra_r=8, micro_batch_size=1, schedule="interleaved-1f1b", virtual_stages=3,
