@@ -23,6 +23,7 @@ from cli.common import (
 )
 from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
 from perfmodels.steptime import predict
+from tuner.report import MEMORY_PARTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,14 +84,7 @@ def run(args: argparse.Namespace) -> int:
     )
     m.add_column("part")
     m.add_column("GiB", justify="right")
-    for name in (
-        "params_gib",
-        "grads_gib",
-        "optimizer_gib",
-        "activations_gib",
-        "comm_buffers_gib",
-        "overhead_gib",
-    ):
+    for name in MEMORY_PARTS:
         m.add_row(name.removesuffix("_gib"), f"{getattr(pred.memory, name):.2f}")
     console.print(m)
     g = Table(title="traffic per GPU per step")

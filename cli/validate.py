@@ -106,8 +106,52 @@ def _run_plan(rank: int, world: int, cfg: Any, plan: Any, global_batch_size: int
     return report.measured if rank == 0 else None
 
 
+def _measure(args: argparse.Namespace, plans: list[Any], cfg: Any,
+             profile: Any) -> tuple[list[list[dict[str, Any]]], dict[str, str]]:
+    """Every plan's measured steps, over `--rounds` rounds in alternating order (load from other
+    processes only adds time, so each plan keeps its fastest round), and the plans whose ranks failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.launch import RankFailed, launch
+
+    runs: list[list[dict[str, Any]]] = [[] for _ in plans]
+    failed: dict[str, str] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=_console(args.json)) as bar:
+        task = bar.add_task("measuring plans", total=len(plans) * max(1, args.rounds))
+        for r in range(max(1, args.rounds)):
+            order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
+            for i in order:
+                plan = plans[i]
+                bar.update(task, description=f"round {r + 1}: {plan.grid_string()}")
+                try:
+                    runs[i].append(launch(_run_plan, args.nproc, args=(cfg, plan, args.global_batch_size,
+                                                                       args.steps, args.warmup, profile),
+                                          timeout_s=120)[0])
+                except RankFailed as exc:  # report it, keep measuring the others
+                    failed[plan.grid_string()] = str(exc).strip().splitlines()[0][:300]
+                bar.advance(task)
+    return runs, failed
+
+
+def _store(database: str | None, records: list[dict[str, Any]], cluster_id: str, say: Any) -> None:
+    """File the measurements under `cluster_id` and store the calibration they give."""
+    from tuner import closed_loop as cl
+    from tuner.store import Store
+
+    store = Store(database)
+    try:
+        for rec in records:
+            store.add_measurement(cluster_id=cluster_id, **rec)
+        result = cl.calibrate_cluster(store, cluster_id)
+        if result is not None:
+            say(f"stored {len(records)} measurements and profile {cl.calibrated_profile_name(cluster_id)!r} "
+                f"in {store.url}")
+    finally:
+        store.close()
+
+
 def handle(args: argparse.Namespace) -> int:
-    from engine.launch import launch
     from engine.models.gpt import GPTConfig
     from engine.train import engine_problems
     from perfmodels import presets
@@ -147,27 +191,7 @@ def handle(args: argparse.Namespace) -> int:
         "steps"
     )
 
-    from engine.launch import RankFailed
-
-    runs: list[list[dict[str, Any]]] = [[] for _ in candidates]
-    failed: dict[str, str] = {}
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=_console(args.json)) as bar:
-        task = bar.add_task("measuring plans", total=len(candidates) * max(1, args.rounds))
-        for r in range(max(1, args.rounds)):
-            order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
-            for i in order:
-                plan = candidates[i].plan
-                bar.update(task, description=f"round {r + 1}: {plan.grid_string()}")
-                try:
-                    runs[i].append(launch(_run_plan, args.nproc, args=(cfg, plan, args.global_batch_size,
-                                                                       args.steps, args.warmup, profile),
-                                          timeout_s=120)[0])
-                except RankFailed as exc:  # report it, keep measuring the others
-                    failed[plan.grid_string()] = str(exc).strip().splitlines()[0][:300]
-                bar.advance(task)
+    runs, failed = _measure(args, [c.plan for c in candidates], cfg, profile)
     records = [cl.measurement_record(model=spec, cluster=cluster, training=training, plan=c.plan,
                                      measured=min(runs[i], key=lambda m: m["iteration_time_s"]),
                                      prediction=c.prediction)
@@ -177,21 +201,7 @@ def handle(args: argparse.Namespace) -> int:
     summary = cl.summarize(records, base=profile, calibrate_on=args.calibrate_on)
     cluster_id = args.cluster_id or cl.default_cluster_id(cl.local_cluster(args.nproc))
     if not args.no_store:
-        from tuner.store import Store
-
-        store = Store(args.database)
-        try:
-            for rec in records:
-                store.add_measurement(cluster_id=cluster_id, **rec)
-            result = cl.calibrate_cluster(store, cluster_id)
-            if result is not None:
-                say(
-                    f"stored {len(records)} measurements and profile "
-                    f"{cl.calibrated_profile_name(cluster_id)!r} "
-                    f"in {store.url}"
-                )
-        finally:
-            store.close()
+        _store(args.database, records, cluster_id, say)
     if args.plot is not None:
         _plot(summary, args.plot, f"{args.model} on {args.nproc} gloo ranks")
     wall = time.perf_counter() - t0

@@ -144,6 +144,43 @@ class _Events:
         self.items.append(CommEvent(axis, op, phase, tag, np.asarray(p, dtype=np.float64), c))
 
 
+def _sequence_parallel_events(ev: _Events, seq_calls: np.ndarray, full_rc: np.ndarray,
+                              nbytes: np.ndarray) -> None:
+    """Megatron sequence parallelism (row-only TP): each of a block's two forward and two backward
+    all-reduces (and the recomputed ones) becomes an all-gather plus a reduce-scatter of `nbytes`."""
+    for phase, calls in (
+        ("fwd", 2 * seq_calls),
+        ("bwd", 2 * seq_calls),
+        ("recompute", 2 * seq_calls * full_rc),
+    ):
+        tag = "tp_" + ("fwd" if phase != "bwd" else "bwd")
+        ev.add("row", "all_gather", phase, tag, nbytes, calls / 2)
+        ev.add("row", "reduce_scatter", phase, tag, nbytes, calls / 2)
+
+
+def _norm_events(ev: _Events, st: StageShape, m: np.ndarray, full_rc: np.ndarray, T: np.ndarray, *,
+                 stats: int) -> np.ndarray:
+    """Norms on the residual stream (features split over col) all-reduce their `stats` statistics
+    per token over col; returns the number of norms on the stage (two per block, plus the final
+    norm on the last stage)."""
+    blocks = st.blocks.astype(np.float64)
+    norms = 2 * blocks + st.has_head
+    ev.add("col", "all_reduce", "fwd", "norm", T * stats * STAT_BYTES, norms * m)
+    ev.add("col", "all_reduce", "bwd", "norm", T * stats * STAT_BYTES, norms * m)
+    ev.add("col", "all_reduce", "recompute", "norm", T * stats * STAT_BYTES, 2 * blocks * m * full_rc)
+    return norms
+
+
+def _zero3_units(training: Training, st: StageShape, bias: bool, norm_params: int) -> np.ndarray:
+    """ZeRO-3 gather units on this stage: whole layers (blocks, embedding, final norm + head), or
+    every parameter tensor (4 weights (+4 biases) and 2 norms (weight, +bias) per block)."""
+    blocks = st.blocks.astype(np.float64)
+    if training.effective_stack.zero3_gather == "layer":
+        return blocks + st.has_embedding + st.has_head
+    per_block = 4 * (1 + bias) + 2 * norm_params
+    return blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (1 + norm_params)
+
+
 def comm_events(
     model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
 ) -> list[CommEvent]:
@@ -181,14 +218,8 @@ def comm_events(
         if_sp = sp & (out_axis == "row")
         ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", T * n / out_split * e, count * m * ~if_sp)
         ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, count * m)
-        ev.add(
-            in_axis,
-            "all_reduce",
-            "bwd",
-            "tp_bwd",
-            T * k / in_split * e,
-            count * m * ~(sp & (in_axis == "row")),
-        )
+        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e,
+               count * m * ~(sp & (in_axis == "row")))
         ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
         # recomputation repeats the forward communication
         rc = full_rc & recomputed
@@ -205,24 +236,9 @@ def comm_events(
         # (fc2's) feeds only the residual add, which saves nothing, so it is not repeated
         linear(k, n, tr, blocks, bias, output_recomputed=i != len(linears) - 1)
 
-    # Megatron sequence parallelism (row-only TP): each all-reduce becomes all-gather + reduce-scatter
-    seq_calls = blocks * m * sp
-    for phase, calls in (
-        ("fwd", 2 * seq_calls),
-        ("bwd", 2 * seq_calls),
-        ("recompute", 2 * seq_calls * full_rc),
-    ):
-        ev.add("row", "all_gather", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
-        ev.add(
-            "row", "reduce_scatter", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2
-        )
+    _sequence_parallel_events(ev, blocks * m * sp, full_rc, T * h * e)
 
-    # norms on the residual stream (features split over col): statistics all-reduced over col
-    stats = 2 if bias else 1
-    norms = 2 * blocks + st.has_head  # two per block, plus the final norm on the last stage
-    ev.add("col", "all_reduce", "fwd", "norm", T * stats * STAT_BYTES, norms * m)
-    ev.add("col", "all_reduce", "bwd", "norm", T * stats * STAT_BYTES, norms * m)
-    ev.add("col", "all_reduce", "recompute", "norm", T * stats * STAT_BYTES, 2 * blocks * m * full_rc)
+    norms = _norm_events(ev, st, m, full_rc, T, stats=2 if bias else 1)
     norm_local = norms * norm_params * h / G_c
     local_params = local_params + norm_local
     replicated_over_depth = replicated_over_depth + norm_local
@@ -239,12 +255,7 @@ def comm_events(
     linear(h, V, False, head, False, recomputed=False)  # full recomputation covers the blocks only
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
-    # ZeRO-3 gather units on this stage: blocks, embedding, final norm + head
-    if training.effective_stack.zero3_gather == "layer":
-        units = blocks + st.has_embedding + st.has_head
-    else:  # every parameter tensor: 4 weights (+4 biases), 2 norms (weight, +bias)
-        per_block = 4 * (1 + bias) + 2 * norm_params
-        units = blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (1 + norm_params)
+    units = _zero3_units(training, st, bias, norm_params)
     _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items

@@ -54,6 +54,35 @@ class _Pruned:
         return alive & ~rej.mask
 
 
+def _valid_grids(model: Model, cluster: Cluster, training: Training, options: SearchOptions,
+                 pruned: _Pruned) -> tuple[np.ndarray, int]:
+    """The degree grids the pins allow and no grid constraint rejects, and how many were looked at."""
+    grids, pinned = grid_rows(cluster.num_gpus, options)
+    alive = pinned.copy()
+    pinned_out = int((~pinned).sum())
+    if pinned_out:
+        pruned.counts["excluded by the search pins"] += pinned_out
+    gcols = {name: grids[:, j] for j, name in enumerate(GRID_COLUMNS)}
+    for fn in C.GRID_CONSTRAINTS:
+        alive = pruned.apply(fn(model, cluster, training, gcols), alive)
+    return grids[alive], len(alive)
+
+
+def _valid_plans(model: Model, cluster: Cluster, training: Training, options: SearchOptions,
+                 cols: C.Columns, pruned: _Pruned) -> np.ndarray:
+    """Mask of the expanded plans no plan constraint rejects. The two dominance rules apply only
+    when the user left the dominating choice in the search: a pinned gpipe or selective is kept."""
+    ok = np.ones(len(cols["G_data"]), dtype=bool)
+    for fn in C.PLAN_CONSTRAINTS:
+        ok = pruned.apply(fn(model, cluster, training, cols), ok)
+    gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
+    if not gpipe_pinned_only:
+        ok = pruned.apply(C.gpipe_dominated(model, cluster, training, cols), ok)
+    if not (options.recompute and "none" not in options.recompute):
+        ok = pruned.apply(C.selective_without_scores(model, cluster, training, cols), ok)
+    return ok
+
+
 def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 10,
               search: SearchOptions | None = None) -> Recommendation:
     """The `top_k` fastest valid layouts with predictions, and every rejection counted by reason."""
@@ -64,18 +93,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         raise ValueError(f"cluster.num_gpus={cluster.num_gpus} exceeds the search limit of {MAX_GPUS}")
     t0 = time.perf_counter()
     pruned = _Pruned(options.examples_per_reason)
-    grids, pinned = grid_rows(cluster.num_gpus, options)
-    alive = pinned.copy()
-    pinned_out = int((~pinned).sum())
-    if pinned_out:
-        pruned.counts["excluded by the search pins"] += pinned_out
-    gcols = {name: grids[:, j] for j, name in enumerate(GRID_COLUMNS)}
-    for fn in C.GRID_CONSTRAINTS:
-        alive = pruned.apply(fn(model, cluster, training, gcols), alive)
-    grids = grids[alive]
-    num_evaluated = len(alive)
-
-    gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
+    grids, num_evaluated = _valid_grids(model, cluster, training, options, pruned)
     best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
     num_valid = 0
     truncated = False
@@ -85,15 +103,8 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
             stopped = (order, j + 1)
             cols = exp.columns
-            n = len(cols["G_data"])
-            num_evaluated += n
-            ok = np.ones(n, dtype=bool)
-            for fn in C.PLAN_CONSTRAINTS:
-                ok = pruned.apply(fn(model, cluster, training, cols), ok)
-            if not gpipe_pinned_only:
-                ok = pruned.apply(C.gpipe_dominated(model, cluster, training, cols), ok)
-            if not (options.recompute and "none" not in options.recompute):
-                ok = pruned.apply(C.selective_without_scores(model, cluster, training, cols), ok)
+            num_evaluated += len(cols["G_data"])
+            ok = _valid_plans(model, cluster, training, options, cols, pruned)
             if not ok.any():
                 continue
             arrays = from_columns(placement=exp.placement, **{k: v[ok] for k, v in cols.items()})

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfmodels.compute import block_flops_per_token
+
 TIME_METRICS = (
     "iteration_time_s",
     "iteration_time_ms",
@@ -44,9 +46,9 @@ def megatron_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int
     """
     f = ffn or 4 * hidden
     kv = kv_hidden or hidden
-    attn_proj = 2 * hidden * hidden + 2 * hidden * kv
-    mlp = (3 if gated else 2) * hidden * f
-    per_layer_fwd = 2 * batch * seq * (attn_proj + mlp) + 4 * batch * seq * seq * hidden
+    per_layer_fwd = (
+        batch * seq * block_flops_per_token(hidden=hidden, kv_hidden=kv, ffn=f, gated=gated, span=seq)
+    )
     head_fwd = 2 * batch * seq * hidden * vocab
     passes = 4 if recompute_full else 3
     return float(passes * layers * per_layer_fwd + 3 * head_fwd)

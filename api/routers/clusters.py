@@ -7,11 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Response
 
 from api import examples, schemas, service
-from api.deps import SettingsDep, StoreDep, WriteAuth
+from api.deps import DB_DOWN, UNAUTHORIZED, SettingsDep, StoreDep, WriteAuth
 
-DB_DOWN: dict[int | str, dict[str, Any]] = {
-    503: {"model": schemas.ErrorOut, "description": "the database is not answering; retry later"}
-}
 router = APIRouter(responses=DB_DOWN, prefix="/v1/clusters", tags=["clusters"])
 
 
@@ -20,13 +17,7 @@ router = APIRouter(responses=DB_DOWN, prefix="/v1/clusters", tags=["clusters"])
     status_code=201,
     response_model=schemas.ClusterOut,
     dependencies=[WriteAuth],
-    responses={
-        401: {
-            "model": schemas.ErrorOut,
-            "description": "GRIDTUNE_API_KEY is set and the bearer key is missing or wrong",
-        },
-        422: {"model": schemas.ErrorOut, "description": "invalid profile or cluster"},
-    },
+    responses={**UNAUTHORIZED, 422: {"model": schemas.ErrorOut, "description": "invalid profile or cluster"}},
 )
 def create_cluster(
     body: Annotated[

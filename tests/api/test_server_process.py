@@ -73,6 +73,19 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
+def _all_measurements(base: str) -> list[dict]:
+    """Every stored measurement, paging through GET /v1/measurements."""
+    stored: list[dict] = []
+    before = None
+    while True:
+        params = {"limit": 1000, **({"before_id": before} if before else {})}
+        page = httpx.get(f"{base}/v1/measurements", params=params, timeout=30).json()
+        stored += page["items"]
+        before = page["next_before_id"]
+        if before is None:
+            return stored
+
+
 def test_sigkill_and_restart_keeps_every_acknowledged_write(tmp_path):
     db = tmp_path / "gridtune.db"
     url = f"sqlite:///{db}"
@@ -128,15 +141,7 @@ def test_sigkill_and_restart_keeps_every_acknowledged_write(tmp_path):
     proc2 = _start(url, port2, log)
     try:
         base2 = f"http://127.0.0.1:{port2}"
-        stored: list[dict] = []
-        before = None
-        while True:  # page through everything
-            params = {"limit": 1000, **({"before_id": before} if before else {})}
-            page = httpx.get(f"{base2}/v1/measurements", params=params, timeout=30).json()
-            stored += page["items"]
-            before = page["next_before_id"]
-            if before is None:
-                break
+        stored = _all_measurements(base2)
         stored_ids = {m["id"] for m in stored}
         missing = set(acked) - stored_ids
         assert not missing, (
