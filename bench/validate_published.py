@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perfmodels.io import json_safe  # noqa: E402
 from perfmodels.plans import from_columns  # noqa: E402
 from perfmodels.steptime import predict_many  # noqa: E402
 from validation import loader, summary  # noqa: E402
@@ -119,15 +120,6 @@ def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], p
     }
 
 
-def _finite(obj: object) -> object:
-    """NaN (e.g. the Spearman of a group whose predictions tie) as null, so the JSON is strict."""
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _stats_line(label: str, st: dict) -> str:
@@ -207,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report = build_report(scored, loaded.skipped, plans_per_second())
     if args.json:
-        print(json.dumps(_finite(report), indent=2, allow_nan=False))
+        print(json.dumps(json_safe(report), indent=2, allow_nan=False))
     else:
         print_report(report, verbose=args.verbose)
     return 0
