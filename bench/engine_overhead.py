@@ -1,7 +1,10 @@
 """How much the engine costs over plain PyTorch on this machine (figures for issue 5).
 
 1. one process: engine step time / plain PyTorch step time for the same GPT (target <= 1.05);
-2. four ranks, G_data=4: engine step time / torch DDP step time (target <= 1.10).
+2. four ranks, G_data=4: engine step time / torch DDP step time (target <= 1.10);
+3. four ranks, G_data=4: the engine with its data all-reduce overlapped with backward (buckets of
+   2 MiB launched from post-accumulate-grad hooks) / the same engine reducing after backward
+   (target <= 1.0: overlap must not be slower; on a GPU it must be faster).
 
 A step is zero_grad + forward + backward + gradient sync + AdamW step. Both sides of a ratio run in
 the same processes, alternating step by step (and which goes first) so that load from other work on the machine hits them
@@ -127,6 +130,48 @@ def _data4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
     return {"ddp_s": statistics.median(t_ddp), "engine_s": statistics.median(t_engine)}
 
 
+OVERLAP4 = GPTConfig(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=64, vocab_size=1024)
+OVERLAP_BUCKET_BYTES = 2 * 1024 * 1024
+
+
+def _overlap4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
+    import engine
+    from engine.grads import install_overlap
+
+    grid = engine.init(G_data=world)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(engine.ParallelGPT.from_serial(GPT(OVERLAP4), grid))
+    overlapped, after = models
+    install_overlap(overlapped, grid, bucket_bytes=OVERLAP_BUCKET_BYTES)
+    engine.overlap_grad_reduce(after, False)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models]
+    x, y = _data(OVERLAP4, DATA4_BATCH)
+    local = DATA4_BATCH // world
+    x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
+
+    def step_of(model: Any, opt: Any) -> Any:
+        def run() -> None:
+            opt.zero_grad()
+            engine.forward_backward(model, x, y)
+            engine.sync_gradients(model, grid=grid)
+            opt.step()
+        return run
+
+    over_step, after_step = step_of(overlapped, opts[0]), step_of(after, opts[1])
+    t_over, t_after = [], []
+    for i in range(warmup + steps):
+        if i % 2:
+            b, a = _timed(over_step, True), _timed(after_step, True)
+        else:
+            a, b = _timed(after_step, True), _timed(over_step, True)
+        if i >= warmup:
+            t_after.append(a)
+            t_over.append(b)
+    return {"after_s": statistics.median(t_after), "overlap_s": statistics.median(t_over)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -145,6 +190,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"4 ranks G_data=4, GPT {DATA4.num_layers}x{DATA4.hidden_size} seq {DATA4.seq_length} global batch "
           f"{DATA4_BATCH}: DDP {r0['ddp_s'] * 1e3:.1f} ms, engine {r0['engine_s'] * 1e3:.1f} ms (rank 0), "
           f"engine/DDP = {statistics.median(ratios):.3f} (median over ranks; target <= 1.10)")
+    over = launch(_overlap4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
+    ratios = [r["overlap_s"] / r["after_s"] for r in over]
+    r0 = over[0]
+    print(f"4 ranks G_data=4, GPT {OVERLAP4.num_layers}x{OVERLAP4.hidden_size} seq {OVERLAP4.seq_length} global "
+          f"batch {DATA4_BATCH}, {OVERLAP_BUCKET_BYTES >> 20} MiB buckets: reduce after backward "
+          f"{r0['after_s'] * 1e3:.1f} ms, overlapped {r0['overlap_s'] * 1e3:.1f} ms (rank 0), "
+          f"overlapped/after = {statistics.median(ratios):.3f} (median over ranks; target <= 1.0)")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ MUTATIONS: list[tuple[str, float, float]] = [
     ("perfmodels.steptime:TP_FWD_EXPOSED_SHARE", 0.5, 1.0),
     ("perfmodels.steptime:UNCERTAINTY_PRESET", 0.15, 0.5),
     ("perfmodels.steptime:UNCERTAINTY_CPU_PRESET", 1.0, 0.5),
-    ("perfmodels.steptime:UNCERTAINTY_PROFILE", 0.10, 0.3),
     ("perfmodels.steptime:UNCERTAINTY_CALIBRATED", 0.08, 0.3),
     ("gpu:H100-SXM:gemm_efficiency_max", 0.62, 0.80),
     ("gpu:H100-SXM:gemm_efficiency_fp8", 0.50, 0.70),

@@ -12,12 +12,14 @@ perfmodels/traffic.py for the bytes every step sends.
 """
 
 from engine.auto import AutoLinear, auto_parallelize
+from engine.block_pipeline import BlockPipeline
 from engine.checkpoint import full_state_dict, load_checkpoint, save_checkpoint, save_consolidated
 from engine.data import create_dataloader, local_batch_size
 from engine.grads import (
     clip_grad_norm_,
     grad_norm,
     no_sync,
+    overlap_grad_reduce,
     step,
     sync_gradients,
     wrap,
@@ -25,22 +27,30 @@ from engine.grads import (
 from engine.grid import Grid, GridError, current_grid, init
 from engine.linear import Linear, ShardedLinear
 from engine.loop import forward_backward
+from engine.memory import model_state_bytes
 from engine.parallel_gpt import ParallelGPT
+from engine.parallelize import parallelize
 from engine.pipeline import Pipeline
+from engine.precision import LossScaler, MixedPrecision
 from engine.recorder import CommRecorder
 from engine.train import TrainReport, train
 from engine.zero import ZeroOptimizer
+from engine.zero3 import Zero3
 
 __all__ = [
     "AutoLinear",
+    "BlockPipeline",
     "CommRecorder",
     "Grid",
     "GridError",
     "Linear",
+    "LossScaler",
+    "MixedPrecision",
     "ParallelGPT",
     "Pipeline",
     "ShardedLinear",
     "TrainReport",
+    "Zero3",
     "ZeroOptimizer",
     "auto_parallelize",
     "clip_grad_norm_",
@@ -52,7 +62,10 @@ __all__ = [
     "init",
     "load_checkpoint",
     "local_batch_size",
+    "model_state_bytes",
     "no_sync",
+    "overlap_grad_reduce",
+    "parallelize",
     "save_checkpoint",
     "save_consolidated",
     "step",

@@ -39,13 +39,21 @@ AutoLinear = Linear  # the name this class had before engine.Linear became the d
 
 
 @contextlib.contextmanager
-def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False) -> Iterator[Grid]:
-    """Within the block, `torch.nn.Linear(...)` returns an engine.Linear where the shapes divide."""
+def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False, pipeline: bool = False,
+                     embedding: bool = False, conv: bool = False, attention: bool = False) -> Iterator[Grid]:
+    """Within the block, `torch.nn.Linear(...)` returns an engine.Linear where the shapes divide.
+    `pipeline=True`: the blocks built here go to engine.BlockPipeline (allowed with G_inter > 1).
+    `embedding=True`: `torch.nn.Embedding(V, D)` (no padding_idx / max_norm / sparse) returns an
+    engine.vocab_embedding.VocabParallelEmbedding, its vocabulary split over G_intra_r.
+    `conv=True`: `torch.nn.Conv2d` returns an engine.conv.ChannelParallelConv2d (output channels
+    split over G_intra_r) where they divide. `attention=True`: `torch.nn.MultiheadAttention` returns
+    an engine.mha.HeadParallelMultiheadAttention (heads split over G_intra_r) where they divide."""
     grid = current_grid(grid)
-    if grid.size("inter") > 1:
+    if grid.size("inter") > 1 and not pipeline:
         raise GridError(f"auto_parallelize splits Linears over G_intra_r/G_intra_c/G_intra_d, but the grid has "
                         f"G_inter={grid.size('inter')}: a model built this way has no pipeline stages, so every "
-                        f"stage would hold and compute the whole model; use G_inter=1 (or engine.ParallelGPT)")
+                        f"stage would hold and compute the whole model; use G_inter=1, engine.ParallelGPT, or "
+                        f"auto_parallelize(pipeline=True) with engine.BlockPipeline")
     original = nn.Linear
 
     def linear(in_features: int, out_features: int, bias: bool = True, device: Any = None,
@@ -54,8 +62,35 @@ def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False) -> It
             return original(in_features, out_features, bias, device=device, dtype=dtype)
         return Linear(in_features, out_features, bias, device=device, dtype=dtype, transpose=transpose, grid=grid)
 
+    original_embedding = nn.Embedding
+
+    def make_embedding(num_embeddings: int, embedding_dim: int, padding_idx: Any = None, max_norm: Any = None,
+                       *args: Any, device: Any = None, dtype: Any = None, **kwargs: Any) -> nn.Module:
+        if (padding_idx is not None or max_norm is not None or args or kwargs.get("sparse")
+                or kwargs.get("_weight") is not None or grid.size("row") == 1):
+            return original_embedding(num_embeddings, embedding_dim, padding_idx, max_norm, *args, device=device,
+                                      dtype=dtype, **kwargs)
+        from engine.vocab_embedding import VocabParallelEmbedding
+
+        return VocabParallelEmbedding(num_embeddings, embedding_dim, grid=grid, device=device, dtype=dtype)
+
     nn.Linear = linear  # type: ignore[misc,assignment]
+    if embedding:
+        nn.Embedding = make_embedding  # type: ignore[misc,assignment]
+    original_conv = nn.Conv2d
+    if conv:
+        from engine.conv import make_conv2d
+
+        nn.Conv2d = make_conv2d(original_conv, grid)  # type: ignore[misc,assignment]
+    original_mha = nn.MultiheadAttention
+    if attention:
+        from engine.mha import make_mha
+
+        nn.MultiheadAttention = make_mha(original_mha, grid)  # type: ignore[misc,assignment]
     try:
         yield grid
     finally:
         nn.Linear = original  # type: ignore[misc]
+        nn.Embedding = original_embedding  # type: ignore[misc]
+        nn.Conv2d = original_conv  # type: ignore[misc]
+        nn.MultiheadAttention = original_mha  # type: ignore[misc]

@@ -6,11 +6,24 @@ engine.Linear. `sync_gradients` then
   1. all-reduces over depth the gradients of parameters replicated over depth (norms, biases,
      embeddings, plain layers): each depth rank saw different samples;        [depth, "depth_grad"]
   2. all-reduces over data every local gradient, in flat buckets;              [data, "dp_grad"]
-     (with ZeRO-1, engine.zero.ZeroAdamW reduce-scatters instead)
+     (with ZeRO-1/2, engine.ZeroOptimizer reduce-scatters instead; ZeRO-3, engine.Zero3, during
+     backward)
   3. divides by G_data * G_intra_d,
 which gives exactly the gradient of the mean loss over the global batch, as in single-process
 training. Row/col replicas need no reduction: the conjugate collectives make their gradients equal.
 The counts (one call per bucket, bytes = local gradient bytes) are perfmodels.traffic's.
+
+Overlap (as DDP does it): `wrap(model)` gives the model an `_OverlappedReducer`. Its buckets hold
+the trainable parameters in reverse order (backward produces the last layers' gradients first);
+each parameter's post-accumulate-grad hook counts it ready, and a bucket whose parameters are all
+ready is flattened and all-reduced over data with `async_op=True` while backward goes on (buckets
+launch in index order on every rank, so the collectives match). `sync_gradients` launches what is
+left (parameters without a gradient this step), waits, copies the sums back, then reduces over
+depth and scales; the sum over data and depth commutes, so the result is the synchronous one.
+Inside `no_sync(model)` (and for every micro-batch but the last in `forward_backward`) nothing
+launches; in a pipeline a parameter counts as ready after its last micro-batch's backward (so
+1F1B's buckets go out while the remaining micro-batches drain); a second backward without a sync in between discards the
+in-flight sums and reduces synchronously. `overlap_grad_reduce(model, False)` turns it off.
 
 Replicas never drift silently: `wrap(model)` (called by ParallelGPT and engine.train) broadcasts
 parameters and buffers over their replica groups, and every engine layer's parameters (all of a
@@ -35,6 +48,7 @@ from engine.shard import spec_of
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 _NO_SYNC_ATTR = "_gridtune_no_sync"
+_OVERLAP_ATTR = "_gridtune_overlap"  # the model's _OverlappedReducer
 _GUARDED_ATTR = "_gridtune_guarded"  # the parameter carries the post-accumulate hook below
 _DIRTY_ATTR = "_gridtune_dirty"  # gradients accumulated since the last sync_gradients
 ZERO_ATTR = "_gridtune_zero"  # weakref to the engine.ZeroOptimizer sharding this parameter's state
@@ -68,15 +82,169 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> Iterator[list[to
         yield bucket
 
 
-def all_reduce_bucketed(tensors: list[torch.Tensor], group: object, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-    """Sum each tensor over `group` in place, flattening them into buckets of at most `bucket_bytes`."""
+def all_reduce_bucketed(tensors: list[torch.Tensor], group: object, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                        dtype: torch.dtype | None = None) -> None:
+    """Sum each tensor over `group` in place, flattening them into buckets of at most `bucket_bytes`
+    (summed in `dtype` when given: engine.MixedPrecision's reduce_dtype)."""
     if group is None or not tensors:
         return
     for bucket in _buckets(tensors, bucket_bytes):
         flat = _flatten_dense_tensors(bucket)
+        if dtype is not None:
+            flat = flat.to(dtype)
         dist.all_reduce(flat, group=group)
         for t, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             t.copy_(synced)
+
+
+def _param_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for p in params:
+        nb = p.numel() * p.element_size()
+        if not out or size + nb > bucket_bytes or p.dtype != out[-1][0].dtype:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += nb
+    return out
+
+
+class _OverlappedReducer:
+    """Data-parallel gradient all-reduce in buckets launched from post-accumulate-grad hooks."""
+
+    def __init__(self, model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        import weakref
+
+        self.model_ref = weakref.ref(model)
+        self.group = grid.comm_group("data")
+        self.enabled = True
+        self.expected = 1  # backward passes per step that reach each parameter (a pipeline: micro-batches)
+        # factor the schedule applies to the gradients after backward, which a gradient copied into
+        # its bucket during backward has not seen (torch.distributed.pipelining's scale_grads)
+        self.launch_scale = 1.0
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets = _param_buckets(list(reversed(params)), bucket_bytes)
+        self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.offset: dict[int, int] = {}
+        for bucket in self.buckets:
+            offset = 0
+            for p in bucket:
+                self.offset[id(p)] = offset
+                offset += p.numel()
+        self._reset()
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def _reset(self) -> None:
+        self.ready = [0] * len(self.buckets)
+        self.flats: list[torch.Tensor | None] = [None] * len(self.buckets)
+        self.copied: list[set[int]] = [set() for _ in self.buckets]
+        self.works: list[Any] = []
+        self.next = 0
+        self.stale = False
+        self.active: bool | None = None  # decided at the first hook of a backward
+        self.seen: dict[int, int] = {}
+
+    def _decide(self) -> bool:
+        model = self.model_ref()
+        return (self.enabled and model is not None and not getattr(model, _NO_SYNC_ATTR, False)
+                and zero_optimizer_of(model) is None)
+
+    def _flat(self, i: int) -> torch.Tensor:
+        flat = self.flats[i]
+        if flat is None:
+            bucket = self.buckets[i]
+            model = self.model_ref()
+            dtype = getattr(model, "_gridtune_reduce_dtype", None) if model is not None else None
+            flat = self.flats[i] = torch.zeros(sum(p.numel() for p in bucket), dtype=dtype or bucket[0].dtype,
+                                               device=bucket[0].device)
+        return flat
+
+    def _copy_in(self, i: int, p: torch.Tensor, scale: float) -> None:
+        """Snapshot p's gradient into its bucket (DDP's bucket views): a schedule may rescale p.grad
+        before the whole bucket is ready (interleaved 1F1B finishes one chunk before the other)."""
+        offset = self.offset[id(p)]
+        if p.grad is not None:
+            view = self._flat(i)[offset:offset + p.numel()]
+            view.copy_(p.grad.reshape(-1))
+            if scale != 1.0:
+                view.mul_(scale)
+        self.copied[i].add(id(p))
+
+    def _ready(self, p: torch.Tensor) -> None:
+        if self.active is None:
+            if not self._decide():
+                return
+            self.active = True
+        i = self.index.get(id(p))
+        if i is None:
+            return
+        if self.expected > 1:  # ready after its last micro-batch's backward
+            n = self.seen[id(p)] = self.seen.get(id(p), 0) + 1
+            if n < self.expected:
+                return
+        if i < self.next:  # a second backward before the sync: the in-flight sums are stale
+            self.stale = True
+            return
+        self._copy_in(i, p, self.launch_scale)
+        self.ready[i] += 1
+        while self.next < len(self.buckets) and self.ready[self.next] >= len(self.buckets[self.next]):
+            self._launch(self.next)
+
+    def _launch(self, i: int) -> None:
+        for p in self.buckets[i]:  # parameters without a gradient in backward: their value now
+            if id(p) not in self.copied[i]:
+                self._copy_in(i, p, 1.0)
+        flat = self._flat(i)
+        self.works.append(dist.all_reduce(flat, group=self.group, async_op=True))
+        self.next = i + 1
+
+    def discard(self) -> None:
+        for work in self.works:
+            work.wait()
+        self._reset()
+
+    def finish(self) -> bool:
+        """Complete the data all-reduce started in backward: True when the gradients now hold the
+        sums over data; False (nothing launched, or stale) when the caller must reduce itself."""
+        if not self.works or self.stale:
+            self.discard()
+            return False
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+        for work, flat, bucket in zip(self.works, self.flats, self.buckets):
+            work.wait()
+            assert flat is not None
+            for p, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                if p.grad is None:
+                    p.grad = synced.to(p.dtype, copy=True)
+                else:
+                    p.grad.copy_(synced)
+        self._reset()
+        return True
+
+
+def overlap_grad_reduce(model: nn.Module, enabled: bool = True) -> None:
+    """Turn the data-parallel gradient reduction overlapped with backward on or off for a wrapped model."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be True or False, got {enabled!r}")
+    reducer = getattr(model, _OVERLAP_ATTR, None)
+    if reducer is not None:
+        reducer.discard()
+        reducer.enabled = enabled
+
+
+def install_overlap(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    """Give `model` its overlapped data-parallel reducer (nothing to do without a data group; a
+    second call replaces the buckets, e.g. with another `bucket_bytes`)."""
+    if grid.comm_group("data") is None:
+        return
+    old = getattr(model, _OVERLAP_ATTR, None)
+    if old is not None:
+        old.discard()
+        old.enabled = False
+    setattr(model, _OVERLAP_ATTR, _OverlappedReducer(model, grid, bucket_bytes))
 
 
 def reduce_depth_replicated(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
@@ -153,13 +321,21 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
     if getattr(model, _NO_SYNC_ATTR, False):
         return
     grid = current_grid(grid)
+    reducer = getattr(model, _OVERLAP_ATTR, None)
     params = _params_with_grads(model)
     guarded = [p for p in params if getattr(p, _GUARDED_ATTR, False)]
     if guarded and not any(getattr(p, _DIRTY_ATTR, False) for p in guarded):
+        if reducer is not None:
+            reducer.discard()
         return
+    reduce_data = data and zero_optimizer_of(model) is None
+    overlapped = False
+    if reducer is not None:
+        overlapped = reducer.finish() if reduce_data else (reducer.discard() or False)
     reduce_depth_replicated(model, grid, bucket_bytes)
-    if data and zero_optimizer_of(model) is None:
-        all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes)
+    if reduce_data and not overlapped:
+        all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes,
+                            dtype=getattr(model, "_gridtune_reduce_dtype", None))
     scale = 1.0 / grid.batch_shards
     if scale != 1.0:
         for p in params:
@@ -285,16 +461,34 @@ def broadcast_replicas(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT
                 dist.broadcast(t, src=src, group=group)
 
 
-def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True) -> nn.Module:
+def _check_tied_embeddings(model: nn.Module, grid: Grid) -> None:
+    """A vocabulary-parallel embedding's rows (split over row) are a Linear head's local block only
+    when the head splits nothing else: G_intra_c = G_intra_d = 1."""
+    from engine.vocab_embedding import VocabParallelEmbedding
+
+    if grid.size("col") == 1 and grid.size("depth") == 1:
+        return
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
+    for name, m in model.named_modules():
+        if not isinstance(m, VocabParallelEmbedding) and id(getattr(m, "weight", None)) in tables:
+            raise ValueError(f"{name}.weight is tied to a vocabulary-parallel embedding, which only works with "
+                             f"G_intra_c=1 and G_intra_d=1 (got G_intra_c={grid.size('col')}, "
+                             f"G_intra_d={grid.size('depth')})")
+
+
+def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
+         overlap_grad_reduce: bool = True) -> nn.Module:
     """Make `model` safe to train on the grid; returns it.
 
     Broadcasts parameters and buffers from the first member of each replica group (so replicas
     built with different seeds, or loaded differently, cannot drift), and installs the sync guard:
-    an optimizer step after a backward without engine.sync_gradients raises. A model that is not
+    an optimizer step after a backward without engine.sync_gradients raises; with
+    `overlap_grad_reduce` (default) the data all-reduce runs in buckets during backward. A model that is not
     split into pipeline stages on a grid with G_inter > 1 gets a warning: every stage would hold
     and compute all of it.
     """
     grid = current_grid(grid)
+    _check_tied_embeddings(model, grid)
     if grid.size("inter") > 1 and not is_stage_split(model):
         warnings.warn(f"{type(model).__name__} is not split into pipeline stages but the grid has "
                       f"G_inter={grid.size('inter')}: every stage holds and computes the whole model "
@@ -302,6 +496,8 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True) 
     if broadcast and grid.world_size > 1:
         broadcast_replicas(model, grid)
     install_sync_guard(model, grid)
+    if overlap_grad_reduce:
+        install_overlap(model, grid)
     return model
 
 

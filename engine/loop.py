@@ -11,16 +11,24 @@ over the local batch. Returns the mean local loss (None on pipeline ranks withou
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from engine.grads import no_sync
 from engine.pipeline import Pipeline
 
 
 def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, *,
-                     micro_batch_size: int | None = None, pipeline: Pipeline | None = None) -> float | None:
+                     micro_batch_size: int | None = None, pipeline: Pipeline | None = None,
+                     loss_scale: float = 1.0) -> float | None:
+    """`loss_scale`: backward runs on loss * loss_scale (fp16 loss scaling, engine.LossScaler);
+    the returned loss is unscaled."""
+    if not isinstance(loss_scale, (int, float)) or isinstance(loss_scale, bool) or not loss_scale > 0:
+        raise ValueError(f"loss_scale must be a positive number, got {loss_scale!r}")
     if pipeline is not None:
-        return pipeline.step(tokens, targets)
+        return pipeline.step(tokens, targets, loss_scale=float(loss_scale))
     if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int)
                                          or micro_batch_size < 1):
         raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
@@ -32,7 +40,10 @@ def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tens
     n = tokens.shape[0] // mb
     total = torch.zeros((), device=device)
     for i in range(n):
-        loss = model(tokens[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb])
-        (loss / n).backward()
+        # every micro-batch but the last accumulates only (the overlapped data reduction, if the
+        # model has one, launches during the last backward)
+        with no_sync(model) if i < n - 1 else contextlib.nullcontext():
+            loss = model(tokens[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb])
+            (loss * (loss_scale / n)).backward()
         total += loss.detach().float()  # read back once, after the last micro-batch: on a GPU the host
     return float(total) / n             # keeps issuing the next micro-batch while this one runs

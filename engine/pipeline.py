@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from engine.grads import _OVERLAP_ATTR
 from engine.grid import Grid, GridError
 from engine.parallel_gpt import ParallelGPT
 
@@ -62,7 +63,9 @@ class Pipeline:
                                              input_args=inp, output_args=out, group=grid.group("inter")))
         cls = SCHEDULES[schedule]
         first_arg = self.stages if schedule == "interleaved-1f1b" else self.stages[0]
-        self.schedule = cls(first_arg, self.n_microbatches, loss_fn=model.loss_fn)
+        self.loss_scale = 1.0  # fp16 loss scaling: the schedule's backward runs on loss * loss_scale
+        self.schedule = cls(first_arg, self.n_microbatches,
+                            loss_fn=lambda out, tgt: model.loss_fn(out, tgt) * self.loss_scale)
         self.is_first = any(st.is_first for st in self.stages)
         self.is_last = any(st.is_last for st in self.stages)
 
@@ -79,14 +82,25 @@ class Pipeline:
                     f"(global batch / (G_data*G_intra_d) samples of micro_batch_size={self.micro_batch_size}); "
                     "pass the batch engine.create_dataloader yields, or build the Pipeline with this local batch")
 
-    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float | None:
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor, *, loss_scale: float = 1.0) -> float | None:
         """Forward and backward of all micro-batches of this local batch; mean loss on the last stage."""
         self.check_batch(tokens, targets)
         tokens, targets = tokens.to(self.grid.device), targets.to(self.grid.device)
         losses: list[torch.Tensor] = []
         kwargs = {"target": targets, "losses": losses} if self.is_last else {}
         args = (tokens,) if self.is_first else ()
-        self.schedule.step(*args, return_outputs=False, **kwargs)
+        # a parameter's data all-reduce (engine.grads, overlapped) launches after its last
+        # micro-batch's backward, while the schedule drains the rest
+        reducer = getattr(self.model, _OVERLAP_ATTR, None)
+        if reducer is not None:  # the schedule divides the gradients by n after backward (scale_grads)
+            reducer.expected, reducer.launch_scale = self.n_microbatches, 1.0 / self.n_microbatches
+        self.loss_scale = loss_scale
+        try:
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        finally:
+            self.loss_scale = 1.0
+            if reducer is not None:
+                reducer.expected, reducer.launch_scale = 1, 1.0
         if self.is_last:
-            return float(torch.stack([loss.detach() for loss in losses]).mean())
+            return float(torch.stack([loss.detach() for loss in losses]).mean()) / loss_scale
         return None

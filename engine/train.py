@@ -283,10 +283,13 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
 def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: bool = True) -> list[str]:
     """Why engine.train cannot run `plan` (empty when it can): what the engine, not the model, lacks.
 
-    `splittable=False`: a net passed already built (not as a factory), which can only be replicated."""
+    `splittable=False`: a net passed already built (not as a factory); the automatic search keeps it
+    data parallel, an explicit plan with tensor axes splits it with engine.parallelize."""
     problems = []
-    if plan.zero_stage not in (0, 1):
-        problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 and 1")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 to 3")
+    if plan.zero_stage == 3 and (plan.G_inter > 1 or plan.G_intra_d > 1):
+        problems.append("zero_stage=3 runs with G_inter=1 and G_intra_d=1 (engine.Zero3)")
     if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
         problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in GPT "
                         "(recompute='full') or nothing")
@@ -310,23 +313,25 @@ def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: 
             problems.append(f"{plan.schedule} needs at least G_inter={plan.G_inter} micro-batches per step")
     elif plan.G_inter > 1:
         problems.append("nets other than the built-in GPT have no pipeline stages (G_inter must be 1)")
-    elif not splittable and plan.world_size != plan.G_data:
-        problems.append("a net passed already built can only be replicated (data parallel); pass a factory "
-                        "(e.g. the class) so engine.auto_parallelize can split its Linears")
     return problems
 
 
 def _make_optimizer(optimizer: OptimizerFactory | type | None, net: nn.Module, zero_stage: int,
-                    grid: Any) -> torch.optim.Optimizer:
-    """The optimizer over `net`'s trainable parameters; ZeRO-1 wraps the same factory."""
+                    grid: Any, offload: bool = False) -> torch.optim.Optimizer:
+    """The optimizer over `net`'s trainable parameters; ZeRO-1/2 (engine.ZeroOptimizer) and ZeRO-3
+    (engine.Zero3) wrap the same factory."""
     factory: Any = optimizer
     kwargs: dict[str, Any] = {}
     if factory is None:
         factory, kwargs = torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01}
-    if zero_stage == 1:
+    if zero_stage == 3:
+        from engine.zero3 import Zero3
+
+        return Zero3(net, factory, grid=grid, offload=offload, **kwargs)
+    if zero_stage in (1, 2):
         from engine.zero import ZeroOptimizer
 
-        return ZeroOptimizer(net, factory, grid=grid, **kwargs)
+        return ZeroOptimizer(net, factory, grid=grid, stage=zero_stage, offload=offload, **kwargs)
     return factory([p for p in net.parameters() if p.requires_grad], **kwargs)
 
 
@@ -373,7 +378,12 @@ class _WithLoss(nn.Module):
         self.inner, self.loss_fn = inner, loss_fn
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.inner(x), y)
+        out = self.inner(x)
+        if hasattr(out, "logits"):  # Hugging Face ModelOutput
+            out = out.logits
+        if isinstance(out, torch.Tensor) and out.dim() == y.dim() + 1 and out.dim() > 2:  # per-token logits
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        return self.loss_fn(out, y)
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,23 +398,37 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           micro_batch_size: int | None = None, warmup_steps: int = 2,
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
           progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
-          dtype: str = "fp32", init: str = "serial") -> TrainReport:
+          dtype: str = "fp32", init: str = "serial", offload: bool = False,
+          reduce_dtype: str = "fp32") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
-    `model`: a GPTConfig, a GPT, any nn.Module, or a zero-argument factory returning one (built on
-    the meta device first to read its shapes). `dataset` yields (input, target) pairs; nets other
+    `model`: a GPTConfig, a GPT, any nn.Module (e.g. a Hugging Face transformers model: its
+    `.logits` are used), or a zero-argument factory returning one (built on the meta device first
+    to read its shapes). `dataset` yields (input, target) pairs; nets other
     than the GPT compute `loss_fn(net(input), target)` (default cross entropy). `optimizer`: a
     callable taking the parameters (default AdamW lr 1e-3). `profile`: constants (a Profile or a
     `gridtune profile` JSON file) for this cluster. `record=False` stores nothing. `dtype="bf16"`
-    runs forward and backward under bf16 autocast (parameters, gradients and optimizer in fp32).
+    or "fp16" runs forward and backward under autocast with fp32 master weights (parameters,
+    gradients and optimizer in fp32; fp16 with dynamic loss scaling, engine.LossScaler, ZeRO stage
+    0 only); `reduce_dtype` ("fp32", "bf16", "fp16") is the dtype of the data-parallel all-reduce
+    (engine.MixedPrecision).
     `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
     differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
-    The plan may use zero_stage=1 (engine.ZeroOptimizer) and, for the GPT, recompute="full".
+    The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; G_inter=1,
+    G_intra_d=1) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's optimizer state
+    in host memory (ZeRO stages 1-3).
     """
+    if not isinstance(offload, bool):
+        raise ValueError(f"offload must be True or False, got {offload!r}")
     if steps <= warmup_steps:
         raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
-    if dtype not in ("fp32", "bf16"):
-        raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"dtype must be 'fp32', 'bf16' or 'fp16', got {dtype!r}")
+    from engine.precision import LossScaler, MixedPrecision
+
+    policy = MixedPrecision(compute_dtype=dtype, reduce_dtype=reduce_dtype)  # ValueError naming the field
+    if dtype == "fp16" and plan is not None and plan.zero_stage:
+        raise ValueError(f"dtype='fp16' (loss scaling) runs with zero_stage=0, got zero_stage={plan.zero_stage}")
     from tuner import closed_loop as cl
 
     ensure_process_group()
@@ -437,6 +461,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     assert isinstance(decision, _Decision)
     chosen = decision.plan
     problems = engine_problems(spec, chosen, training, splittable=splittable)
+    if dtype == "fp16" and chosen.zero_stage:
+        problems.append(f"dtype='fp16' (loss scaling) runs with zero_stage=0, not {chosen.zero_stage}")
     if problems:
         raise ValueError(f"engine.train cannot run {chosen.grid_string()}: " + "; ".join(problems))
 
@@ -464,20 +490,22 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                                    local_batch_size=local)
         tokens_per_sample = cfg.seq_length
     else:
-        if isinstance(model, nn.Module):
-            inner = model
+        if isinstance(model, nn.Module):  # built: split its Linears when the plan has tensor axes
+            inner = engine.parallelize(model, grid) if chosen.world_size != chosen.G_data else model
         else:
             with engine.auto_parallelize(grid):
                 inner = model()
         net = engine.wrap(_WithLoss(inner.to(grid.device), loss_fn or nn.functional.cross_entropy), grid=grid)
         tokens_per_sample = 1
-    opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid)
+    opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid, offload)
+    policy.apply(net)
+    scaler = LossScaler() if dtype == "fp16" else None
     # shuffled windows (same seed on every rank, so the batch split stays consistent): sequential
     # windows would walk the corpus file by file and the loss would follow the files, not training
     loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid, shuffle=True)
     batches = _cycle(loader)
 
-    autocast = torch.autocast(grid.device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    autocast = policy.autocast(grid.device)
     timer = CommTimer(grid)
     clock = StepClock(timer)
     samples: list[StepSample] = []
@@ -493,8 +521,15 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
                 opt.zero_grad(set_to_none=True)
                 with autocast:
                     loss = engine.forward_backward(net, tokens, targets, micro_batch_size=chosen.micro_batch_size,
-                                                   pipeline=pipe)
-                engine.step(net, opt, max_grad_norm=max_grad_norm, grid=grid)
+                                                   pipeline=pipe, loss_scale=scaler.scale if scaler else 1.0)
+                if scaler is None:
+                    engine.step(net, opt, max_grad_norm=max_grad_norm, grid=grid)
+                else:  # fp16: unscale after the reduction; skip the step on inf/nan anywhere
+                    engine.sync_gradients(net, grid=grid)
+                    if scaler.unscale_and_check(net, grid.device):
+                        if max_grad_norm is not None:
+                            engine.clip_grad_norm_(net, max_grad_norm, grid=grid)
+                        opt.step()
                 sample = clock.stop()
                 samples.append(sample)
                 losses.append(loss)

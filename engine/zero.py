@@ -1,6 +1,8 @@
-"""ZeRO-1: optimizer state sharded over G_data, as a real `torch.optim.Optimizer`.
+"""ZeRO-1 and ZeRO-2: optimizer state (and gradients) sharded over G_data, as a real
+`torch.optim.Optimizer`.
 
     opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=1e-3)      # or model.parameters() / groups
+    opt = engine.ZeroOptimizer(model, torch.optim.AdamW, stage=2, offload=True, lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, 10)                     # schedulers see opt.param_groups
     loss = engine.forward_backward(...)
     engine.step(model, opt, max_grad_norm=1.0)   # depth reductions + 1/(G_data*G_d) scaling, clip, step
@@ -19,6 +21,15 @@ the same way). Element-wise optimizers (SGD, Adam, AdamW) give exactly the unsha
 reduced shards summed over data, so clipping uses the global norm on every rank.
 One ZeroOptimizer per set of parameters: the newest one built over a parameter is the one
 sync_gradients and the norm functions consult.
+`stage=2` (ZeRO-2) also frees every full gradient as soon as the reduce-scatter has read it: only
+this rank's 1/G_data shard of the gradient lives on through clipping and the optimizer step, so
+the gradient memory between backward and the next backward is 1/G_data of ZeRO-1's. The
+communication is ZeRO-1's (one reduce-scatter per step after the last micro-batch, as Megatron-Core's
+distributed optimizer does; perfmodels' `Stack.zero2_grad_reduce="per_step"`, the gridtune
+stack's). ZeRO-3 (parameters sharded too) is engine.zero3.
+`offload=True` keeps the shards, their gradients and the optimizer state in host memory (the
+optimizer step runs on the CPU; only the reduced gradient shard goes down and the updated
+parameter shard comes back up), the DeepSpeed/FSDP "CPU offload" of optimizer state.
 `state_dict()` is this rank's (its shard of the state plus the hyperparameters); engine's
 checkpoints store the unsharded per-parameter state instead, which reloads under any grid.
 """
@@ -40,8 +51,15 @@ from engine.grid import Grid, current_grid
 
 class ZeroOptimizer(torch.optim.Optimizer):
     def __init__(self, params: nn.Module | Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *,
-                 grid: Grid | None = None, **optimizer_kwargs: Any) -> None:
+                 grid: Grid | None = None, stage: int = 1, offload: bool = False,
+                 **optimizer_kwargs: Any) -> None:
+        if stage not in (1, 2):
+            raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is engine.zero3.Zero3), got {stage!r}")
+        if not isinstance(offload, bool):
+            raise ValueError(f"offload must be True or False, got {offload!r}")
+        self.stage, self.offload = stage, offload
         self.grid = current_grid(grid)
+        self.state_device = torch.device("cpu") if offload else self.grid.device
         self.group = self.grid.comm_group("data")
         if isinstance(params, nn.Module):
             params = [p for p in params.parameters() if p.requires_grad]
@@ -63,14 +81,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             g_end = offset + n + (self.padded - total if gi == len(self.param_groups) - 1 else 0)
             a, b = max(offset, self.start), min(g_end, end)
             if a < b:
-                shard = nn.Parameter(flat[a:b].clone())
+                shard = nn.Parameter(flat[a:b].clone().to(self.state_device))
                 self.pieces.append((gi, a, b))
                 inner_groups.append({**self._hyper(g), "params": [shard]})
             offset += n
         if not inner_groups:  # a rank whose whole segment is padding still needs an optimizer
             gi = len(self.param_groups) - 1
             self.pieces.append((gi, end, end))
-            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [nn.Parameter(flat[:0].clone())]})
+            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [nn.Parameter(flat[:0].clone().to(self.state_device))]})
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
         # every hyperparameter the wrapped optimizer has (its defaults too: lr, betas, ...) is visible
         # in opt.param_groups, where LR schedulers and user code read and write them
@@ -110,7 +128,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         mine = flat_grad[self.start:self.start + self.segment] if self.group is None else \
             reduce_scatter_flat(flat_grad, self.group)
         for shard, (_, a, b) in zip(self.shards, self.pieces):
-            shard.grad = mine[a - self.start:b - self.start].clone()
+            shard.grad = mine[a - self.start:b - self.start].to(self.state_device, copy=True)
+        if self.stage == 2:  # ZeRO-2: the full gradients are read; only the shard lives on
+            for p in self.params:
+                p.grad = None
         self._reduced = True
 
     def _weighted_pieces(self) -> tuple[list[torch.Tensor], list[float]]:
@@ -156,7 +177,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for shard in self.shards:
             if shard.grad is not None:
-                shard.grad.mul_(coef.to(shard.grad.dtype))
+                shard.grad.mul_(coef.to(device=shard.grad.device, dtype=shard.grad.dtype))
         return norm.float()
 
     @torch.no_grad()
@@ -173,7 +194,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.inner.step()
         mine = flat_params[self.start:self.start + self.segment].clone()
         for shard, (_, a, b) in zip(self.shards, self.pieces):
-            mine[a - self.start:b - self.start] = shard.detach()
+            mine[a - self.start:b - self.start] = shard.detach().to(mine.device)
         full = all_gather_flat(mine, self.group)
         offset = 0
         for p in self.params:
@@ -212,11 +233,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         out: list[dict[str, Any]] = [{} for _ in self.params]
         for key, sample in keys.items():
             if isinstance(sample, torch.Tensor) and sample.dim() > 0:
-                mine = torch.zeros(self.segment, dtype=sample.dtype, device=sample.device)
+                mine = torch.zeros(self.segment, dtype=sample.dtype, device=self.grid.device)
                 for shard, (_, a, b) in zip(self.shards, self.pieces):
                     value = self.inner.state.get(shard, {}).get(key)
                     if value is not None and b > a:
-                        mine[a - self.start:b - self.start] = value.detach()
+                        mine[a - self.start:b - self.start] = value.detach().to(mine.device)
                 full = all_gather_flat(mine, self.group)
                 offset = 0
                 for i, p in enumerate(self.params):
@@ -236,7 +257,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, self.params)):
                 flat = self._flat([v.to(self.shards[0].dtype) for v in values])
                 for entry, (_, a, b) in zip(target, self.pieces):
-                    entry[key] = flat[a:b].clone()
+                    entry[key] = flat[a:b].to(self.state_device, copy=True)
             else:
                 value = next(v for v in values if v is not None)
                 for entry in target:

@@ -70,8 +70,6 @@ UNCERTAINTY_PRESET = 0.15
 """Relative band of a prediction from preset constants: the p90 error on published runs (17%) rounded."""
 UNCERTAINTY_CPU_PRESET = 1.0
 """The CPU "device" preset is an order-of-magnitude guess until `gridtune profile` measures the machine."""
-UNCERTAINTY_PROFILE = 0.10
-"""Band with measured constants when the profile carries no measured error (hold-out error of fits)."""
 UNCERTAINTY_CALIBRATED = 0.08
 """Band after calibration on measured steps when the profile carries no leave-one-out error."""
 FIRST_GATHER_SHARE = 0.05
@@ -262,11 +260,15 @@ def _uncertainty(cluster: Cluster) -> float:
     prof = cluster.profile
     # preset GPU constants are checked against published runs (MAPE ~11%); the CPU "device" preset is
     # an order-of-magnitude guess until `gridtune profile` measures the machine
+    # the band comes from measured error: a profile's microbenchmarks do not measure a training step,
+    # so until calibration against measured steps (which sets uncertainty_rel from leave-one-out
+    # errors) the band stays the preset's
     preset_band = UNCERTAINTY_CPU_PRESET if cluster.gpu.vendor == "cpu" else UNCERTAINTY_PRESET
-    fallback = (
-        UNCERTAINTY_PROFILE if prof is not None and prof.source == "profile" else UNCERTAINTY_CALIBRATED
-    )
-    return float(preset_band if prof is None else (prof.uncertainty_rel or fallback))
+    if prof is None:
+        return float(preset_band)
+    if prof.source == "calibrated":
+        return float(prof.uncertainty_rel or UNCERTAINTY_CALIBRATED)
+    return float(max(preset_band, prof.uncertainty_rel or 0.0))
 
 
 def _once_per_step_data_parallel(t: dict[str, np.ndarray], comp: StageCompute, stack: Stack,

@@ -171,14 +171,31 @@ def _norm_events(ev: _Events, st: StageShape, m: np.ndarray, full_rc: np.ndarray
     return norms
 
 
-def _zero3_units(training: Training, st: StageShape, bias: bool, norm_params: int) -> np.ndarray:
-    """ZeRO-3 gather units on this stage: whole layers (blocks, embedding, final norm + head), or
-    every parameter tensor (4 weights (+4 biases) and 2 norms (weight, +bias) per block)."""
+def _zero3_units(training: Training, arrays: PlanArrays, st: StageShape, bias: bool, norm_params: int, *,
+                 block_linears: np.ndarray, emb: np.ndarray, vocab: np.ndarray, e: float,
+                 hidden: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """ZeRO-3 gather units on this stage, and their bytes when the stack pads each unit: whole
+    layers (blocks, embedding, final norm + head), each one flat vector zero-padded to a multiple of
+    G_data (engine.zero3, FSDP1); or every parameter tensor (4 weights (+4 biases) and 2 norms
+    (weight, +bias) per block), whose bytes are the parameters' (None)."""
     blocks = st.blocks.astype(np.float64)
-    if training.effective_stack.zero3_gather == "layer":
-        return blocks + st.has_embedding + st.has_head
-    per_block = 4 * (1 + bias) + 2 * norm_params
-    return blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (1 + norm_params)
+    if training.effective_stack.zero3_gather != "layer":
+        per_block = 4 * (1 + bias) + 2 * norm_params
+        return blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (
+            1 + norm_params
+        ), None
+    units = blocks + st.has_embedding + st.has_head
+    G = arrays.G_data
+    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+    h, V = hidden, vocab
+
+    def pad(x: np.ndarray) -> np.ndarray:
+        return np.ceil(x / G) * G
+
+    head_unit = norm_params * h / G_c + h * V / (G_r * G_c) / G_d
+    unit_bytes = (blocks * pad(block_linears + 2 * norm_params * h / G_c) + st.has_embedding * pad(emb)
+                  + st.has_head * pad(head_unit)) * e
+    return units, unit_bytes
 
 
 def comm_events(
@@ -235,6 +252,7 @@ def comm_events(
         # recomputation stops once backward has what it saved: the block's last output all-reduce
         # (fc2's) feeds only the residual add, which saves nothing, so it is not repeated
         linear(k, n, tr, blocks, bias, output_recomputed=i != len(linears) - 1)
+    block_linears = local_params / np.maximum(blocks, 1.0)  # one block's Linear parameters (for ZeRO-3 units)
 
     _sequence_parallel_events(ev, blocks * m * sp, full_rc, T * h * e)
 
@@ -255,16 +273,20 @@ def comm_events(
     linear(h, V, False, head, False, recomputed=False)  # full recomputation covers the blocks only
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
-    units = _zero3_units(training, st, bias, norm_params)
-    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units)
+    units, unit_bytes = _zero3_units(training, arrays, st, bias, norm_params, block_linears=block_linears,
+                                     emb=emb, vocab=V, e=e, hidden=h)
+    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units, unit_bytes)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
 
 
 def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local_params: np.ndarray,
-                      replicated_over_depth: np.ndarray, m: np.ndarray, units: np.ndarray | float) -> None:
+                      replicated_over_depth: np.ndarray, m: np.ndarray, units: np.ndarray | float,
+                      unit_bytes: np.ndarray | None = None) -> None:
     """`units`: ZeRO-3 gather units of the stage (blocks or parameter tensors, per
-    `Stack.zero3_gather`); each is gathered and reduce-scattered by its own call."""
+    `Stack.zero3_gather`); each is gathered and reduce-scattered by its own call. `unit_bytes`:
+    the units' bytes summed, each padded to a multiple of G_data (None: the parameter bytes, and
+    one padding of the whole vector for the reduce-scatter)."""
     e = training.bytes_per_element
     z = arrays.zero_stage
     # replicated parameters see different samples on each depth rank
@@ -302,9 +324,11 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     u = np.maximum(np.asarray(units, dtype=np.float64), 1.0)
     piped = arrays.G_inter > 1
     zero3_calls = np.where(piped, 1.0, m) * u * (z == 3)
-    ev.add("data", "all_gather", "fwd", "zero3", grads / u, zero3_calls)
-    ev.add("data", "all_gather", "bwd", "zero3", grads / u, zero3_calls * ~piped)
-    ev.add("data", "reduce_scatter", "bwd", "zero3", padded / u, zero3_calls)
+    gathered = grads if unit_bytes is None else unit_bytes
+    scattered = padded if unit_bytes is None else unit_bytes
+    ev.add("data", "all_gather", "fwd", "zero3", gathered / u, zero3_calls)
+    ev.add("data", "all_gather", "bwd", "zero3", gathered / u, zero3_calls * ~piped)
+    ev.add("data", "reduce_scatter", "bwd", "zero3", scattered / u, zero3_calls)
 
 
 def _p2p_events(

@@ -121,9 +121,14 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
     model = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=v,
                                            recompute=options.get("recompute") == "full")
     del serial
-    zero = options.get("zero_stage", 0) == 1
-    if zero:
-        opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01)
+    stage = options.get("zero_stage", 0)
+    zero = stage >= 1
+    if stage == 3:
+        opt = engine.Zero3(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01,
+                           offload=options.get("offload", False))
+    elif zero:
+        opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01, stage=stage,
+                                   offload=options.get("offload", False))
     else:
         opt = make_optimizer(model.parameters())
     tokens, targets = batches(cfg, steps)
@@ -155,6 +160,8 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
         if not zero:
             opt.step()
         losses.append(loss)
+    if stage == 3:
+        opt.materialize()
     state = engine.full_state_dict(model)
     return {"coords": dict(grid.coords), "losses": losses, "bytes": rec.bytes_per_group(),
             "calls": rec.calls_per_group(), "grad_norm": norm, "table": rec.table(), "state": state if rank == 0 else None}

@@ -345,7 +345,7 @@ def test_dataloader_arguments_and_size_one_groups():
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. engine.train runs zero_stage=1 and recompute="full" (same losses as without)
+# 8. engine.train runs zero_stage=1, 2, 3 and recompute="full" (same losses as without)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -365,8 +365,13 @@ def test_train_runs_zero1_and_full_recompute():
     assert both.plan.zero_stage == 1 and both.plan.recompute == "full"
     assert both.losses == pytest.approx(base.losses, rel=1e-5)
     assert len(both.memory) == 2 and all(m.peak_rss_bytes > 0 for m in both.memory)
-    with pytest.raises(RankFailed, match="zero_stage=2"):
-        launch(_train_plan, 2, args=(Plan(G_data=2, micro_batch_size=2, zero_stage=2),), timeout_s=60)
+    for stage in (2, 3):
+        z = launch(_train_plan, 2, args=(Plan(G_data=2, micro_batch_size=2, zero_stage=stage, recompute="full"),),
+                   timeout_s=120)[0]
+        assert z.plan.zero_stage == stage
+        assert z.losses == pytest.approx(base.losses, rel=1e-5), stage
+    with pytest.raises(RankFailed, match="zero_stage=3 runs with G_inter=1"):
+        launch(_train_plan, 2, args=(Plan(G_inter=2, micro_batch_size=1, zero_stage=3),), timeout_s=60)
 
 
 # ---------------------------------------------------------------------------------------------

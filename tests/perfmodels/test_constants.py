@@ -156,7 +156,10 @@ def test_gridtune_host_and_layout_conversion_costs_grow_with_split_axes():
     with a row split, +60% col, +30% depth; each split axis adds the block's element-wise traffic once
     more. Measured on one H100 (scripts/gpu_check.sh)."""
     model = presets.model("gpt2-small")
-    training = Training(global_batch_size=4, stack="gridtune")
+    # the step below is host + optimizer + the whole data-parallel reduction: pinned to the reduction
+    # after backward, since the engine now overlaps it (gridtune's overlap_grad_reduce=True hides part
+    # of dp_comm behind the backward, which is not what this test measures)
+    training = Training(global_batch_size=4, stack="gridtune", overlap_grad_reduce=False)
     h100 = presets.cluster("eos", 4)
     base = predict(model, h100, training, Plan(G_data=4, micro_batch_size=1))
     col = predict(model, h100, training, Plan(G_data=2, G_intra_c=2, micro_batch_size=1))
@@ -237,8 +240,9 @@ def test_overlapped_tp_leaves_half_the_forward_and_what_backward_gemms_cannot_co
 
 
 def test_uncertainty_bands():
-    """Preset constants: 15% (the p90 published error); the CPU preset: 100%; a profile without a
-    measured error: 10%; calibrated: 8%."""
+    """Preset constants: 15% (the p90 published error); the CPU preset: 100%; a profile of
+    microbenchmarks keeps the preset band (it measured no training step); calibrated without a
+    leave-one-out error: 8%."""
     from perfmodels.specs import Profile
 
     model, plan = presets.model("gpt3-1.7b"), Plan(G_data=8, micro_batch_size=1)
@@ -246,6 +250,8 @@ def test_uncertainty_bands():
     assert predict(model, A100, training, plan).uncertainty_rel == 0.15
     cpu = presets.cluster("local-cpu", 8)
     assert predict(presets.model("tiny-gpt"), cpu, training, plan).uncertainty_rel == 1.0
-    for source, band in (("profile", 0.10), ("calibrated", 0.08)):
+    for source, band in (("profile", 0.15), ("calibrated", 0.08)):
         profiled = dataclasses.replace(A100, profile=Profile(profile_id="x", source=source))
         assert predict(model, profiled, training, plan).uncertainty_rel == band
+    cpu_profiled = dataclasses.replace(cpu, profile=Profile(profile_id="y", source="profile"))
+    assert predict(presets.model("tiny-gpt"), cpu_profiled, training, plan).uncertainty_rel == 1.0

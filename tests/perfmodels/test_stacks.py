@@ -145,4 +145,6 @@ def test_recommend_with_a_stack_ranks_only_what_that_stack_runs():
     assert plans and all(p.G_intra_r == p.G_inter == 1 and p.zero_stage in (0, 2, 3) for p in plans)
     assert any("fsdp stack does not run" in reason for reason in rec.pruned)
     mg = tuner.recommend(model, cluster, Training(global_batch_size=64, stack="gridtune"), top_k=50)
-    assert all(c.plan.zero_stage in (0, 1) and not c.plan.sequence_parallel for c in mg.candidates)
+    # the engine runs ZeRO-2 since issue 13 (engine.ZeroOptimizer(stage=2)); ZeRO-3 (engine.Zero3,
+    # G_inter = G_intra_d = 1 only) is not offered to the gridtune stack's search yet
+    assert all(c.plan.zero_stage in (0, 1, 2) and not c.plan.sequence_parallel for c in mg.candidates)

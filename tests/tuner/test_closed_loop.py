@@ -37,7 +37,8 @@ def test_engine_specs_say_what_the_engine_does():
     training = cl.engine_training(16)
     stack = training.effective_stack
     assert training.dtype == "fp32" and stack.name == "gridtune"
-    assert not stack.overlap_grad_reduce and not stack.overlap_tp_comm and stack.flash_attention
+    # the engine overlaps the data-parallel all-reduce with backward (engine.grads._OverlappedReducer)
+    assert stack.overlap_grad_reduce and not stack.overlap_tp_comm and stack.flash_attention
     options = cl.engine_search_options(micro_batch_size=2)
     plans = [c.plan for c in cl.candidate_plans(MODEL, cluster, training, options)]
     assert plans and all(p.micro_batch_size == 2 and p.schedule == "1f1b" and p.zero_stage == 0
