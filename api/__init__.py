@@ -3,7 +3,7 @@
     from api import create_app          # create_app(settings=None) -> FastAPI
     gridtune serve --host 127.0.0.1 --port 8000
 
-See api/app.py for the wiring and DESIGN.md section 3 for the contracts.
+See api/app.py for the wiring and docs/architecture.md ("The path of one request") for the contracts.
 """
 
 __version__ = "0.1.0"

@@ -70,8 +70,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     store = Store(settings.database_url, table_prefix=settings.table_prefix)
     cache = ResponseCache(int(settings.cache_mb * 2**20))
-    runner = SearchRunner(workers=settings.search_workers, max_pending=16 * settings.search_workers, cache=cache,
-                          isolation=settings.search_isolation)
+    runner = SearchRunner(
+        workers=settings.search_workers,
+        max_pending=16 * settings.search_workers,
+        cache=cache,
+        isolation=settings.search_isolation,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

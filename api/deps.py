@@ -7,16 +7,19 @@ share a database or a key.
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api import schemas
 from api.service import ProfileCache
 from api.settings import Settings
 from tuner.store import Store
 
-_bearer = HTTPBearer(auto_error=False, description="GRIDTUNE_API_KEY, needed for writes when the server sets one")
+_bearer = HTTPBearer(
+    auto_error=False, description="GRIDTUNE_API_KEY, needed for writes when the server sets one"
+)
 
 
 def get_settings(request: Request) -> Settings:
@@ -39,7 +42,9 @@ def require_write_key(
     key = request.app.state.settings.api_key
     if key is None:
         return
-    given = credentials.credentials if credentials is not None and credentials.scheme.lower() == "bearer" else ""
+    given = (
+        credentials.credentials if credentials is not None and credentials.scheme.lower() == "bearer" else ""
+    )
     if not hmac.compare_digest(given.encode(), key.encode()):
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
@@ -52,3 +57,15 @@ StoreDep = Annotated[Store, Depends(get_store)]
 ProfilesDep = Annotated[ProfileCache, Depends(get_profiles)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 WriteAuth = Depends(require_write_key)
+
+
+# OpenAPI documentation of the answers every store-backed router can give, written once here.
+DB_DOWN: dict[int | str, dict[str, Any]] = {
+    503: {"model": schemas.ErrorOut, "description": "the database is not answering; retry later"}
+}
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": schemas.ErrorOut,
+        "description": "GRIDTUNE_API_KEY is set and the bearer key is missing or wrong",
+    }
+}

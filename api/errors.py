@@ -148,11 +148,20 @@ async def _on_validation_error(_request: Request, exc: Exception) -> JSONRespons
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code == 400:  # FastAPI's "error parsing the body" (e.g. not UTF-8): a body error like any other
+    if (
+        exc.status_code == 400
+    ):  # FastAPI's "error parsing the body" (e.g. not UTF-8): a body error like any other
         return JSONResponse(
             status_code=422,
-            content={"detail": [{"loc": ["body"], "msg": f"body could not be parsed: {_clip(str(exc.detail), 400)}",
-                                 "type": "json_invalid"}]},
+            content={
+                "detail": [
+                    {
+                        "loc": ["body"],
+                        "msg": f"body could not be parsed: {_clip(str(exc.detail), 400)}",
+                        "type": "json_invalid",
+                    }
+                ]
+            },
         )
     return await http_exception_handler(request, exc)
 

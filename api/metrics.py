@@ -52,7 +52,10 @@ class Metrics:
             "# TYPE gridtune_http_requests_total counter",
         ]
         for (method, route, status), n in sorted(counts.items()):
-            lines.append(f'gridtune_http_requests_total{{method="{method}",route="{_esc(route)}",status="{status}"}} {n}')
+            lines.append(
+                f'gridtune_http_requests_total{{method="{method}",route="{_esc(route)}",status="{status}"}} '
+                f'{n}'
+            )
         lines += [
             "# HELP gridtune_http_request_duration_seconds Time from request to last response byte.",
             "# TYPE gridtune_http_request_duration_seconds histogram",
@@ -62,8 +65,13 @@ class Metrics:
             cumulative = 0.0
             for bound, n in zip(BUCKETS_S, hist[: len(BUCKETS_S)]):
                 cumulative += n
-                lines.append(f'gridtune_http_request_duration_seconds_bucket{{{labels},le="{bound}"}} {int(cumulative)}')
-            lines.append(f'gridtune_http_request_duration_seconds_bucket{{{labels},le="+Inf"}} {int(hist[-1])}')
+                lines.append(
+                    f'gridtune_http_request_duration_seconds_bucket{{{labels},le="{bound}"}} '
+                    f'{int(cumulative)}'
+                )
+            lines.append(
+                f'gridtune_http_request_duration_seconds_bucket{{{labels},le="+Inf"}} {int(hist[-1])}'
+            )
             lines.append(f"gridtune_http_request_duration_seconds_sum{{{labels}}} {hist[-2]:.6f}")
             lines.append(f"gridtune_http_request_duration_seconds_count{{{labels}}} {int(hist[-1])}")
         lines += [

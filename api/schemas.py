@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from api import examples
 from perfmodels.stacks import STACK_PRESETS
 from tuner.catalog import PLAUSIBLE, plausible_range  # noqa: F401 - api.errors quotes the ranges from here
+from tuner.store import Measurement
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -141,9 +150,16 @@ class LayerIn(_In):
 class ModelIn(_In):
     """A transformer by its shape, a named preset (with optional overrides), or a list of layers."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.MODEL_GPT3, examples.PREDICT_EXPLICIT["model"]]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [examples.MODEL_GPT3, examples.PREDICT_EXPLICIT["model"]]}
+    )
 
-    preset: Annotated[str, Field(max_length=100, description="e.g. gpt3-175b, llama3-70b"), AfterValidator(_no_nul)] | None = None
+    preset: (
+        Annotated[
+            str, Field(max_length=100, description="e.g. gpt3-175b, llama3-70b"), AfterValidator(_no_nul)
+        ]
+        | None
+    ) = None
     name: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = None
     # 0 is what perfmodels.io.model_to_dict writes for a layer-list model; a transformer with a
     # zero dimension gets the domain's 422 ("model.hidden_size must be a positive integer, got 0")
@@ -189,7 +205,9 @@ class CollectiveFitIn(_In):
     group_size: Annotated[int, Field(ge=1, le=MAX_GPUS)]
     alpha_us: Annotated[float, _physical("alpha_us")]
     busbw_GBps: Bandwidth
-    r2: Annotated[float, Field(ge=-1e9, le=1)] | None = Field(None, description="fit quality; null when unknown")
+    r2: Annotated[float, Field(ge=-1e9, le=1)] | None = Field(
+        None, description="fit quality; null when unknown"
+    )
 
 
 class ProfileIn(_In):
@@ -204,7 +222,9 @@ class ProfileIn(_In):
     gemm_half_size: Annotated[float, Field(gt=0, le=1e6)] | None = None
     gemm_overhead_us: Latency | None = None
     hbm_bandwidth_GBps: HbmBandwidth | None = None
-    corrections: dict[Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, Field(gt=0, le=1e6)]] = {}
+    corrections: dict[
+        Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, Field(gt=0, le=1e6)]
+    ] = {}
     source: Literal["profile", "calibrated"] = "profile"
     uncertainty_rel: Annotated[float, Field(ge=0, le=10)] | None = None
     provenance: Any = None
@@ -213,7 +233,13 @@ class ProfileIn(_In):
     holdout_median_abs_error: Any = None
 
 
-CLUSTER_FIELDS = ("num_gpus", "gpus_per_node", "gpu", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps")
+CLUSTER_FIELDS = (
+    "num_gpus",
+    "gpus_per_node",
+    "gpu",
+    "intra_node_bandwidth_GBps",
+    "inter_node_bandwidth_GBps",
+)
 CLUSTER_ANY_OF = [{"required": ["preset"]}, {"required": ["profile_id"]}, {"required": list(CLUSTER_FIELDS)}]
 """What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks."""
 
@@ -227,7 +253,12 @@ class ClusterIn(_In):
                            "anyOf": CLUSTER_ANY_OF}
     )
 
-    preset: Annotated[str, Field(max_length=100, description="e.g. selene, eos, frontier"), AfterValidator(_no_nul)] | None = None
+    preset: (
+        Annotated[
+            str, Field(max_length=100, description="e.g. selene, eos, frontier"), AfterValidator(_no_nul)
+        ]
+        | None
+    ) = None
     name: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = None
     num_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] | None = None
     gpus_per_node: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
@@ -247,8 +278,10 @@ class ClusterIn(_In):
         if self.preset is None and self.profile_id is None and any(
                 getattr(self, f) is None for f in CLUSTER_FIELDS):
             missing = [f for f in CLUSTER_FIELDS if getattr(self, f) is None]
-            raise ValueError(f"cluster needs a 'preset', a stored 'profile_id', or all of {list(CLUSTER_FIELDS)} "
-                             f"(missing {missing})")
+            raise ValueError(
+                f"cluster needs a 'preset', a stored 'profile_id', or all of {list(CLUSTER_FIELDS)} "
+                f"(missing {missing})"
+            )
         return self
 
 
@@ -284,7 +317,9 @@ class StackIn(_In):
     comm_buffer_gib: Annotated[float, Field(ge=0, le=64)] | None = None
     fragmentation: Annotated[float, Field(ge=0, le=10)] | None = None
     schedules: Annotated[list[Schedule], Field(min_length=1, max_length=3)] | None = None
-    zero_stages: Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None = None
+    zero_stages: (
+        Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None
+    ) = None
     tensor_parallel: bool | None = None
     pipeline_parallel: bool | None = None
     tensor_parallel_3d: bool | None = None
@@ -340,19 +375,29 @@ class SearchIn(_In):
     G_intra_d: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
     G_intra_r: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
     G_intra_c: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
-    micro_batch_size: Annotated[list[Annotated[int, Field(ge=1, le=1 << 24)]], Field(min_length=1, max_length=64)] | None = None
+    micro_batch_size: (
+        Annotated[list[Annotated[int, Field(ge=1, le=1 << 24)]], Field(min_length=1, max_length=64)] | None
+    ) = None
     schedule: Annotated[list[Schedule], Field(min_length=1, max_length=3)] | None = None
-    virtual_stages: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1, max_length=64)] | None = None
+    virtual_stages: (
+        Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1, max_length=64)] | None
+    ) = None
     recompute: Annotated[list[Recompute], Field(min_length=1, max_length=3)] | None = None
-    zero_stage: Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None = None
+    zero_stage: (
+        Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None
+    ) = None
     placement: Annotated[
         list[Annotated[list[Axis], Field(min_length=5, max_length=5)]], Field(min_length=1, max_length=120)
     ] | None = None
     sequence_parallel: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = None
     max_micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | None = None
-    time_budget_s: Annotated[
-        float, Field(gt=0, le=600, description="wall-clock budget; the server caps it (GRIDTUNE_MAX_SEARCH_S)")
-    ] | None = None
+    time_budget_s: (
+        Annotated[
+            float,
+            Field(gt=0, le=600, description="wall-clock budget; the server caps it (GRIDTUNE_MAX_SEARCH_S)"),
+        ]
+        | None
+    ) = None
     examples_per_reason: Annotated[int, Field(ge=0, le=50)] | None = None
 
     @field_validator("placement")
@@ -413,10 +458,14 @@ class MeasurementCreate(_Root):
     plan: PlanIn
     measured: MeasuredIn
     prediction: dict[str, Any] | None = None
-    cluster_id: Annotated[
-        str, Field(min_length=1, max_length=200, description="default: cluster.profile_id, else cluster name"),
-        AfterValidator(_no_nul),
-    ] | None = None
+    cluster_id: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=200, description="default: cluster.profile_id, else cluster name"),
+            AfterValidator(_no_nul),
+        ]
+        | None
+    ) = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -498,7 +547,9 @@ class RecommendOut(_Out):
     profile_id: str | None = None
     explanation: str = ""
     search_time_s: Num = None
-    complete: bool = Field(True, description="false when the time budget ran out before every plan was scored")
+    complete: bool = Field(
+        True, description="false when the time budget ran out before every plan was scored"
+    )
     num_not_evaluated: int = 0
     launch: dict[str, LaunchOut] = Field(
         {}, description="the best plan as Megatron-LM/NeMo arguments, a DeepSpeed config, and the gridtune "
@@ -518,16 +569,12 @@ class ClusterList(_Out):
     next_offset: int | None = Field(None, description="pass as offset to get the next (older) page")
 
 
-class MeasurementOut(_Out):
-    id: int
-    cluster_id: str | None
-    model: dict[str, Any]
-    cluster: dict[str, Any]
-    training: dict[str, Any]
-    plan: dict[str, Any]
-    measured: dict[str, Any]
-    prediction: dict[str, Any] | None
-    created_at: _dt.datetime
+# The stored measurement's fields are defined once, by `tuner.store.Measurement`; the response
+# model is built from that dataclass so a new stored field shows up here (and in the OpenAPI doc).
+MeasurementOut = create_model(
+    "MeasurementOut", __base__=_Out, __module__=__name__,
+    **{name: (hint, ...) for name, hint in get_type_hints(Measurement).items()},
+)
 
 
 class MeasurementList(_Out):

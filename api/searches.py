@@ -34,26 +34,21 @@ SEARCH_GRACE_S = 10.0
 STARTUP_SLACK_S = 30.0
 PRELOAD = ("api.service", "perfmodels.steptime", "tuner")
 
-_ctx_lock = threading.Lock()
-_ctx: Any = None
+
+def search_context() -> Any:
+    """The multiprocessing context searches run in: `forkserver` (with PRELOAD imported once), else
+    `spawn`. No module state here: the standard library keeps one forkserver per process, and each
+    SearchRunner holds the context it was built with."""
+    try:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))  # modules that fail to import are skipped
+    except ValueError:  # no forkserver on this platform
+        ctx = multiprocessing.get_context("spawn")
+    return ctx
 
 
-def _context() -> Any:
-    global _ctx
-    with _ctx_lock:
-        if _ctx is None:
-            try:
-                ctx = multiprocessing.get_context("forkserver")
-                ctx.set_forkserver_preload(list(PRELOAD))  # modules that fail to import are skipped
-            except ValueError:  # no forkserver on this platform
-                ctx = multiprocessing.get_context("spawn")
-            _ctx = ctx
-        return _ctx
-
-
-def warm_up() -> None:
+def warm_up(ctx: Any) -> None:
     """Start the forkserver (it imports numpy and the model once) so the first search is fast."""
-    ctx = _context()
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
@@ -77,9 +72,9 @@ def _child(job: service.RecommendJob, conn: Any, limit_s: float) -> None:
         conn.close()
 
 
-def run_in_process(job: service.RecommendJob, limit_s: float) -> tuple[bytes, bool]:
-    """Run one search in a fresh process; kill it after `limit_s` seconds (blocking: call from a thread)."""
-    ctx = _context()
+def run_in_process(ctx: Any, job: service.RecommendJob, limit_s: float) -> tuple[bytes, bool]:
+    """Run one search in a fresh process of `ctx`; kill it after `limit_s` seconds (blocking: call
+    from a thread)."""
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(job, sender, limit_s + 2.0), daemon=True, name="gridtune-search")
     proc.start()
@@ -92,7 +87,9 @@ def run_in_process(job: service.RecommendJob, limit_s: float) -> tuple[bytes, bo
             )
         message = receiver.recv()
     except EOFError:
-        raise service.Unavailable(f"the search process ended without an answer (exit code {proc.exitcode})") from None
+        raise service.Unavailable(
+            f"the search process ended without an answer (exit code {proc.exitcode})"
+        ) from None
     finally:
         if proc.is_alive():
             proc.kill()
@@ -119,6 +116,7 @@ class SearchRunner:
         self.max_pending = max_pending
         self.cache = cache
         self.isolation = isolation
+        self.context = search_context() if isolation == "process" else None
         self.pending = 0
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
         self._executor: ThreadPoolExecutor | None = None
@@ -127,13 +125,16 @@ class SearchRunner:
     def executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gridtune-search")
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.workers, thread_name_prefix="gridtune-search"
+                )
             return self._executor
 
     def start(self) -> None:
         """Warm the search processes' forkserver in the background (server start-up)."""
         if self.isolation == "process":
-            threading.Thread(target=warm_up, name="gridtune-search-warmup", daemon=True).start()
+            threading.Thread(target=warm_up, args=(self.context,), name="gridtune-search-warmup",
+                             daemon=True).start()
 
     def stop(self) -> None:
         """Drop queued searches; running ones end at their limit (processes) or on their own (threads)."""
@@ -172,7 +173,7 @@ class SearchRunner:
             loop = asyncio.get_running_loop()
             limit = job.time_budget_s + SEARCH_GRACE_S
             if self.isolation == "process":
-                future = loop.run_in_executor(self.executor(), run_in_process, job, limit)
+                future = loop.run_in_executor(self.executor(), run_in_process, self.context, job, limit)
             else:
                 future = loop.run_in_executor(self.executor(), service.run_recommend, job)
             # a safety net only (the process is killed at `limit`): queueing behind other searches
@@ -182,7 +183,8 @@ class SearchRunner:
                 data, complete = await asyncio.wait_for(future, timeout=wait_s)
             except asyncio.TimeoutError:
                 raise service.Unavailable(
-                    f"the search did not finish within {wait_s:g} s (time budget {job.time_budget_s:g} s); retry later"
+                    f"the search did not finish within {wait_s:g} s (time budget {job.time_budget_s:g} s); "
+                    "retry later"
                 ) from None
             if complete:
                 self.cache.put(job.key, data)

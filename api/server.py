@@ -134,7 +134,9 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, workers: int, log_level: str, limits: ServerLimits) -> Any:
+def uvicorn_config(
+    app: Any, *, host: str, port: int, workers: int, log_level: str, limits: ServerLimits
+) -> Any:
     """A uvicorn.Config with the guarded protocol and the limits (environment set for worker processes)."""
     import uvicorn
 

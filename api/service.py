@@ -2,9 +2,7 @@
 plain dicts. Routers stay thin by calling these functions.
 
 Every failure caused by the client's data becomes `InputError(loc, msg)` (rendered as a 422 in
-pydantic's shape by `api.errors`), so no client input reaches a 500. `perfmodels.predict` and
-`tuner.recommend` are imported on first use: the service starts (and serves /healthz, /v1/clusters,
-/v1/measurements) even where those modules are still being built.
+pydantic's shape by `api.errors`), so no client input reaches a 500.
 """
 
 from __future__ import annotations
@@ -13,9 +11,7 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
-import math
 import threading
-import types
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,9 +19,12 @@ from typing import Any, TypeVar
 from api import schemas
 from api.settings import Settings
 from perfmodels import io as pio
+from perfmodels.io import json_safe
 from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, combination_problems
+from perfmodels.steptime import predict as predict_step
 from tuner.profiles import apply_profile
-from tuner.store import Store, StoredProfile, check_json
+from tuner.search import recommend
+from tuner.store import Measurement, Store, StoredProfile, check_json
 
 log = logging.getLogger("gridtune.api")
 T = TypeVar("T")
@@ -119,17 +118,6 @@ def convert(loc: Loc, fn: Callable[..., T], *args: Any) -> T:
     except Exception as exc:  # the converters only ever see client data
         msg = str(exc) or type(exc).__name__
         raise InputError(loc, msg) from None
-
-
-def finite(value: Any) -> Any:
-    """JSON has no NaN/Infinity: non-finite floats become null (recursively)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
 
 def _dump(obj: Any) -> dict[str, Any]:
@@ -236,22 +224,8 @@ def check_combination(model: Model, cluster: Cluster, training: Training, plan: 
 # predict
 # --------------------------------------------------------------------------------------------
 
-_predict_fn: Callable[..., Prediction] | None = None
-
-
-def _predict_impl() -> Callable[..., Prediction]:
-    global _predict_fn
-    if _predict_fn is None:
-        try:
-            from perfmodels.steptime import predict
-        except ImportError as exc:  # pragma: no cover - only while perfmodels is being built
-            raise Unavailable(f"perfmodels.predict is not available: {exc}") from None
-        _predict_fn = predict
-    return _predict_fn
-
-
 def prediction_json(pred: Prediction, profile_id: str | None) -> dict[str, Any]:
-    out = finite(pio.prediction_to_dict(pred))
+    out = json_safe(pio.prediction_to_dict(pred))
     out["profile_id"] = profile_id
     return out
 
@@ -275,9 +249,8 @@ def predict(body: schemas.PredictRequest, profiles: ProfileCache) -> dict[str, A
     training = to_training(body.training)
     plan = to_plan(body.plan)
     check_combination(model, cluster, training, plan)
-    fn = _predict_impl()
     try:
-        pred = fn(model, cluster, training, plan)
+        pred = predict_step(model, cluster, training, plan)
     except ValueError as exc:
         raise InputError(("body",), str(exc)) from None
     return prediction_json(pred, profile_id)
@@ -318,14 +291,17 @@ def search_options(body: schemas.SearchIn | None, settings: Settings) -> tuple[A
     return options, budget
 
 
-def prepare_recommend(body: schemas.RecommendRequest, profiles: ProfileCache, settings: Settings) -> RecommendJob:
+def prepare_recommend(
+    body: schemas.RecommendRequest, profiles: ProfileCache, settings: Settings
+) -> RecommendJob:
     model = to_model(body.model)
     cluster, profile_id = to_cluster(body.cluster, profiles)
     if cluster.num_gpus > settings.max_recommend_gpus:
         raise InputError(
             ("body", "cluster", "num_gpus"),
             f"cluster.num_gpus={cluster.num_gpus:,} is more than this service searches "
-            f"({settings.max_recommend_gpus:,} GPUs at most, GRIDTUNE_MAX_GPUS; /v1/predict takes up to 4,194,304)",
+            f"({settings.max_recommend_gpus:,} GPUs at most, GRIDTUNE_MAX_GPUS; /v1/predict takes up to "
+            "4,194,304)",
         )
     training = to_training(body.training)
     options, budget = search_options(body.search, settings)
@@ -335,22 +311,8 @@ def prepare_recommend(body: schemas.RecommendRequest, profiles: ProfileCache, se
                         key=cache_key(f"recommend|{budget}", body, profile_id))
 
 
-def _recommend_impl() -> Callable[..., Any]:
-    """`tuner.recommend` (DESIGN.md section 3), wherever the tuner package defines it."""
-    try:
-        import tuner
-
-        fn = tuner.recommend
-    except (ImportError, AttributeError) as exc:  # pragma: no cover - only while tuner is being built
-        raise Unavailable(f"tuner.recommend is not available: {exc}") from None
-    if isinstance(fn, types.ModuleType):  # a tuner/recommend.py module shadowing the function
-        fn = fn.recommend
-    return fn
-
-
 def run_recommend(job: RecommendJob) -> tuple[bytes, bool]:
     """Run one search; returns the encoded answer and whether it may be cached (finished in budget)."""
-    recommend = _recommend_impl()
     try:
         rec = recommend(job.model, job.cluster, job.training, top_k=job.top_k, search=job.search)
     except ValueError as exc:
@@ -370,8 +332,11 @@ def run_recommend(job: RecommendJob) -> tuple[bytes, bool]:
 def recommendation_json(rec: Any, profile_id: str | None) -> dict[str, Any]:
     best = None
     if rec.best is not None:
-        best = {"plan": pio.plan_to_dict(rec.best.plan), "prediction": prediction_json(rec.best.prediction, profile_id)}
-    return finite(
+        best = {
+            "plan": pio.plan_to_dict(rec.best.plan),
+            "prediction": prediction_json(rec.best.prediction, profile_id),
+        }
+    return json_safe(
         {
             "best": best,
             "candidates": [
@@ -433,21 +398,14 @@ def create_cluster(body: schemas.ClusterCreate, store: Store) -> dict[str, Any]:
     return cluster_json(stored)
 
 
-def measurement_json(m: Any) -> dict[str, Any]:
-    return {
-        "id": m.id,
-        "cluster_id": m.cluster_id,
-        "model": m.model,
-        "cluster": m.cluster,
-        "training": m.training,
-        "plan": m.plan,
-        "measured": m.measured,
-        "prediction": m.prediction,
-        "created_at": m.created_at,
-    }
+def measurement_json(m: Measurement) -> dict[str, Any]:
+    """A stored measurement as the response body: every field of `tuner.store.Measurement`."""
+    return {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
 
 
-def create_measurement(body: schemas.MeasurementCreate, store: Store, profiles: ProfileCache) -> dict[str, Any]:
+def create_measurement(
+    body: schemas.MeasurementCreate, store: Store, profiles: ProfileCache
+) -> dict[str, Any]:
     model = to_model(body.model)
     cluster, profile_id = to_cluster(body.cluster, profiles)
     training = to_training(body.training)

@@ -78,7 +78,9 @@ class Settings:
         if self.api_key is not None and not self.api_key:
             object.__setattr__(self, "api_key", None)
         if self.search_isolation not in ("process", "thread"):
-            raise ValueError(f"GRIDTUNE_SEARCH_ISOLATION must be 'process' or 'thread', got {self.search_isolation!r}")
+            raise ValueError(
+                f"GRIDTUNE_SEARCH_ISOLATION must be 'process' or 'thread', got {self.search_isolation!r}"
+            )
         if self.default_search_time_s > self.max_search_time_s:
             object.__setattr__(self, "default_search_time_s", self.max_search_time_s)
 

@@ -1,4 +1,5 @@
-"""Local closed-loop figures for 2 and 4 processes (DESIGN.md section 5): not a test, prints numbers.
+"""Local closed-loop figures for 2 and 4 processes (`gridtune validate`, docs/architecture.md):
+not a test, prints numbers.
 
     .venv/bin/python bench/closed_loop.py [--nproc 2 4] [--rounds 2]
 
@@ -28,24 +29,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--model", default="tiny-gpt")
     args = p.parse_args(argv)
-    from tuner.cli import main as gridtune
+    from cli import main as gridtune
 
-    print(f"{'nproc':>5} {'plans':>5} {'spearman':>8} {'best@':>5} {'MAPE':>7} {'holdout':>8} {'calibrated':>10} "
-          f"{'wall s':>7}")
+    print(
+        f"{'nproc':>5} {'plans':>5} {'spearman':>8} {'best@':>5} {'MAPE':>7} {'holdout':>8} "
+        f"{'calibrated':>10} "
+        f"{'wall s':>7}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.nproc:
             out = io.StringIO()
             t0 = time.perf_counter()
             with contextlib.redirect_stdout(out):
-                code = gridtune(["validate", "--nproc", str(n), "--model", args.model, "--rounds", str(args.rounds),
-                                 "--json", "--database", f"sqlite:///{tmp}/bench.db", "--cluster-id", f"bench/{n}"])
+                code = gridtune(
+                    [
+                        "validate",
+                        "--nproc",
+                        str(n),
+                        "--model",
+                        args.model,
+                        "--rounds",
+                        str(args.rounds),
+                        "--json",
+                        "--database",
+                        f"sqlite:///{tmp}/bench.db",
+                        "--cluster-id",
+                        f"bench/{n}",
+                    ]
+                )
             if code:
                 print(f"{n:>5} failed with exit code {code}")
                 continue
             d = json.loads(out.getvalue())
-            print(f"{n:>5} {len(d['plans']):>5} {d['spearman']:>8.3f} {d['measured_best_predicted_rank']:>5} "
-                  f"{d['mape_uncalibrated']:>7.1%} {d['mape_uncalibrated_holdout']:>8.1%} {d['mape_calibrated']:>10.1%} "
-                  f"{time.perf_counter() - t0:>7.0f}")
+            print(
+                f"{n:>5} {len(d['plans']):>5} {d['spearman']:>8.3f} {d['measured_best_predicted_rank']:>5} "
+                f"{d['mape_uncalibrated']:>7.1%} {d['mape_uncalibrated_holdout']:>8.1%} "
+                f"{d['mape_calibrated']:>10.1%} "
+                f"{time.perf_counter() - t0:>7.0f}"
+            )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The GPU figures of scripts/gpu_check.sh (issue 12); prints tables and writes JSON.
+"""The GPU figures of scripts/gpu_check.sh; prints tables and writes JSON.
 
     PYTHONPATH=. python3 bench/gpu_check.py gpt1b   [--out DIR]   # ~1B GPT, bf16, engine.train on 1 GPU
     PYTHONPATH=. python3 bench/gpu_check.py layouts [--out DIR]   # one rank of >= 10 layouts, fake PG
@@ -18,7 +18,7 @@ performance model's memory and compute predictions need a GPU to be checked at a
   memory within 10%, compute within 15%. The same GPT in plain PyTorch (no engine) is timed too,
   so a gap can be told apart: the engine's own overhead (engine 1 rank vs plain) or the model's.
 - `summary-gpt1b` / `summary-layouts`: the table rows gpu_check.sh prints from the JSON files.
-(`gridtune profile` on the GPU is run by scripts/gpu_check.sh itself: `python3 -m tuner.cli profile`
+(`gridtune profile` on the GPU is run by scripts/gpu_check.sh itself: `python3 -m cli profile`
 imports none of the service stack.)
 
 Needs only torch, numpy, scipy, pandas, rich (no fastapi/pydantic/sqlalchemy/httpx).
@@ -78,7 +78,9 @@ LAYOUTS = (
 def _gpt_layouts_config() -> Any:
     from engine.models.gpt import GPTConfig
 
-    return GPTConfig(num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=2048, vocab_size=50304)
+    return GPTConfig(
+        num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=2048, vocab_size=50304
+    )
 
 
 def _sync() -> None:
@@ -133,7 +135,9 @@ def _measure_layout(layout: Layout, steps: int, warmup: int, trace: bool = False
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     engine.forward_backward(model, tokens, tokens)
                 _sync()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+            print(
+                prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+            )
         free, total = torch.cuda.mem_get_info()
         outside = max(0, (total - free) - torch.cuda.memory_reserved())  # CUDA context, cuBLAS workspaces
         measured = {
@@ -178,7 +182,10 @@ def _measure_plain(steps: int, warmup: int) -> dict[str, float]:
         if i >= warmup:
             times.append(time.perf_counter() - t0)
         opt.step()
-    out = {"fwd_bwd_s": statistics.median(times), "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB}
+    out = {
+        "fwd_bwd_s": statistics.median(times),
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+    }
     del model, opt
     gc.collect()
     torch.cuda.empty_cache()
@@ -191,8 +198,14 @@ def _predict_layout(layout: Layout) -> dict[str, float]:
     from tuner.closed_loop import engine_training
 
     cfg = _gpt_layouts_config()
-    plan = Plan(G_data=layout.G_data, G_intra_d=layout.G_intra_d, G_intra_r=layout.G_intra_r,
-                G_intra_c=layout.G_intra_c, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute)
+    plan = Plan(
+        G_data=layout.G_data,
+        G_intra_d=layout.G_intra_d,
+        G_intra_r=layout.G_intra_r,
+        G_intra_c=layout.G_intra_c,
+        micro_batch_size=layout.micro_batch_size,
+        recompute=layout.recompute,
+    )
     gbs = layout.G_data * layout.G_intra_d * layout.micro_batch_size
     pred = predict(cfg.to_spec(), h100_cluster(layout.world), engine_training(gbs, dtype="bf16"), plan)
     mem, br = pred.memory, pred.breakdown
@@ -217,30 +230,55 @@ def layouts(out: Path, steps: int = 3, warmup: int = 2, trace: int | None = None
     from rich.table import Table
 
     plain = _measure_plain(steps, warmup)
-    print(f"plain PyTorch GPT (no engine), micro-batch 1: fwd+bwd {plain['fwd_bwd_s'] * 1e3:.1f} ms, peak allocated "
-          f"{plain['peak_allocated_gib']:.2f} GiB", flush=True)
+    print(
+        f"plain PyTorch GPT (no engine), micro-batch 1: fwd+bwd {plain['fwd_bwd_s'] * 1e3:.1f} ms, peak "
+        "allocated "
+        f"{plain['peak_allocated_gib']:.2f} GiB",
+        flush=True,
+    )
     (out / "plain.json").write_text(json.dumps(plain))
     rows = []
     for i, layout in enumerate(LAYOUTS):
         meas = _measure_layout(layout, steps, warmup, trace=trace == i)
         pred = _predict_layout(layout)
         meas_mem = meas["peak_reserved_gib"] + meas["outside_allocator_gib"]
-        row = {"layout": layout.label(), **asdict(layout), "measured": meas, "predicted": pred,
-               "memory_ratio": pred["memory_gib"] / meas_mem, "compute_ratio": pred["compute_s"] / meas["fwd_bwd_s"]}
+        row = {
+            "layout": layout.label(),
+            **asdict(layout),
+            "measured": meas,
+            "predicted": pred,
+            "memory_ratio": pred["memory_gib"] / meas_mem,
+            "compute_ratio": pred["compute_s"] / meas["fwd_bwd_s"],
+        }
         rows.append(row)
         print(f"{layout.label():28s} memory pred {pred['memory_gib']:.2f} / meas {meas_mem:.2f} GiB "
               f"(allocated {meas['peak_allocated_gib']:.2f}); fwd+bwd pred {pred['compute_s'] * 1e3:.1f} / "
               f"meas {meas['fwd_bwd_s'] * 1e3:.1f} ms (host issued its last op at "
               f"{meas['host_issue_s'] * 1e3:.1f} ms)", flush=True)
     table = Table(title="one rank of each layout on this GPU (fake process group), GPT 4x4096 seq 2048, bf16")
-    for col in ("layout", "mem pred GiB", "mem meas GiB", "pred/meas", "fwd+bwd pred ms", "meas ms", "pred/meas",
-                "host issue ms"):
+    for col in (
+        "layout",
+        "mem pred GiB",
+        "mem meas GiB",
+        "pred/meas",
+        "fwd+bwd pred ms",
+        "meas ms",
+        "pred/meas",
+        "host issue ms",
+    ):
         table.add_column(col, justify="left" if col == "layout" else "right")
     for r in rows:
         meas_mem = r["measured"]["peak_reserved_gib"] + r["measured"]["outside_allocator_gib"]
-        table.add_row(r["layout"], f"{r['predicted']['memory_gib']:.2f}", f"{meas_mem:.2f}", f"{r['memory_ratio']:.2f}",
-                      f"{r['predicted']['compute_s'] * 1e3:.1f}", f"{r['measured']['fwd_bwd_s'] * 1e3:.1f}",
-                      f"{r['compute_ratio']:.2f}", f"{r['measured']['host_issue_s'] * 1e3:.1f}")
+        table.add_row(
+            r["layout"],
+            f"{r['predicted']['memory_gib']:.2f}",
+            f"{meas_mem:.2f}",
+            f"{r['memory_ratio']:.2f}",
+            f"{r['predicted']['compute_s'] * 1e3:.1f}",
+            f"{r['measured']['fwd_bwd_s'] * 1e3:.1f}",
+            f"{r['compute_ratio']:.2f}",
+            f"{r['measured']['host_issue_s'] * 1e3:.1f}",
+        )
     Console(width=140).print(table)
     (out / "layouts.json").write_text(json.dumps(rows, indent=1))
     return rows
@@ -253,16 +291,31 @@ def _train_1b(rank: int, world: int) -> Any:
     from engine.train import TokenWindows, train
     from perfmodels.specs import Plan
 
-    cfg = GPTConfig(num_layers=20, hidden_size=2048, num_attention_heads=16, seq_length=1024, vocab_size=50304)
+    cfg = GPTConfig(
+        num_layers=20, hidden_size=2048, num_attention_heads=16, seq_length=1024, vocab_size=50304
+    )
     # counting runs (start, start+1, ...) mod vocab with random restarts: a learnable next token
     g = torch.Generator().manual_seed(0)
     starts = torch.randint(0, cfg.vocab_size, (200,), generator=g)
     runs = (starts[:, None] + torch.arange(1000)[None, :]) % cfg.vocab_size
     data = TokenWindows(runs.reshape(-1), cfg.seq_length)
     cluster = h100_cluster(1)
-    report = train(cfg, data, 8, 12, plan=Plan(micro_batch_size=4), warmup_steps=4, cluster=cluster, record=False,
-                   use_calibrated=False, progress=False, dtype="bf16", init="local", max_grad_norm=1.0,
-                   optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01))
+    report = train(
+        cfg,
+        data,
+        8,
+        12,
+        plan=Plan(micro_batch_size=4),
+        warmup_steps=4,
+        cluster=cluster,
+        record=False,
+        use_calibrated=False,
+        progress=False,
+        dtype="bf16",
+        init="local",
+        max_grad_norm=1.0,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01),
+    )
     return report, cfg
 
 
@@ -278,17 +331,28 @@ def gpt1b(out: Path) -> dict[str, Any]:
     flops = 3.0 * model_flops_per_token(spec) * tokens
     peak = presets.gpu("H100-SXM").peak_tflops("bf16") * 1e12
     mem = report.memory[0]
-    result = {"params": params, "step_s": report.median_step_time_s, "mfu": flops / report.median_step_time_s / peak,
-              "tokens_per_s": report.tokens_per_s, "peak_allocated_gib": mem.peak_allocated_bytes / GIB,
-              "peak_reserved_gib": mem.peak_reserved_bytes / GIB, "loss_first": report.losses[0],
-              "loss_last": report.losses[-1], "predicted_step_s": report.predicted_step_time_s,
-              "predicted_memory_gib": report.prediction.memory.per_gpu_gib if report.prediction else None,
-              "compute_s": report.measured["compute_s"]}
-    print(f"GPT {cfg.num_layers}x{cfg.hidden_size} ({params / 1e9:.2f} B params), bf16, 1 GPU, batch 8x{cfg.seq_length}: "
-          f"step {result['step_s'] * 1e3:.1f} ms (predicted {(result['predicted_step_s'] or 0) * 1e3:.1f}), "
-          f"MFU {result['mfu']:.1%}, peak allocated {result['peak_allocated_gib']:.1f} GiB, reserved "
-          f"{result['peak_reserved_gib']:.1f} GiB (predicted {result['predicted_memory_gib']:.1f}), loss "
-          f"{result['loss_first']:.2f} -> {result['loss_last']:.2f}", flush=True)
+    result = {
+        "params": params,
+        "step_s": report.median_step_time_s,
+        "mfu": flops / report.median_step_time_s / peak,
+        "tokens_per_s": report.tokens_per_s,
+        "peak_allocated_gib": mem.peak_allocated_bytes / GIB,
+        "peak_reserved_gib": mem.peak_reserved_bytes / GIB,
+        "loss_first": report.losses[0],
+        "loss_last": report.losses[-1],
+        "predicted_step_s": report.predicted_step_time_s,
+        "predicted_memory_gib": report.prediction.memory.per_gpu_gib if report.prediction else None,
+        "compute_s": report.measured["compute_s"],
+    }
+    print(
+        f"GPT {cfg.num_layers}x{cfg.hidden_size} ({params / 1e9:.2f} B params), bf16, 1 GPU, batch "
+        f"8x{cfg.seq_length}: "
+        f"step {result['step_s'] * 1e3:.1f} ms (predicted {(result['predicted_step_s'] or 0) * 1e3:.1f}), "
+        f"MFU {result['mfu']:.1%}, peak allocated {result['peak_allocated_gib']:.1f} GiB, reserved "
+        f"{result['peak_reserved_gib']:.1f} GiB (predicted {result['predicted_memory_gib']:.1f}), loss "
+        f"{result['loss_first']:.2f} -> {result['loss_last']:.2f}",
+        flush=True,
+    )
     (out / "gpt1b.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -298,9 +362,12 @@ def summary_rows(out: Path, what: str) -> list[str]:
     if what == "gpt1b":
         r = json.loads((out / "gpt1b.json").read_text())
         ok = r["loss_last"] < r["loss_first"] and r["mfu"] > 0.2
-        return [f"GPT {r['params'] / 1e9:.2f}B bf16, 1 GPU (engine.train)|step {r['step_s'] * 1e3:.0f} ms, MFU "
-                f"{r['mfu']:.1%}, peak alloc {r['peak_allocated_gib']:.1f} / reserved {r['peak_reserved_gib']:.1f} GiB, "
-                f"loss {r['loss_first']:.2f}->{r['loss_last']:.2f}|trains, MFU > 20%|{'ok' if ok else 'FAIL'}"]
+        return [
+            f"GPT {r['params'] / 1e9:.2f}B bf16, 1 GPU (engine.train)|step {r['step_s'] * 1e3:.0f} ms, MFU "
+            f"{r['mfu']:.1%}, peak alloc {r['peak_allocated_gib']:.1f} / reserved "
+            f"{r['peak_reserved_gib']:.1f} GiB, "
+            f"loss {r['loss_first']:.2f}->{r['loss_last']:.2f}|trains, MFU > 20%|{'ok' if ok else 'FAIL'}"
+        ]
     rows = json.loads((out / "layouts.json").read_text())
     mem = [r["memory_ratio"] for r in rows]
     comp = [r["compute_ratio"] for r in rows]
@@ -311,11 +378,13 @@ def summary_rows(out: Path, what: str) -> list[str]:
     one = rows[0]["measured"]
     ratio = one["fwd_bwd_s"] / plain["fwd_bwd_s"]
     return [
-        f"memory pred/meas, {n} layouts|{mi}/{n} within 10% (ratios {min(mem):.2f}-{max(mem):.2f})|all within 10%|"
+        f"memory pred/meas, {n} layouts|{mi}/{n} within 10% (ratios {min(mem):.2f}-{max(mem):.2f})|all "
+        "within 10%|"
         + ("ok" if mi == n else "MISS"),
         f"fwd+bwd time pred/meas, {n} layouts|{ci}/{n} within 15% (ratios {min(comp):.2f}-{max(comp):.2f})|"
         "all within 15%|" + ("ok" if ci == n else "MISS"),
-        f"engine 1 rank vs plain PyTorch (fwd+bwd)|{one['fwd_bwd_s'] * 1e3:.1f} / {plain['fwd_bwd_s'] * 1e3:.1f} ms = "
+        f"engine 1 rank vs plain PyTorch (fwd+bwd)|{one['fwd_bwd_s'] * 1e3:.1f} / "
+        f"{plain['fwd_bwd_s'] * 1e3:.1f} ms = "
         f"{ratio:.2f}; alloc {one['peak_allocated_gib']:.1f} / {plain['peak_allocated_gib']:.1f} GiB|<= 1.05|"
         + ("ok" if ratio <= 1.05 else "MISS"),
     ]
@@ -325,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("gpt1b", "layouts", "summary-gpt1b", "summary-layouts"))
     parser.add_argument("--out", default=".")
-    parser.add_argument("--trace", type=int, default=None, help="layouts: print a kernel profile of layout #N")
+    parser.add_argument(
+        "--trace", type=int, default=None, help="layouts: print a kernel profile of layout #N"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

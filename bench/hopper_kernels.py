@@ -78,10 +78,14 @@ def main() -> None:
     print("causal attention (SDPA), head dim 128: forward / backward TFLOP/s and fraction of bf16 peak")
     fw, bw = [], []
     for b, h, s in [(1, 32, 4096), (1, 64, 8192), (2, 24, 2048), (1, 96 // 8, 4096)]:
-        q, k, v = (torch.randn(b, h, s, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        q, k, v = (
+            torch.randn(b, h, s, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
         flops = 4.0 * b * h * s * s * 128 * 0.5
-        fwd = timed(lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
-                    args.seconds)
+        fwd = timed(
+            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+            args.seconds,
+        )
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         g = torch.randn_like(out)
 
@@ -95,7 +99,9 @@ def main() -> None:
         bw.append(2.5 * flops / bwd / 1e12 / args.peak_bf16)
         print(f"  b={b} heads={h} s={s}: fwd {flops / fwd / 1e12:5.0f} ({fw[-1]:.2f})  "
               f"bwd {2.5 * flops / bwd / 1e12:5.0f} ({bw[-1]:.2f})")
-    print(f"attention median fraction of peak: fwd {statistics.median(fw):.3f}, bwd {statistics.median(bw):.3f}")
+    print(
+        f"attention median fraction of peak: fwd {statistics.median(fw):.3f}, bwd {statistics.median(bw):.3f}"
+    )
 
 
 if __name__ == "__main__":

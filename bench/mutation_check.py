@@ -118,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             caught = run_one(target, mutated, tmp)
             missed += caught is None
-            print(f"{target:<52} {value:>6g} -> {mutated:<6g} {'MISSED' if caught is None else 'caught by ' + caught}",
-                  flush=True)
+            print(
+                f"{target:<52} {value:>6g} -> {mutated:<6g} "
+                f"{'MISSED' if caught is None else 'caught by ' + caught}",
+                flush=True,
+            )
     print(f"{missed} mutation(s) not caught by any test")
     return 1 if missed else 0
 

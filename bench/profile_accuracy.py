@@ -45,8 +45,14 @@ def gloo_holdout(nproc: int, quick: bool) -> tuple[pd.DataFrame, float, float, f
     fits, holdout = fitting.fit_collectives(rows)
     per = holdout.groupby(["op", "group_size"]).rel_error.median().unstack("group_size")
     f = fits.set_index(["op", "group_size"])
-    ratio = float(np.median([f.loc[("reduce_scatter", p), "busbw_GBps"] / f.loc[("all_reduce", p), "busbw_GBps"]
-                             for p in sorted(set(fits["group_size"]))]))
+    ratio = float(
+        np.median(
+            [
+                f.loc[("reduce_scatter", p), "busbw_GBps"] / f.loc[("all_reduce", p), "busbw_GBps"]
+                for p in sorted(set(fits["group_size"]))
+            ]
+        )
+    )
     return per, fitting.overall_holdout_error(holdout), ratio, elapsed
 
 
@@ -57,7 +63,10 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="the full sweep instead of --quick")
     args = ap.parse_args()
     a, b = synthetic_recovery()
-    print(f"synthetic recovery (1% noise, 6 ops x p in 2/4/8): worst alpha error {a:.2%}, worst busbw error {b:.2%}")
+    print(
+        f"synthetic recovery (1% noise, 6 ops x p in 2/4/8): worst alpha error {a:.2%}, worst busbw error "
+        f"{b:.2%}"
+    )
     pd.set_option("display.width", 160)
     for nproc in args.nproc:
         overall = []

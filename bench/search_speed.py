@@ -1,4 +1,4 @@
-"""How fast is the full layout search? Prints the figures of issue 3.
+"""How fast is the full layout search? Prints the README's search-speed figures.
 
     .venv/bin/python bench/search_speed.py [--repeats 3]
 
@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
-    recommend(presets.model("gpt2-small"), presets.cluster("selene", 8), Training(global_batch_size=64))  # warm
+    recommend(
+        presets.model("gpt2-small"), presets.cluster("selene", 8), Training(global_batch_size=64)
+    )  # warm
     gridtune = str(Path(sys.executable).with_name("gridtune"))
     print(f"{'model':<12} {'GPUs':>6} {'plans evaluated':>16} {'valid':>10} {'in-process s':>13} "
           f"{'CLI --json s':>13} {'plans/s':>12}  best")

@@ -57,7 +57,7 @@ def free_port() -> int:
 def start_server(port: int, db_url: str, workers: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("GRIDTUNE_API_KEY", None)
-    cmd = [sys.executable, "-c", "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))",
+    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
            "serve", "--port", str(port), "--database-url", db_url, "--workers", str(workers),
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
@@ -133,7 +133,9 @@ async def client(port: int, requests: list[bytes], offset: int, stride: int, sto
         writer.close()
 
 
-async def run_route(port: int, route: str, clients: int, seconds: float, distinct: int, warmup: float) -> dict:
+async def run_route(
+    port: int, route: str, clients: int, seconds: float, distinct: int, warmup: float
+) -> dict:
     reqs = bodies(route, distinct)
     if warmup > 0:  # first requests import modules, fill caches: not part of the figures
         # (bodies from the far end of the list, so --distinct runs measure unseen questions)
@@ -142,7 +144,9 @@ async def run_route(port: int, route: str, clients: int, seconds: float, distinc
     lat: list[float] = []
     errors: list[int] = []
     start = time.perf_counter()
-    await asyncio.gather(*(client(port, reqs, c, clients, start + seconds, lat, errors) for c in range(clients)))
+    await asyncio.gather(
+        *(client(port, reqs, c, clients, start + seconds, lat, errors) for c in range(clients))
+    )
     elapsed = time.perf_counter() - start
     lat.sort()
 
@@ -150,8 +154,14 @@ async def run_route(port: int, route: str, clients: int, seconds: float, distinc
         return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1000 if lat else float("nan")
 
     return {
-        "route": route, "requests": len(lat), "errors": len(errors), "rps": len(lat) / elapsed,
-        "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": lat[-1] * 1000 if lat else float("nan"),
+        "route": route,
+        "requests": len(lat),
+        "errors": len(errors),
+        "rps": len(lat) / elapsed,
+        "p50_ms": pct(50),
+        "p90_ms": pct(90),
+        "p99_ms": pct(99),
+        "max_ms": lat[-1] * 1000 if lat else float("nan"),
         "mean_ms": statistics.fmean(lat) * 1000 if lat else float("nan"),
     }
 

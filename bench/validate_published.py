@@ -1,4 +1,4 @@
-"""How well does the model predict published training runs? Prints the figures of ISSUE 11.
+"""How well does the model predict published training runs? Prints the README's accuracy figures.
 
     PYTHONPATH=. .venv/bin/python bench/validate_published.py [--data-dir DIR] [--csv extra.csv ...]
         [--json] [--verbose]
@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perfmodels.io import json_safe  # noqa: E402
 from perfmodels.plans import from_columns  # noqa: E402
 from perfmodels.steptime import predict_many  # noqa: E402
 from validation import loader, summary  # noqa: E402
@@ -80,7 +81,8 @@ def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], p
     fastest = summary.error_stats(summary.ape(c, s, fastest=True) for c, s in timed)
     mem = summary.memory_verdicts(scored)
     return {
-        "rows_used": len(timed), "rows_skipped": len(skipped),
+        "rows_used": len(timed),
+        "rows_skipped": len(skipped),
         "multi_candidate_rows": sum(1 for c, _ in timed if c.candidate_count > 1),
         "candidate_spread": _spread_stats([s.spread for c, s in timed if c.candidate_count > 1]),
         "iteration_time_median_candidate": asdict(median),
@@ -88,29 +90,36 @@ def build_report(scored: list[tuple[Case, CaseScore]], skipped: list[Skipped], p
         "per_source": {k: asdict(v) for k, v in summary.by_key(timed, "source").items()},
         "per_framework": {k: asdict(v) for k, v in summary.by_key(timed, "framework").items()},
         "groups": [asdict(g) for g in summary.ranking_groups(timed)],
-        "false_oom": len(mem.false_oom), "false_oom_cases": mem.false_oom,
-        "oom_rows": mem.oom_rows, "oom_caught": mem.oom_caught,
-        "memory": asdict(mem.memory), "card_memory_assumed_rows": mem.assumed_card,
+        "false_oom": len(mem.false_oom),
+        "false_oom_cases": mem.false_oom,
+        "oom_rows": mem.oom_rows,
+        "oom_caught": mem.oom_caught,
+        "memory": asdict(mem.memory),
+        "card_memory_assumed_rows": mem.assumed_card,
         "plans_per_second": pps,
         "skipped": [{"case": s.case_id, "reason": s.reason} for s in skipped],
-        "rows": [{"case": c.case_id, "group": c.group, "framework": c.framework, "measured_s": c.measured_time_s,
-                  "predicted_median_s": s.median_time_s, "spread": s.spread,
-                  "predicted_fastest_fitting_s": s.fastest_fitting_time_s, "memory_gib": s.memory_gib,
-                  "capacity_gib": s.capacity_gib, "measured_memory_gib": c.measured_memory_gib, "fits": s.fits,
-                  "candidates": s.candidates, "unknown": list(c.unknown), "card_memory_note": c.card_memory.assumed}
-                 for c, s in scored],
+        "rows": [
+            {
+                "case": c.case_id,
+                "group": c.group,
+                "framework": c.framework,
+                "measured_s": c.measured_time_s,
+                "predicted_median_s": s.median_time_s,
+                "spread": s.spread,
+                "predicted_fastest_fitting_s": s.fastest_fitting_time_s,
+                "memory_gib": s.memory_gib,
+                "capacity_gib": s.capacity_gib,
+                "measured_memory_gib": c.measured_memory_gib,
+                "fits": s.fits,
+                "candidates": s.candidates,
+                "unknown": list(c.unknown),
+                "card_memory_note": c.card_memory.assumed,
+            }
+            for c, s in scored
+        ],
     }
 
 
-def _finite(obj: object) -> object:
-    """NaN (e.g. the Spearman of a group whose predictions tie) as null, so the JSON is strict."""
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _stats_line(label: str, st: dict) -> str:
@@ -143,8 +152,11 @@ def print_report(report: dict, *, verbose: bool) -> None:
         print("  " + _stats_line(name, st))
     print("ranking groups (stated layouts, >= 3 runs):")
     for g in report["groups"]:
-        print(f"  {g['group'][:70]:<70} n={g['runs']:3d} spearman={g['spearman']:+.3f} "
-              f"best@{g['measured_best_predicted_rank']} mape={g['mape']:.1%} spread={g['worst_over_best']:.2f}x")
+        print(
+            f"  {g['group'][:70]:<70} n={g['runs']:3d} spearman={g['spearman']:+.3f} "
+            f"best@{g['measured_best_predicted_rank']} mape={g['mape']:.1%} "
+            f"spread={g['worst_over_best']:.2f}x"
+        )
     print(f"false OOM (ran, predicted not to fit): {report['false_oom']}")
     if verbose:
         for cid in report["false_oom_cases"]:
@@ -156,8 +168,11 @@ def print_report(report: dict, *, verbose: bool) -> None:
     else:
         print("memory MAPE: no row states peak_memory_gib")
     if report["card_memory_assumed_rows"]:
-        print(f"card memory not stated on {report['card_memory_assumed_rows']} rows: their fit verdict uses the "
-              f"largest card of the GPU family")
+        print(
+            f"card memory not stated on {report['card_memory_assumed_rows']} rows: their fit verdict uses "
+            "the "
+            f"largest card of the GPU family"
+        )
     print(f"vectorized evaluator: {report['plans_per_second']:,.0f} plans/s")
     for s in report["skipped"]:
         print(f"skipped {s['case']}: {s['reason']}")
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report = build_report(scored, loaded.skipped, plans_per_second())
     if args.json:
-        print(json.dumps(_finite(report), indent=2, allow_nan=False))
+        print(json.dumps(json_safe(report), indent=2, allow_nan=False))
     else:
         print_report(report, verbose=args.verbose)
     return 0

@@ -73,7 +73,9 @@ def calibrate(pairs: Sequence[tuple[Prediction, float]], base: Profile | None = 
         raise ValueError("calibrate needs at least one (prediction, measured_seconds) pair")
     for i, (_, measured) in enumerate(pairs):
         if not (isinstance(measured, (int, float)) and measured > 0 and np.isfinite(measured)):
-            raise ValueError(f"measurements[{i}].iteration_time_s must be a positive number, got {measured!r}")
+            raise ValueError(
+                f"measurements[{i}].iteration_time_s must be a positive number, got {measured!r}"
+            )
     X = np.array([component_seconds(p) for p, _ in pairs])
     y = np.array([float(m) for _, m in pairs])
     old = np.array([base.correction(name) if base is not None else 1.0 for name in COMPONENTS])
@@ -92,7 +94,11 @@ def calibrate(pairs: Sequence[tuple[Prediction, float]], base: Profile | None = 
         uncertainty = max(after, 0.10)
     combined = {name: float(old[j] * c[j]) for j, name in enumerate(COMPONENTS)}
     extra = tuple((k, v) for k, v in (base.corrections if base else ()) if k not in combined)
-    profile = replace(base or Profile(), corrections=tuple(sorted(combined.items())) + extra, source="calibrated",
-                      uncertainty_rel=max(uncertainty, 0.01))
+    profile = replace(
+        base or Profile(),
+        corrections=tuple(sorted(combined.items())) + extra,
+        source="calibrated",
+        uncertainty_rel=max(uncertainty, 0.01),
+    )
     return CalibrationResult(profile=profile, corrections=combined, mape_before=before, mape_after=after,
                              uncertainty_rel=profile.uncertainty_rel or uncertainty, num_measurements=len(y))

@@ -59,7 +59,9 @@ def collective_time_s(op: str, nbytes: np.ndarray, p: np.ndarray, alpha_us: np.n
     return np.where(p > 1, t, 0.0)
 
 
-def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node: np.ndarray | int = 1) -> np.ndarray:
+def expected_busbw_GBps(
+    cluster: Cluster, op: str, level: str, members_per_node: np.ndarray | int = 1
+) -> np.ndarray:
     """What the preset hardware says a group's bus bandwidth should be (GB/s).
 
     intra: NVLink bandwidth x library efficiency. inter: q GPUs' share of the node's NICs, capped
@@ -76,8 +78,6 @@ def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node:
 def _profile_lookup(fits: tuple[CollectiveFit, ...], op: str, level: str, p: np.ndarray):
     """Fitted (alpha, busbw) for the nearest measured group size of this op and level, or None."""
     cands = [f for f in fits if f.op == op and f.level == level]
-    if not cands and op == "reduce_scatter":
-        return None
     if not cands:
         return None
     sizes = np.array([f.group_size for f in cands], dtype=np.float64)

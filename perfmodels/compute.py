@@ -122,9 +122,55 @@ def model_flops_per_token(model: Model) -> float:
                 total += layer.flops_per_sample
         return total  # per sample (rows are inside)
     h, f, span = model.hidden_size, float(model.ffn_hidden_size), model.span
-    kv = model.kv_hidden_size
-    per_layer = 2 * h * (h + 2 * kv) + 2 * h * h + (3 if model.gated_mlp else 2) * 2 * h * f + 4 * span * h
+    per_layer = block_flops_per_token(hidden=h, kv_hidden=model.kv_hidden_size, ffn=f, gated=model.gated_mlp,
+                                      span=span)
     return model.num_layers * per_layer + 2.0 * h * model.vocab_size
+
+
+def block_flops_per_token(*, hidden: int, kv_hidden: int, ffn: float, gated: bool, span: int) -> float:
+    """Forward FLOPs per token of one transformer block (2 per multiply-add): the q/k/v and output
+    projections, the MLP (three matrices when gated), and scores plus values over `span` keys.
+
+    The one copy of this count: MFU here and the Megatron-style FLOPs that published runs report
+    (`validation.metrics.megatron_flops`) both use it. Integer inputs give an exact integer."""
+    h = hidden
+    return 2 * h * (h + 2 * kv_hidden) + 2 * h * h + (3 if gated else 2) * 2 * h * ffn + 4 * span * h
+
+
+def _attention(model: Model, cluster: Cluster, training: Training, b: np.ndarray,
+               heads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | float]:
+    """(forward, backward) seconds of one block's attention core over `heads` local heads, and the
+    score-matrix elements that element-wise kernels touch (none when a fused kernel keeps them)."""
+    s, d = model.seq_length, model.head_dim
+    attn_curve = gemm_curve(cluster, training, training.attention_compute_dtype)
+    span = float(model.span)  # keys per query: the whole sequence under context parallelism
+    if training.effective_stack.flash_attention:
+        # causal: half of the s x span score matrix is computed; backward does 2.5x forward's FLOPs
+        # (scores recomputed, dQ, dK, dV) at its own, lower efficiency
+        attn_flops = 4.0 * b * s * span * d * heads * 0.5
+        peak = cluster.gpu.peak_tflops(training.attention_compute_dtype) * 1e12
+        attn = attn_flops / (peak * cluster.gpu.flash_fwd_efficiency) + attn_curve.overhead_s
+        attn_bwd = 2.5 * attn_flops / (peak * cluster.gpu.flash_bwd_efficiency) + attn_curve.overhead_s
+        return attn, attn_bwd, 0.0
+    bh = b * heads  # batched GEMMs over (micro-batch x local heads)
+    attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
+    # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
+    return attn, 2.0 * attn, SCORE_PASSES * bh * s * span
+
+
+def _optimizer_step(model: Model, training: Training, arrays: PlanArrays, st: StageShape, V: np.ndarray,
+                    rate: float) -> np.ndarray:
+    """Seconds of the optimizer step over this stage's local parameters (a memory-bound pass over
+    weights, gradients and optimizer state; ZeRO-1 and up shard it over the data ranks)."""
+    G_r, G_c, G_d = (a.astype(np.float64) for a in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
+    h = model.hidden_size
+    blocks = st.blocks.astype(np.float64)
+    per_block_params = model.params_per_layer / (G_r * G_c * G_d)
+    local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
+        model.vocab_size * h / G_c)
+    local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+    stack = training.effective_stack
+    return local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
 
 
 def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -140,7 +186,6 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
 
     s, h, f = model.seq_length, model.hidden_size, float(model.ffn_hidden_size)
     a, kv = model.num_attention_heads, model.kv_hidden_size
-    d = model.head_dim
     T = b * s
     f_up = (2.0 if model.gated_mlp else 1.0) * f
     sp = arrays.sequence_parallel
@@ -152,23 +197,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
             + gemm_time_s(T, f_up / G_r, h / G_c, curve)
             + gemm_time_s(T, h / G_c, f / G_r, curve))
     stack = training.effective_stack
-    heads = a / G_r
-    attn_curve = gemm_curve(cluster, training, training.attention_compute_dtype)
-    span = float(model.span)  # keys per query: the whole sequence under context parallelism
-    if stack.flash_attention:
-        # causal: half of the s x span score matrix is computed; backward does 2.5x forward's FLOPs
-        # (scores recomputed, dQ, dK, dV) at its own, lower efficiency
-        attn_flops = 4.0 * b * s * span * d * heads * 0.5
-        peak = cluster.gpu.peak_tflops(training.attention_compute_dtype) * 1e12
-        attn = attn_flops / (peak * cluster.gpu.flash_fwd_efficiency) + attn_curve.overhead_s
-        attn_bwd = 2.5 * attn_flops / (peak * cluster.gpu.flash_bwd_efficiency) + attn_curve.overhead_s
-        score_elems = 0.0
-    else:
-        bh = b * heads  # batched GEMMs over (micro-batch x local heads)
-        attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s
-        attn_bwd = 2.0 * attn
-        # scale+mask+softmax (read, write) and dropout (read, write, mask byte) over the scores
-        score_elems = SCORE_PASSES * bh * s * span
+    attn, attn_bwd, score_elems = _attention(model, cluster, training, b, a / G_r)
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
     # activation function on the FFN hidden, bias/reshape of q, k, v
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
@@ -207,12 +236,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         selective_part = attn + score_elems * e / rate
     recompute = blocks * np.where(full, fwd_block, np.where(selective, selective_part, 0.0))
 
-    # optimizer step over the local parameters of this stage
-    per_block_params = model.params_per_layer / (G_r * G_c * G_d)
-    local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
-        model.vocab_size * h / G_c)
-    local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
-    optimizer = local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
+    optimizer = _optimizer_step(model, training, arrays, st, V, rate)
 
     return StageCompute(
         gemm_fwd_s=blocks * gemm + st.has_head * head_gemm,

@@ -81,11 +81,21 @@ def collective_time_s(op: str, p: np.ndarray | int, nbytes: np.ndarray | float, 
     """Alpha-beta time of `op` on p ranks for N bytes of full buffer: the time model's own formula
     (`perfmodels.collectives.collective_time_s`), so what is fitted is what is costed."""
     _check_op(op)
-    return np.asarray(collectives.collective_time_s(op, np.asarray(nbytes, dtype=float), np.asarray(p, dtype=float),
-                                                    np.asarray(alpha_us), np.asarray(busbw_GBps)), dtype=float)
+    return np.asarray(
+        collectives.collective_time_s(
+            op,
+            np.asarray(nbytes, dtype=float),
+            np.asarray(p, dtype=float),
+            np.asarray(alpha_us),
+            np.asarray(busbw_GBps),
+        ),
+        dtype=float,
+    )
 
 
-def busbw_GBps(op: str, p: np.ndarray | int, nbytes: np.ndarray | float, seconds: np.ndarray | float) -> np.ndarray:
+def busbw_GBps(
+    op: str, p: np.ndarray | int, nbytes: np.ndarray | float, seconds: np.ndarray | float
+) -> np.ndarray:
     """nccl-tests' bus bandwidth: algbw (N / t) times the op's bytes factor, in GB/s (1e9)."""
     return bytes_factor(op, p) * np.asarray(nbytes, dtype=float) / np.asarray(seconds, dtype=float) / 1e9
 
@@ -128,7 +138,9 @@ def fit_alpha_beta(op: str, group_size: int, nbytes: Sequence[float], seconds: S
     x = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if x.size != t.size or x.size < 2:
-        raise ValueError(f"fit_alpha_beta({op}, p={group_size}) needs >= 2 (bytes, seconds) points, got {x.size}")
+        raise ValueError(
+            f"fit_alpha_beta({op}, p={group_size}) needs >= 2 (bytes, seconds) points, got {x.size}"
+        )
     if np.any(t <= 0) or np.any(x < 0):
         raise ValueError(f"fit_alpha_beta({op}, p={group_size}): seconds must be > 0 and bytes >= 0")
     steps = float(latency_steps(op, group_size))
@@ -233,11 +245,24 @@ def fit_collectives(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             "largest_bytes": float(x[-1]),
             "largest_busbw_GBps": float(busbw_GBps(op, int(p), x[-1], t[-1])),
         })
-    fits = pd.DataFrame(fit_rows, columns=[
-        *_GROUP_KEYS, "alpha_us", "busbw_GBps", "r2", "holdout_median_abs_error", "n_points", "bandwidth_resolved",
-        "n_holdout",
-        "largest_bytes", "largest_busbw_GBps"])
-    holdout = pd.DataFrame(held_rows, columns=[*_GROUP_KEYS, "bytes", "measured_s", "predicted_s", "rel_error"])
+    fits = pd.DataFrame(
+        fit_rows,
+        columns=[
+            *_GROUP_KEYS,
+            "alpha_us",
+            "busbw_GBps",
+            "r2",
+            "holdout_median_abs_error",
+            "n_points",
+            "bandwidth_resolved",
+            "n_holdout",
+            "largest_bytes",
+            "largest_busbw_GBps",
+        ],
+    )
+    holdout = pd.DataFrame(
+        held_rows, columns=[*_GROUP_KEYS, "bytes", "measured_s", "predicted_s", "rel_error"]
+    )
     return fits, holdout
 
 
@@ -266,7 +291,9 @@ class GemmFit:
 def gemm_time_s(m: np.ndarray, n: np.ndarray, k: np.ndarray, gemm_tflops_max: float, gemm_half_size: float,
                 gemm_overhead_us: float) -> np.ndarray:
     """The time model's GEMM curve (`perfmodels.compute.gemm_time_s`) with these three constants."""
-    curve = GemmCurve(tflops_max=gemm_tflops_max, half_size=gemm_half_size, overhead_s=gemm_overhead_us * 1e-6)
+    curve = GemmCurve(
+        tflops_max=gemm_tflops_max, half_size=gemm_half_size, overhead_s=gemm_overhead_us * 1e-6
+    )
     return compute_gemm_time_s(m, n, k, curve)
 
 
@@ -334,7 +361,9 @@ def memory_bandwidth_GBps(rows: pd.DataFrame) -> float | None:
 def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node: int) -> tuple[float, str]:
     """Bus bandwidth the cluster's preset numbers predict (the time model's own formula, so the
     table and the model agree), and where the formula came from."""
-    return float(collectives.expected_busbw_GBps(cluster, op, level, int(members_per_node))), "perfmodels.collectives"
+    return float(
+        collectives.expected_busbw_GBps(cluster, op, level, int(members_per_node))
+    ), "perfmodels.collectives"
 
 
 def expected_table(fits: pd.DataFrame, cluster: Cluster | None) -> pd.DataFrame:
@@ -370,9 +399,16 @@ def build_profile(fits: pd.DataFrame, *, gemm: GemmFit | None = None, hbm_bandwi
         ordered = fits.sort_values(["op", "level", "group_size", "members_per_node"])
         for _, g in ordered.groupby(["op", "level", "group_size"], sort=True):
             r = g.iloc[0]
-            collectives.append(CollectiveFit(op=str(r["op"]), level=str(r["level"]), group_size=int(r["group_size"]),
-                                             alpha_us=float(r["alpha_us"]), busbw_GBps=float(r["busbw_GBps"]),
-                                             r2=float(r["r2"])))
+            collectives.append(
+                CollectiveFit(
+                    op=str(r["op"]),
+                    level=str(r["level"]),
+                    group_size=int(r["group_size"]),
+                    alpha_us=float(r["alpha_us"]),
+                    busbw_GBps=float(r["busbw_GBps"]),
+                    r2=float(r["r2"]),
+                )
+            )
     return Profile(
         profile_id=profile_id,
         collectives=tuple(collectives),
@@ -399,9 +435,19 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: float = 2.0) -> list[i
     return out
 
 
-def synthetic_rows(op: str, group_size: int, alpha_us: float, busbw: float, sizes: Iterable[int], *,
-                   trials: int = 5, noise: float = 0.0, level: str = "intra", members_per_node: int | None = None,
-                   seed: int = 0) -> pd.DataFrame:
+def synthetic_rows(
+    op: str,
+    group_size: int,
+    alpha_us: float,
+    busbw: float,
+    sizes: Iterable[int],
+    *,
+    trials: int = 5,
+    noise: float = 0.0,
+    level: str = "intra",
+    members_per_node: int | None = None,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Rows of a sweep whose truth is the alpha-beta model, with optional multiplicative noise."""
     rng = np.random.default_rng(seed)
     sizes = np.asarray(list(sizes), dtype=float)

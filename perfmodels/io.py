@@ -1,6 +1,6 @@
 """Plain dicts (JSON) to specs and back: the one converter behind the CLI's files and the REST API.
 
-Accepted forms (DESIGN.md section 3):
+Accepted forms (the REST bodies of docs/architecture.md, "The path of one request"):
 - model: the transformer fields, or {"preset": "gpt3-175b", ...overrides}, or {"layers": [...]};
 - cluster: {"preset": "selene", "num_gpus": 1024, ...overrides} or every field, where "gpu" is a
   preset name or an object with "peak_tflops" (per dtype) and "memory_gib";
@@ -11,8 +11,11 @@ Unknown keys and wrong types raise `ValueError` naming the key and value.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from perfmodels import presets, stacks
 from perfmodels.specs import (
@@ -133,8 +136,9 @@ def training_from_dict(data: Mapping[str, Any]) -> Training:
         options = dict(stack)
         name = options.pop("name", None)
         if not isinstance(name, str):
-            raise ValueError(f"training.stack.name must name a stack preset ({sorted(stacks.STACK_PRESETS)}), "
-                             f"got {name!r}")
+            raise ValueError(
+                f"training.stack.name must name a stack preset ({sorted(stacks.STACK_PRESETS)}), got {name!r}"
+            )
         for key in ("schedules", "zero_stages"):
             if isinstance(options.get(key), list):
                 options[key] = tuple(options[key])
@@ -212,3 +216,21 @@ def model_to_dict(model: Model) -> dict[str, Any]:
     if not model.layers:
         out.pop("layers")
     return out
+
+
+def json_safe(value: Any) -> Any:
+    """A copy that `json.dumps` writes as strict JSON: non-finite floats become None (JSON has no
+    NaN or Infinity), tuples become lists, numpy scalars Python numbers, mapping keys strings.
+
+    The one such helper: the service's responses, the store's documents, profiles on disk and the
+    closed loop's records all go through it, so they agree on what an unknown number looks like.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -18,14 +18,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perfmodels.specs import AXES, Plan
+from perfmodels.specs import AXES, AXIS_FIELDS
 
-MESH_ORDER = ("data", "inter", "depth", "row", "col")
+MESH_ORDER = tuple(AXIS_FIELDS)
 """Outermost-first axis names, as torch's DeviceMesh wants them (last name = contiguous ranks)."""
-
-
-def degrees_of(plan: Plan) -> dict[str, int]:
-    return {axis: plan.degree(axis) for axis in AXES}
 
 
 def strides(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str, int]:
@@ -119,7 +115,9 @@ def partition_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     has ceil(num_layers / num_stages) blocks.
     """
     if num_stages < 1 or num_layers < num_stages:
-        raise ValueError(f"cannot split num_layers={num_layers} into num_stages={num_stages} non-empty stages")
+        raise ValueError(
+            f"cannot split num_layers={num_layers} into num_stages={num_stages} non-empty stages"
+        )
     base, extra = divmod(num_layers, num_stages)
     start_with_extra = 1 if extra < num_stages else 0
     sizes = [base + (1 if start_with_extra <= s < start_with_extra + extra else 0) for s in range(num_stages)]
@@ -131,7 +129,9 @@ def partition_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def partition_chunks(num_layers: int, num_stages: int, virtual_stages: int = 1) -> list[list[tuple[int, int]]]:
+def partition_chunks(
+    num_layers: int, num_stages: int, virtual_stages: int = 1
+) -> list[list[tuple[int, int]]]:
     """Interleaved placement: `num_stages * virtual_stages` chunks; stage s holds chunks s, s+S, ..."""
     chunks = partition_layers(num_layers, num_stages * virtual_stages)
     return [[chunks[v * num_stages + s] for v in range(virtual_stages)] for s in range(num_stages)]

@@ -201,7 +201,9 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     else:
         local = np.zeros(len(arrays))
         for layer in model.layers:
-            local = local + layer.num_params / np.where(layer.parallel and layer.kind == "linear", G_r * G_c * G_d, 1)
+            local = local + layer.num_params / np.where(
+                layer.parallel and layer.kind == "linear", G_r * G_c * G_d, 1
+            )
         local = local / S
         gathered = np.zeros(len(arrays))
         per_unit = local / max(1, len(model.layers))

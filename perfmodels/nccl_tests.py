@@ -207,7 +207,9 @@ def parse_text(text: str, *, op: str | None = None, source: str = "") -> pd.Data
             root = int(head.get("root", -1))
             line_op = run_op or infer_op(size, count, dtype, redop, root, nranks)
             values = tokens[npre:]
-            blocks = [values[:nblk], values[nblk: 2 * nblk]] if len(values) >= 2 * nblk else [None, values[:nblk]]
+            blocks = (
+                [values[:nblk], values[nblk : 2 * nblk]] if len(values) >= 2 * nblk else [None, values[:nblk]]
+            )
             for in_place, blk in ((False, blocks[0]), (True, blocks[1])):
                 if not blk or len(blk) < nblk:
                     continue
@@ -224,13 +226,17 @@ def parse_json(data: str | Mapping[str, Any], *, op: str | None = None, source: 
     """Parse the JSON file nccl-tests writes with its JSON output option (format version 2)."""
     doc = json.loads(data) if isinstance(data, str) else data
     if not isinstance(doc, Mapping) or "results" not in doc:
-        raise ValueError(f"{source or 'nccl-tests JSON'}: no 'results' list; is this an nccl-tests JSON file?")
+        raise ValueError(
+            f"{source or 'nccl-tests JSON'}: no 'results' list; is this an nccl-tests JSON file?"
+        )
     args = doc.get("args") or []
     config = doc.get("config") or {}
     devices = config.get("devices") or []
     nranks = max(len(devices), int(config.get("nthreads", 1)) * int(config.get("ngpus", 1)))
     hosts = [d.get("hostname", "") for d in sorted(devices, key=lambda d: d.get("rank", 0))]
-    level, q, host_names = _level(hosts, nranks) if len(hosts) == nranks else ("intra", nranks, ",".join(hosts))
+    level, q, host_names = (
+        _level(hosts, nranks) if len(hosts) == nranks else ("intra", nranks, ",".join(hosts))
+    )
     if len(hosts) != nranks and len(set(hosts)) > 1:
         level, q = "inter", 1
     code = doc.get("nccl_version")
@@ -249,11 +255,27 @@ def parse_json(data: str | Mapping[str, Any], *, op: str | None = None, source: 
                 continue
             t = blk.get("time", blk.get("cpu_time"))
             wrong = blk.get("nwrong")
-            rows.append(_row(op=line_op, test=test, size=size, count=count, dtype=dtype, redop=redop, root=root,
-                             nranks=nranks, level=level, q=q, hosts=host_names, nccl_version=nccl_version,
-                             time_us=_num(str(t)), algbw=_num(str(blk.get("alg_bw"))),
-                             busbw=_num(str(blk.get("bus_bw"))),
-                             wrong=math.nan if wrong is None else _num(str(wrong)), in_place=in_place))
+            rows.append(
+                _row(
+                    op=line_op,
+                    test=test,
+                    size=size,
+                    count=count,
+                    dtype=dtype,
+                    redop=redop,
+                    root=root,
+                    nranks=nranks,
+                    level=level,
+                    q=q,
+                    hosts=host_names,
+                    nccl_version=nccl_version,
+                    time_us=_num(str(t)),
+                    algbw=_num(str(blk.get("alg_bw"))),
+                    busbw=_num(str(blk.get("bus_bw"))),
+                    wrong=math.nan if wrong is None else _num(str(wrong)),
+                    in_place=in_place,
+                )
+            )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

@@ -20,7 +20,9 @@ import numpy as np
 from perfmodels.plans import SCHEDULE_CODE
 
 
-def bubble_s(t_avg_mb_s: np.ndarray, stages: np.ndarray, schedule: np.ndarray, virtual: np.ndarray) -> np.ndarray:
+def bubble_s(
+    t_avg_mb_s: np.ndarray, stages: np.ndarray, schedule: np.ndarray, virtual: np.ndarray
+) -> np.ndarray:
     S = stages.astype(np.float64)
     v = np.where(schedule == SCHEDULE_CODE["interleaved-1f1b"], virtual, 1).astype(np.float64)
     return (S - 1) / v * t_avg_mb_s

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodels.specs import AXES, RECOMPUTE, SCHEDULES, Plan, Training
+from perfmodels.specs import AXES, AXIS_FIELDS, RECOMPUTE, SCALAR_PLAN_FIELDS, SCHEDULES, Plan, Training
 
 SCHEDULE_CODE = {name: i for i, name in enumerate(SCHEDULES)}
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
@@ -37,13 +37,12 @@ class PlanArrays:
         return int(self.G_data.shape[0])
 
     def degrees(self) -> dict[str, np.ndarray]:
-        return {
-            "data": self.G_data,
-            "inter": self.G_inter,
-            "depth": self.G_intra_d,
-            "row": self.G_intra_r,
-            "col": self.G_intra_c,
-        }
+        return {axis: getattr(self, name) for axis, name in AXIS_FIELDS.items()}
+
+    @property
+    def world_size(self) -> np.ndarray:
+        """Ranks of each plan: the product of its five degrees."""
+        return self.G_data * self.G_inter * self.G_intra_d * self.G_intra_r * self.G_intra_c
 
     def num_microbatches(self, training: Training) -> np.ndarray:
         """Micro-batches per optimizer step on each (data, depth) replica."""
@@ -71,10 +70,7 @@ class PlanArrays:
         )
 
 
-_ARRAY_FIELDS = (
-    "G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "schedule",
-    "virtual_stages", "recompute", "zero_stage", "sequence_parallel",
-)
+_ARRAY_FIELDS = SCALAR_PLAN_FIELDS
 
 
 def from_plans(plans: Sequence[Plan]) -> PlanArrays:

@@ -3,8 +3,8 @@
 `gemm_efficiency_max` is what the GEMMs of a training step sustain, not the best square-GEMM
 microbenchmark: an 8192^3 bf16 GEMM reaches ~800 TFLOP/s on an H100, but the GEMM mix of a
 training step (epilogues, smaller tiles, clocks under sustained power) runs nearer 0.62 of peak on
-Hopper (`HOPPER_GEMM`) and 0.80 on Ampere (0.85 left every published Selene/DGX-A100 run of Megatron 7-18% slower
-than predicted); a measured profile (`gridtune profile`) replaces these defaults.
+Hopper (`HOPPER_GEMM`) and 0.80 on Ampere (0.85 left every published Selene/DGX-A100 run of
+Megatron 7-18% slower than predicted); a measured profile (`gridtune profile`) replaces these defaults.
 
 Peak numbers are dense (no sparsity). Bandwidths are per GPU per direction in GB/s: NVLink/xGMI
 for `intra`, the node's network bandwidth divided by its GPUs for `inter`. Look-ups are
@@ -220,9 +220,16 @@ _MODELS: dict[str, Model] = {
     )
 }
 _MODEL_ALIASES = {
-    "gpt3": "gpt3-175b", "gpt-3": "gpt3-175b", "llama-3-405b": "llama3-405b", "llama-2-70b": "llama2-70b",
-    "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b", "llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b",
-    "gpt2": "gpt2-small", "bloom": "bloom-176b",
+    "gpt3": "gpt3-175b",
+    "gpt-3": "gpt3-175b",
+    "llama-3-405b": "llama3-405b",
+    "llama-2-70b": "llama2-70b",
+    "llama-3-8b": "llama3-8b",
+    "llama-3-70b": "llama3-70b",
+    "llama-2-7b": "llama2-7b",
+    "llama-2-13b": "llama2-13b",
+    "gpt2": "gpt2-small",
+    "bloom": "bloom-176b",
 }
 
 

@@ -9,7 +9,8 @@ to the user unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from perfmodels import stacks
@@ -20,7 +21,16 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("col", "row", "depth", "inter", "data")
 """Grid axis names, in the default placement order: innermost (consecutive ranks) first."""
-AXIS_FIELDS = {"data": "G_data", "inter": "G_inter", "depth": "G_intra_d", "row": "G_intra_r", "col": "G_intra_c"}
+AXIS_FIELDS = {
+    "data": "G_data",
+    "inter": "G_inter",
+    "depth": "G_intra_d",
+    "row": "G_intra_r",
+    "col": "G_intra_c",
+}
+"""Axis name -> the Plan field holding its degree, outermost (data) first."""
+DEGREE_FIELDS = tuple(AXIS_FIELDS.values())
+"""The five degree fields of a Plan, outermost first: G_data, G_inter, G_intra_d, G_intra_r, G_intra_c."""
 BACKENDS = ("nccl", "rccl", "gloo")
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -158,6 +168,11 @@ class Model:
         return not self.layers
 
     @property
+    def depth(self) -> int:
+        """The layers a pipeline splits: `num_layers` of a transformer, else the explicit list's length."""
+        return self.num_layers if self.is_transformer else len(self.layers)
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -225,11 +240,22 @@ class GPU:
     vendor: str = "nvidia"
 
     def __post_init__(self) -> None:
-        for name in ("peak_tflops_fp32", "peak_tflops_bf16", "peak_tflops_fp16", "memory_gib", "hbm_bandwidth_GBps"):
+        for name in (
+            "peak_tflops_fp32",
+            "peak_tflops_bf16",
+            "peak_tflops_fp16",
+            "memory_gib",
+            "hbm_bandwidth_GBps",
+        ):
             _positive_float("gpu", name, getattr(self, name))
         _positive_float("gpu", "peak_tflops_fp8", self.peak_tflops_fp8, allow_zero=True)
         _positive_float("gpu", "peak_tflops_tf32", self.peak_tflops_tf32, allow_zero=True)
-        for name in ("gemm_efficiency_max", "memory_efficiency", "flash_fwd_efficiency", "flash_bwd_efficiency"):
+        for name in (
+            "gemm_efficiency_max",
+            "memory_efficiency",
+            "flash_fwd_efficiency",
+            "flash_bwd_efficiency",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"gpu.{name} must be in (0, 1], got {value!r}")
@@ -394,14 +420,19 @@ class Training:
             _positive_float("training", "host_us_per_block", self.host_us_per_block, allow_zero=True)
         for name in _STACK_OVERRIDES:
             value = getattr(self, name)
-            if value is not None and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction") \
-                    and not isinstance(value, bool):
+            if (
+                value is not None
+                and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction")
+                and not isinstance(value, bool)
+            ):
                 raise ValueError(f"training.{name} must be true, false or null, got {value!r}")
         object.__setattr__(self, "_stack", self._resolve_stack())
 
     def _resolve_stack(self) -> Stack:
         base = stacks.resolve(self.stack)
-        overrides = {name: getattr(self, name) for name in _STACK_OVERRIDES if getattr(self, name) is not None}
+        overrides = {
+            name: getattr(self, name) for name in _STACK_OVERRIDES if getattr(self, name) is not None
+        }
         try:
             return replace(base, **overrides) if overrides else base
         except ValueError as exc:
@@ -462,7 +493,7 @@ class Plan:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "virtual_stages"):
+        for name in (*DEGREE_FIELDS, "micro_batch_size", "virtual_stages"):
             _positive_int("plan", name, getattr(self, name))
         _choice("plan", "schedule", self.schedule, SCHEDULES)
         _choice("plan", "recompute", self.recompute, RECOMPUTE)
@@ -481,7 +512,7 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.G_data * self.G_inter * self.G_intra_d * self.G_intra_r * self.G_intra_c
+        return math.prod(getattr(self, name) for name in DEGREE_FIELDS)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -491,10 +522,12 @@ class Plan:
         return int(getattr(self, AXIS_FIELDS[axis]))
 
     def grid_string(self) -> str:
-        return (
-            f"G_data={self.G_data} G_inter={self.G_inter} G_intra_d={self.G_intra_d} "
-            f"G_intra_r={self.G_intra_r} G_intra_c={self.G_intra_c}"
-        )
+        return " ".join(f"{name}={getattr(self, name)}" for name in DEGREE_FIELDS)
+
+
+SCALAR_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "placement")
+"""Every Plan field but the placement: one number or name per plan (the columns of
+`perfmodels.plans.PlanArrays`, the CSV of candidates, what differs between two plans)."""
 
 
 def validate_combination(model: Model, cluster: Cluster, training: Training, plan: Plan) -> None:
@@ -505,56 +538,67 @@ def validate_combination(model: Model, cluster: Cluster, training: Training, pla
 
 
 def combination_problems(model: Model, cluster: Cluster, training: Training, plan: Plan) -> list[str]:
+    """Every rule of `perfmodels.rules` this plan breaks, in words that name the fields and values
+    (empty when the combination is valid). The search applies the same rules to whole columns of
+    plans in `tuner/constraints.py`."""
+    from perfmodels import rules  # rules is a leaf module; imported here to keep specs free of cycles
+
     problems: list[str] = []
     if plan.world_size != cluster.num_gpus:
         problems.append(
-            f"G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = {plan.G_data}*{plan.G_inter}*{plan.G_intra_d}*"
-            f"{plan.G_intra_r}*{plan.G_intra_c} = {plan.world_size} but cluster.num_gpus = {cluster.num_gpus}"
+            f"{'*'.join(DEGREE_FIELDS)} = {'*'.join(str(getattr(plan, f)) for f in DEGREE_FIELDS)} = "
+            f"{plan.world_size} but cluster.num_gpus = {cluster.num_gpus}"
         )
-    batch_split = plan.G_data * plan.G_intra_d * plan.micro_batch_size
-    if training.global_batch_size % batch_split:
+    gb, mb = training.global_batch_size, plan.micro_batch_size
+    if not rules.microbatch_split(gb, plan.G_data, plan.G_intra_d, mb):
         problems.append(
-            f"training.global_batch_size={training.global_batch_size} is not divisible by "
-            f"G_data*G_intra_d*micro_batch_size = {plan.G_data}*{plan.G_intra_d}*{plan.micro_batch_size} = {batch_split}"
+            f"training.global_batch_size={gb} is not divisible by G_data*G_intra_d*micro_batch_size = "
+            f"{plan.G_data}*{plan.G_intra_d}*{mb} = {plan.G_data * plan.G_intra_d * mb}"
         )
-    if model.is_transformer:
-        if model.num_attention_heads % plan.G_intra_r:
-            problems.append(
-                f"G_intra_r={plan.G_intra_r} does not divide model.num_attention_heads={model.num_attention_heads}"
-            )
-        elif int(model.num_query_groups) % plan.G_intra_r and plan.G_intra_r % int(model.num_query_groups):
-            problems.append(
-                f"G_intra_r={plan.G_intra_r} and model.num_query_groups={model.num_query_groups}: "
-                "neither divides the other"
-            )
-        tp = plan.G_intra_r * plan.G_intra_c
-        if model.hidden_size % (plan.G_intra_r * plan.G_intra_c):
-            problems.append(f"G_intra_r*G_intra_c={tp} does not divide model.hidden_size={model.hidden_size}")
-        if int(model.ffn_hidden_size) % tp:
-            problems.append(f"G_intra_r*G_intra_c={tp} does not divide model.ffn_hidden_size={model.ffn_hidden_size}")
-        chunks = plan.G_inter * plan.virtual_stages
-        if model.num_layers < chunks:
-            problems.append(
-                f"model.num_layers={model.num_layers} is fewer than G_inter*virtual_stages = "
-                f"{plan.G_inter}*{plan.virtual_stages} = {chunks} pipeline chunks"
-            )
-    else:
-        if len(model.layers) < plan.G_inter * plan.virtual_stages:
-            problems.append(
-                f"model has {len(model.layers)} layers, fewer than G_inter*virtual_stages = "
-                f"{plan.G_inter * plan.virtual_stages}"
-            )
+    problems += _shape_problems(model, plan)
+    chunks = plan.G_inter * plan.virtual_stages
+    if not rules.enough_layers(model.depth, plan.G_inter, plan.virtual_stages):
+        problems.append(
+            f"model.num_layers={model.num_layers} is fewer than G_inter*virtual_stages = "
+            f"{plan.G_inter}*{plan.virtual_stages} = {chunks} pipeline chunks" if model.is_transformer else
+            f"model has {model.depth} layers, fewer than G_inter*virtual_stages = {chunks}"
+        )
     if plan.schedule == "interleaved-1f1b" and plan.G_inter > 1:
-        per_replica = training.global_batch_size // max(1, plan.G_data * plan.G_intra_d * plan.micro_batch_size)
-        if per_replica % plan.G_inter:
+        m = rules.num_microbatches(gb, plan.G_data, plan.G_intra_d, mb)
+        if not rules.interleave_fits(m, plan.G_inter):
             problems.append(
-                f"interleaved-1f1b needs the number of micro-batches ({per_replica}) to be a multiple of "
+                f"interleaved-1f1b needs the number of micro-batches ({m}) to be a multiple of "
                 f"G_inter={plan.G_inter}"
             )
-    if plan.sequence_parallel and plan.G_intra_c * plan.G_intra_d != 1:
-        problems.append("plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)")
-    if plan.G_intra_d > 1 and plan.zero_stage == 3:
-        pass  # allowed: ZeRO-3 over data on top of depth sharding
+    if plan.sequence_parallel and not rules.sequence_parallel_row_only(plan.G_intra_d, plan.G_intra_c):
+        problems.append(
+            "plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)"
+        )
+    return problems
+
+
+def _shape_problems(model: Model, plan: Plan) -> list[str]:
+    """The tensor-parallel split of a transformer's heads, query groups and hidden sizes (a model
+    given as an explicit layer list has its own per-layer `parallel` flags instead)."""
+    from perfmodels import rules
+
+    if not model.is_transformer:
+        return []
+    problems: list[str] = []
+    r, c = plan.G_intra_r, plan.G_intra_c
+    if not rules.heads_split(model.num_attention_heads, r):
+        problems.append(
+            f"G_intra_r={r} does not divide model.num_attention_heads={model.num_attention_heads}"
+        )
+    elif not rules.query_groups_split(int(model.num_query_groups), r):
+        # only said when the heads split: a head split that fails already explains the layout
+        problems.append(
+            f"G_intra_r={r} and model.num_query_groups={model.num_query_groups}: neither divides the other"
+        )
+    for name in ("hidden_size", "ffn_hidden_size"):
+        size = int(getattr(model, name))
+        if not rules.hidden_split(size, r, c):
+            problems.append(f"G_intra_r*G_intra_c={r * c} does not divide model.{name}={size}")
     return problems
 
 

@@ -14,12 +14,14 @@ overlap_grad_reduce=False)`).
 Every field documents the framework behaviour it encodes. Memory per parameter in mixed
 precision (bf16/fp16/fp8 compute), before ZeRO sharding, by stack (d = G_data):
 
-| stack | weights | gradients | fp32 master + Adam | notes |
-|---|---|---|---|---|
-| megatron-lm, megatron-core | 2 | 4 (fp32 main_grad for bf16; 2 for fp16) | 12 (/d with the distributed optimizer) | dist-opt (ZeRO-1): 6 + 12/d; Apex DFA (ZeRO-2): 4 + 10/d |
-| megatron-deepspeed, deepspeed | 2 | 2 (+ 4 fp32 accumulator in bf16) | 12 | ZeRO-2 keeps only its gradient shard |
-| fsdp, torchtitan | 4 (fp32 flat parameter) | 4 | 8 | FULL_SHARD: all /d; bf16 copies only of the units being computed |
-| gridtune | 4 (fp32, autocast casts per op) | 4 | 8 | what `engine` holds |
+- megatron-lm, megatron-core: weights 2, gradients 4 (fp32 main_grad for bf16; 2 for fp16),
+  fp32 master + Adam 12 (/d with the distributed optimizer); dist-opt (ZeRO-1): 6 + 12/d,
+  Apex DFA (ZeRO-2): 4 + 10/d;
+- megatron-deepspeed, deepspeed: weights 2, gradients 2 (+ 4 fp32 accumulator in bf16), master + Adam
+  12; ZeRO-2 keeps only its gradient shard;
+- fsdp, torchtitan: weights 4 (fp32 flat parameter), gradients 4, Adam 8; FULL_SHARD: all /d, bf16
+  copies only of the units being computed;
+- gridtune: weights 4 (fp32, autocast casts per op), gradients 4, Adam 8: what `engine` holds.
 """
 
 from __future__ import annotations
@@ -167,14 +169,23 @@ class Stack:
             raise ValueError(f"stack.selective_recompute must be 'attention-core' or 'per-op', "
                              f"got {self.selective_recompute!r}")
         if not 0.0 <= self.host_exposed_fraction <= 1.0:
-            raise ValueError(f"stack.host_exposed_fraction must be in [0, 1], got {self.host_exposed_fraction!r}")
+            raise ValueError(
+                f"stack.host_exposed_fraction must be in [0, 1], got {self.host_exposed_fraction!r}"
+            )
         object.__setattr__(self, "schedules", tuple(self.schedules))
         object.__setattr__(self, "host_split_axis_costs", tuple(float(x) for x in self.host_split_axis_costs))
         if len(self.host_split_axis_costs) != 3 or any(not 0 <= x <= 10 for x in self.host_split_axis_costs):
-            raise ValueError(f"stack.host_split_axis_costs must be three numbers in [0, 10] (row, col, depth), "
-                             f"got {self.host_split_axis_costs!r}")
-        if not isinstance(self.optimizer_step_bytes, (int, float)) or not 0 <= self.optimizer_step_bytes <= 1000:
-            raise ValueError(f"stack.optimizer_step_bytes must be in [0, 1000], got {self.optimizer_step_bytes!r}")
+            raise ValueError(
+                f"stack.host_split_axis_costs must be three numbers in [0, 10] (row, col, depth), "
+                f"got {self.host_split_axis_costs!r}"
+            )
+        if (
+            not isinstance(self.optimizer_step_bytes, (int, float))
+            or not 0 <= self.optimizer_step_bytes <= 1000
+        ):
+            raise ValueError(
+                f"stack.optimizer_step_bytes must be in [0, 1000], got {self.optimizer_step_bytes!r}"
+            )
         for name in ("host_scale", "split_axis_memory_passes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
@@ -182,14 +193,27 @@ class Stack:
         object.__setattr__(self, "zero_stages", tuple(self.zero_stages))
         bad = [x for x in self.schedules if x not in ("gpipe", "1f1b", "interleaved-1f1b")]
         if bad or not self.schedules:
-            raise ValueError(f"stack.schedules must name some of gpipe, 1f1b, interleaved-1f1b, got {self.schedules!r}")
+            raise ValueError(
+                f"stack.schedules must name some of gpipe, 1f1b, interleaved-1f1b, got {self.schedules!r}"
+            )
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ValueError(f"stack.zero_stages must be some of 0, 1, 2, 3, got {self.zero_stages!r}")
         if self.host_us_per_block is not None and not 0.0 <= self.host_us_per_block <= 1e6:
-            raise ValueError(f"stack.host_us_per_block must be in [0, 1e6] us, got {self.host_us_per_block!r}")
-        for name in ("weight_bytes", "master_bytes", "grad_bytes_bf16", "grad_bytes_fp16", "fp32_grad_bytes_bf16",
-                     "optimizer_state_bytes", "fp8_weight_cache_bytes", "context_gib", "comm_buffer_gib",
-                     "fragmentation"):
+            raise ValueError(
+                f"stack.host_us_per_block must be in [0, 1e6] us, got {self.host_us_per_block!r}"
+            )
+        for name in (
+            "weight_bytes",
+            "master_bytes",
+            "grad_bytes_bf16",
+            "grad_bytes_fp16",
+            "fp32_grad_bytes_bf16",
+            "optimizer_state_bytes",
+            "fp8_weight_cache_bytes",
+            "context_gib",
+            "comm_buffer_gib",
+            "fragmentation",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 64.0:
                 raise ValueError(f"stack.{name} must be a number in [0, 64], got {value!r}")
@@ -213,53 +237,122 @@ _FSDP = dict(weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes
 STACK_PRESETS: dict[str, Stack] = {
     s.name: s
     for s in (
-        Stack(name="megatron-lm", summary="Megatron-LM 2019-22: unfused attention, local DDP reducing after "
-              "backward, no distributed optimizer, scatter-gather pipeline sends",
-              overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
-              zero_stages=(0,), **_MEGATRON),
-        Stack(name="megatron-core", summary="Megatron-Core / NeMo with Transformer Engine: flash attention, "
-              "distributed optimizer reducing once per step behind the last backward, overlapped gathers",
-              overlap_grad_reduce=True, overlap_param_gather=True, flash_attention=True,
-              zero2_grad_bytes=2.0, zero2_master_bytes=2.0, zero_stages=(0, 1, 2), **_MEGATRON),
+        Stack(
+            name="megatron-lm",
+            summary="Megatron-LM 2019-22: unfused attention, local DDP reducing after "
+            "backward, no distributed optimizer, scatter-gather pipeline sends",
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            flash_attention=False,
+            zero_stages=(0,),
+            **_MEGATRON,
+        ),
+        Stack(
+            name="megatron-core",
+            summary="Megatron-Core / NeMo with Transformer Engine: flash attention, "
+            "distributed optimizer reducing once per step behind the last backward, overlapped gathers",
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            flash_attention=True,
+            zero2_grad_bytes=2.0,
+            zero2_master_bytes=2.0,
+            zero_stages=(0, 1, 2),
+            **_MEGATRON,
+        ),
         # host_exposed_fraction stays 0: an additive host cost (0.5) improved vTrain's 3.6B group (10.3% ->
         # 7.3%) but worsened its 39.1B ranking (0.60 -> 0.53) and the single-node runs (+32% on 4 GPUs),
         # so the data do not support it for this stack
-        Stack(name="megatron-deepspeed", summary="Megatron-DeepSpeed: Megatron layers on the DeepSpeed "
-              "engine (BF16/FP16 optimizer, pipeline engine reducing gradients after the schedule)",
-              overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
-              p2p_scatter_gather=True, schedules=("1f1b",), zero_stages=(0, 1, 2, 3),
-              sequence_parallel=False, **_DEEPSPEED),
-        Stack(name="deepspeed", summary="DeepSpeed ZeRO 1-3 (bucketed reduction overlapped with backward, "
-              "ZeRO-2 reducing every micro-batch, ZeRO-3 prefetching parameters)",
-              overlap_grad_reduce=True, overlap_param_gather=True, flash_attention=False, schedules=("1f1b",),
-              zero_stages=(0, 1, 2, 3), sequence_parallel=False, **_DEEPSPEED),
-        Stack(name="fsdp", summary="PyTorch FSDP1 as LLM Foundry / Composer run it: fp32 flat parameters "
-              "sharded, bf16 compute, prefetching, gradients reduce-scattered per micro-batch",
-              flash_attention=True, zero_stages=(0, 2, 3), tensor_parallel=False, pipeline_parallel=False,
-              sequence_parallel=False, **_FSDP),
-        Stack(name="torchtitan", summary="torchtitan: FSDP2 + tensor/pipeline parallelism, per-op selective "
-              "activation checkpointing", flash_attention=True, selective_recompute="per-op",
-              schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 2, 3), **_FSDP),
-        Stack(name="oneflow", summary="OneFlow GPT (2021): Megatron-style layers, whole-activation pipeline "
-              "sends, gradient reduction after backward",
-              overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False, p2p_scatter_gather=False,
-              weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=4.0, grad_bytes_fp16=2.0,
-              schedules=("gpipe", "1f1b"), zero_stages=(0,), sequence_parallel=False),
-        Stack(name="gridtune", summary="gridtune's own engine: fp32 parameters under autocast, PyTorch SDPA, "
-              "data-parallel all-reduce in buckets overlapped with the last micro-batch's backward, "
-              "ZeRO 1-2 (ZeRO-2 reducing once per step; engine.Zero3 is not offered to the search yet), "
-              "synchronous tensor-parallel collectives",
-              overlap_grad_reduce=True, overlap_param_gather=False, overlap_tp_comm=False, flash_attention=True,
-              weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
-              schedules=("gpipe", "1f1b", "interleaved-1f1b"), zero_stages=(0, 1, 2), tensor_parallel_3d=True,
-              sequence_parallel=False, vocab_parallel_embedding=False,
-              # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
-              # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
-              # unsharded, +20% with row, +60% with col, +30% with depth split; each split axis
-              # doubles the block's element-wise traffic (layout conversions, split norms);
-              # torch.optim.AdamW (foreach) streams ~94 bytes per parameter
-              host_scale=2.0 / 3.0, host_split_axis_costs=(0.2, 0.6, 0.3), split_axis_memory_passes=1.0,
-              optimizer_step_bytes=94.0),
+        Stack(
+            name="megatron-deepspeed",
+            summary="Megatron-DeepSpeed: Megatron layers on the DeepSpeed "
+            "engine (BF16/FP16 optimizer, pipeline engine reducing gradients after the schedule)",
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            flash_attention=False,
+            p2p_scatter_gather=True,
+            schedules=("1f1b",),
+            zero_stages=(0, 1, 2, 3),
+            sequence_parallel=False,
+            **_DEEPSPEED,
+        ),
+        Stack(
+            name="deepspeed",
+            summary="DeepSpeed ZeRO 1-3 (bucketed reduction overlapped with backward, "
+            "ZeRO-2 reducing every micro-batch, ZeRO-3 prefetching parameters)",
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            flash_attention=False,
+            schedules=("1f1b",),
+            zero_stages=(0, 1, 2, 3),
+            sequence_parallel=False,
+            **_DEEPSPEED,
+        ),
+        Stack(
+            name="fsdp",
+            summary="PyTorch FSDP1 as LLM Foundry / Composer run it: fp32 flat parameters "
+            "sharded, bf16 compute, prefetching, gradients reduce-scattered per micro-batch",
+            flash_attention=True,
+            zero_stages=(0, 2, 3),
+            tensor_parallel=False,
+            pipeline_parallel=False,
+            sequence_parallel=False,
+            **_FSDP,
+        ),
+        Stack(
+            name="torchtitan",
+            summary="torchtitan: FSDP2 + tensor/pipeline parallelism, per-op selective "
+            "activation checkpointing",
+            flash_attention=True,
+            selective_recompute="per-op",
+            schedules=("gpipe", "1f1b", "interleaved-1f1b"),
+            zero_stages=(0, 2, 3),
+            **_FSDP,
+        ),
+        Stack(
+            name="oneflow",
+            summary="OneFlow GPT (2021): Megatron-style layers, whole-activation pipeline "
+            "sends, gradient reduction after backward",
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            flash_attention=False,
+            p2p_scatter_gather=False,
+            weight_bytes=2.0,
+            master_bytes=4.0,
+            grad_bytes_bf16=4.0,
+            grad_bytes_fp16=2.0,
+            schedules=("gpipe", "1f1b"),
+            zero_stages=(0,),
+            sequence_parallel=False,
+        ),
+        Stack(
+            name="gridtune",
+            summary="gridtune's own engine: fp32 parameters under autocast, PyTorch SDPA, "
+            "data-parallel all-reduce in buckets overlapped with the last micro-batch's backward, "
+            "ZeRO 1-2 (ZeRO-2 reducing once per step; engine.Zero3 is not offered to the search yet), "
+            "synchronous tensor-parallel collectives",
+            overlap_grad_reduce=True,
+            overlap_param_gather=False,
+            overlap_tp_comm=False,
+            flash_attention=True,
+            weight_bytes=4.0,
+            master_bytes=0.0,
+            grad_bytes_bf16=4.0,
+            grad_bytes_fp16=4.0,
+            schedules=("gpipe", "1f1b", "interleaved-1f1b"),
+            zero_stages=(0, 1, 2),
+            tensor_parallel_3d=True,
+            sequence_parallel=False,
+            vocab_parallel_embedding=False,
+            # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
+            # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
+            # unsharded, +20% with row, +60% with col, +30% with depth split; each split axis
+            # doubles the block's element-wise traffic (layout conversions, split norms);
+            # torch.optim.AdamW (foreach) streams ~94 bytes per parameter
+            host_scale=2.0 / 3.0,
+            host_split_axis_costs=(0.2, 0.6, 0.3),
+            split_axis_memory_passes=1.0,
+            optimizer_step_bytes=94.0,
+        ),
     )
 }
 """The presets, by name. `perfmodels.stacks.preset(name, **overrides)` builds one with changes."""

@@ -49,6 +49,7 @@ from perfmodels.specs import (
     Training,
     validate_combination,
 )
+from perfmodels.stacks import Stack
 from perfmodels.traffic import CommEvent, StageShape, comm_events, stage_shape
 
 TP_TAGS = ("tp_fwd", "tp_bwd", "norm", "loss", "convert")
@@ -104,13 +105,19 @@ class BatchPrediction:
             tflops_per_gpu=float(self.tflops_per_gpu[i]),
             mfu=float(self.mfu[i]),
             memory=MemoryBreakdown(
-                per_gpu_gib=float(mem.total_gib[i]), capacity_gib=mem.capacity_gib,
-                fits=bool(mem.total_gib[i] <= mem.capacity_gib), params_gib=float(mem.params_gib[i]),
-                grads_gib=float(mem.grads_gib[i]), optimizer_gib=float(mem.optimizer_gib[i]),
-                activations_gib=float(mem.activations_gib[i]), comm_buffers_gib=float(mem.comm_buffers_gib[i]),
+                per_gpu_gib=float(mem.total_gib[i]),
+                capacity_gib=mem.capacity_gib,
+                fits=bool(mem.total_gib[i] <= mem.capacity_gib),
+                params_gib=float(mem.params_gib[i]),
+                grads_gib=float(mem.grads_gib[i]),
+                optimizer_gib=float(mem.optimizer_gib[i]),
+                activations_gib=float(mem.activations_gib[i]),
+                comm_buffers_gib=float(mem.comm_buffers_gib[i]),
                 overhead_gib=float(mem.overhead_gib[i]),
             ),
-            breakdown=TimeBreakdown(**{name: float(p[name][i]) for name in TimeBreakdown.__dataclass_fields__}),
+            breakdown=TimeBreakdown(
+                **{name: float(p[name][i]) for name in TimeBreakdown.__dataclass_fields__}
+            ),
             bytes_per_group={k: float(v[i]) for k, v in self.bytes_per_group.items()},
             calls_per_group={k: float(v[i]) for k, v in self.calls_per_group.items()},
             constants_source=self.constants_source,
@@ -176,7 +183,9 @@ def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, event
     return np.where(g["size"] > 1, per_call, 0.0)
 
 
-def _prefetched_exposed(total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray) -> np.ndarray:
+def _prefetched_exposed(
+    total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray
+) -> np.ndarray:
     """Exposed part of per-micro-batch collectives that a prefetching stream runs behind compute:
     what `PREFETCH_COVER` of the compute cannot cover, and never less than `FIRST_GATHER_SHARE` of
     one micro-batch's share (the first gather has nothing to hide behind). Not overlapped: all of it."""
@@ -193,6 +202,120 @@ def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
                       is_first=np.ones(len(arrays), bool), is_last=np.ones(len(arrays), bool))
 
 
+def _comm_by_kind(secs: dict[tuple[str, str], np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """Seconds of communication per kind that the overlap rules treat alike, summed over the axes
+    they run on (`secs` is keyed by (axis, category) as `_comm_seconds` returns it)."""
+    zeros = np.zeros(n)
+
+    def total(axes: tuple[str, ...], cats: tuple[str, ...]) -> np.ndarray:
+        return sum((secs.get((a, c), zeros) for a in axes for c in cats), zeros.copy())
+
+    tp_cats = ("tp_exposed", "tp_fwd_half", "tp_bwd")
+    return {
+        "row": total(("row",), tp_cats),
+        "col": total(("col",), tp_cats),
+        "tp_bwd": total(("row", "col"), ("tp_bwd",)),
+        "tp_exposed": total(("row", "col"), ("tp_exposed",)),
+        "tp_fwd_half": total(("row", "col"), ("tp_fwd_half",)),
+        "depth": total(("depth",), ("depth",)),
+        "dp_mb": total(("data",), ("dp_mb",)),
+        "dp_step": total(("data",), ("dp_step",)),
+        "dp_param": total(("data",), ("dp_param",)),
+        "zero3": total(("data",), ("zero3",)),
+        "depth_grad": total(("depth",), ("depth_grad",)),
+    }
+
+
+def _host_seconds_per_microbatch(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                                 st: StageShape) -> np.ndarray:
+    """Host time to issue one micro-batch of the busiest stage: each block's forward, backward
+    (twice the ops) and recomputation, dearer per split tensor-parallel axis (more, smaller ops).
+    Layer-list models: per-layer host costs are inside their compute, so none here."""
+    stack = training.effective_stack
+    passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
+    blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(len(arrays))
+    cost_r, cost_c, cost_d = stack.host_split_axis_costs
+    axis_factor = (
+        1.0
+        + cost_r * (arrays.G_intra_r > 1)
+        + cost_c * (arrays.G_intra_c > 1)
+        + cost_d * (arrays.G_intra_d > 1)
+    )
+    return host_seconds_per_block(cluster, training) * passes * blocks_issued * axis_factor
+
+
+def _per_group_totals(events: list[CommEvent], n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(bytes, calls) per step on each axis's groups, for the report."""
+    axes = ("row", "col", "depth", "inter", "data")  # the order the answers have always listed them in
+    byte_totals: dict[str, np.ndarray] = {a: np.zeros(n) for a in axes}
+    call_totals: dict[str, np.ndarray] = {a: np.zeros(n) for a in axes}
+    for ev in events:
+        byte_totals[ev.axis] = byte_totals[ev.axis] + ev.payload_bytes * ev.calls
+        call_totals[ev.axis] = call_totals[ev.axis] + ev.calls
+    return byte_totals, call_totals
+
+
+def _uncertainty(cluster: Cluster) -> float:
+    """The relative band a prediction claims, by where its constants come from."""
+    prof = cluster.profile
+    # preset GPU constants are checked against published runs (MAPE ~11%); the CPU "device" preset is
+    # an order-of-magnitude guess until `gridtune profile` measures the machine
+    # the band comes from measured error: a profile's microbenchmarks do not measure a training step,
+    # so until calibration against measured steps (which sets uncertainty_rel from leave-one-out
+    # errors) the band stays the preset's
+    preset_band = UNCERTAINTY_CPU_PRESET if cluster.gpu.vendor == "cpu" else UNCERTAINTY_PRESET
+    if prof is None:
+        return float(preset_band)
+    if prof.source == "calibrated":
+        return float(prof.uncertainty_rel or UNCERTAINTY_CALIBRATED)
+    return float(max(preset_band, prof.uncertainty_rel or 0.0))
+
+
+def _once_per_step_data_parallel(t: dict[str, np.ndarray], comp: StageCompute, stack: Stack,
+                                 c_dp: float) -> tuple[np.ndarray, np.ndarray]:
+    """(total, exposed) seconds of the data-parallel communication that runs once per step: the
+    gradient reduction after the last backward, and the distributed optimizer's parameter gather."""
+    dp_total = t["dp_step"] * c_dp
+    # overlapped gradient reduction runs in buckets behind the last backward; its last bucket
+    # (DP_OVERLAP_TAIL of it) always waits
+    window = comp.bwd_s + comp.recompute_s
+    dp_exposed = np.where(stack.overlap_grad_reduce,
+                          np.maximum(dp_total - window, DP_OVERLAP_TAIL * dp_total), dp_total)
+    # the distributed optimizer's parameter all-gather: behind the next step's forward when the
+    # stack overlaps it (Megatron --overlap-param-gather), else after the optimizer step
+    dp_param_total = t["dp_param"] * c_dp
+    dp_param_exposed = np.where(stack.overlap_param_gather,
+                                np.maximum(dp_param_total - comp.fwd_s, DP_OVERLAP_TAIL * dp_param_total),
+                                dp_param_total)
+    return dp_total + dp_param_total, dp_exposed + dp_param_exposed
+
+
+def _tensor_parallel_exposed(t: dict[str, np.ndarray], stack: Stack, c_tp: float,
+                             wgrad_step: np.ndarray) -> np.ndarray:
+    """Tensor-parallel seconds on the critical path: what never overlaps, TP_FWD_EXPOSED_SHARE of
+    the forward collectives, and the backward input-grad all-reduce less the weight-grad GEMMs it
+    runs behind when the stack overlaps them."""
+    tp_exposed = t["tp_exposed"] + TP_FWD_EXPOSED_SHARE * t["tp_fwd_half"]
+    tp_bwd = t["tp_bwd"] * c_tp
+    return tp_exposed * c_tp + np.where(stack.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
+
+
+def _pipeline_seconds(arrays: PlanArrays, m: np.ndarray, t_mb: np.ndarray, comp: StageCompute,
+                      avg: StageCompute, p2p_call_s: np.ndarray,
+                      c_pp: float) -> tuple[np.ndarray, np.ndarray]:
+    """(bubble, p2p on the critical path) in seconds. The bubble is idle time of the average stage,
+    not the busiest: `t_mb` (the busiest stage's micro-batch) is scaled by their compute ratio."""
+    avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
+        comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
+    bubble = bubble_s(t_mb * avg_ratio, arrays.G_inter, arrays.schedule, arrays.virtual_stages)
+    p2p = (
+        p2p_transfers_on_critical_path(m, arrays.G_inter, arrays.schedule, arrays.virtual_stages)
+        * p2p_call_s
+        * c_pp
+    )
+    return bubble, p2p
+
+
 def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
     """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first)."""
     m = arrays.num_microbatches(training).astype(np.float64)
@@ -203,91 +326,50 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     events = comm_events(model, training, arrays, "busiest")
     prof = cluster.profile
     corr = (lambda name: prof.correction(name)) if prof is not None else (lambda name: 1.0)
-
-    n = len(arrays)
-    zeros = np.zeros(n)
-    secs = _comm_seconds(cluster, training, arrays, events, geo)
-
-    def total(axes: tuple[str, ...], cats: tuple[str, ...]) -> np.ndarray:
-        return sum((secs.get((a, c), zeros) for a in axes for c in cats), zeros.copy())
-
-    tp_cats = ("tp_exposed", "tp_fwd_half", "tp_bwd")
-    t = {
-        "row": total(("row",), tp_cats),
-        "col": total(("col",), tp_cats),
-        "tp_bwd": total(("row", "col"), ("tp_bwd",)),
-        "depth": total(("depth",), ("depth",)),
-        "dp_mb": total(("data",), ("dp_mb",)),
-        "dp_step": total(("data",), ("dp_step",)),
-        "dp_param": total(("data",), ("dp_param",)),
-        "zero3": total(("data",), ("zero3",)),
-        "depth_grad": total(("depth",), ("depth_grad",)),
-        "p2p_call": _p2p_seconds(cluster, training, arrays, events, geo),
-    }
-    tp_exposed = total(("row", "col"), ("tp_exposed",)) + TP_FWD_EXPOSED_SHARE * total(("row", "col"), ("tp_fwd_half",))
+    t = _comm_by_kind(_comm_seconds(cluster, training, arrays, events, geo), len(arrays))
+    t["p2p_call"] = _p2p_seconds(cluster, training, arrays, events, geo)
+    stack = training.effective_stack
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
     compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
     compute_step = m * compute_mb
     wgrad_step = m * comp.wgrad_s * c_compute
 
-    # tensor-parallel: backward input-grad all-reduce overlaps the weight-grad GEMM when enabled
-    tp_bwd = t["tp_bwd"] * c_tp
-    stack = training.effective_stack
-    tp_exposed = tp_exposed * c_tp + np.where(stack.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
+    tp_exposed = _tensor_parallel_exposed(t, stack, c_tp, wgrad_step)
     tp_total = (t["row"] + t["col"]) * c_tp
     depth_total = t["depth"] * c_dp
     depth_exposed = _prefetched_exposed(depth_total, stack.overlap_depth_comm, compute_step, m)
     # ZeRO-2 that keeps only its gradient shard reduce-scatters after every backward, in buckets
     # behind the rest of that backward when the stack overlaps gradient reduction
     dp_mb_total = t["dp_mb"] * c_dp
-    dp_mb_exposed = _prefetched_exposed(dp_mb_total, stack.overlap_grad_reduce, m * (comp.bwd_s + comp.recompute_s), m)
+    dp_mb_exposed = _prefetched_exposed(
+        dp_mb_total, stack.overlap_grad_reduce, m * (comp.bwd_s + comp.recompute_s), m
+    )
     # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
     # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
     zero3_total = t["zero3"] * c_dp
     zero3_exposed = _prefetched_exposed(zero3_total, stack.overlap_param_gather, compute_step, m)
     per_mb_exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed) / m
     t_mb_gpu = compute_mb + per_mb_exposed
-    # the host issues each block's forward, backward (twice the ops) and recomputation. Where the
-    # framework launches asynchronously the GPU only waits when it outruns the host (a floor);
-    # where it synchronizes around layers, `host_exposed_fraction` of the host time adds to the
-    # GPU's (layer-list models: per-layer host costs are inside their compute)
-    passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
-    blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(n)
-    cost_r, cost_c, cost_d = stack.host_split_axis_costs
-    axis_factor = 1.0 + cost_r * (arrays.G_intra_r > 1) + cost_c * (arrays.G_intra_c > 1) + cost_d * (arrays.G_intra_d > 1)
-    host_mb = host_seconds_per_block(cluster, training) * passes * blocks_issued * axis_factor
+    # where the framework launches asynchronously the GPU only waits when it outruns the host (a
+    # floor); where it synchronizes around layers, `host_exposed_fraction` of the host time adds
+    host_mb = _host_seconds_per_microbatch(model, cluster, training, arrays, st)
     t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
-    avg_ratio = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
-        comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
-    bubble = bubble_s(t_mb * avg_ratio, arrays.G_inter, arrays.schedule, arrays.virtual_stages)
-    p2p = p2p_transfers_on_critical_path(m, arrays.G_inter, arrays.schedule, arrays.virtual_stages) * t["p2p_call"] * c_pp
-
-    dp_total = t["dp_step"] * c_dp
-    window = comp.bwd_s + comp.recompute_s
-    dp_exposed = np.where(stack.overlap_grad_reduce,
-                          np.maximum(dp_total - window, DP_OVERLAP_TAIL * dp_total), dp_total)
-    # the distributed optimizer's parameter all-gather: behind the next step's forward when the
-    # stack overlaps it (Megatron --overlap-param-gather), else after the optimizer step
-    dp_param_total = t["dp_param"] * c_dp
-    dp_param_exposed = np.where(stack.overlap_param_gather,
-                                np.maximum(dp_param_total - comp.fwd_s, DP_OVERLAP_TAIL * dp_param_total),
-                                dp_param_total)
-    dp_exposed = dp_exposed + dp_param_exposed
-    dp_total = dp_total + dp_param_total
+    bubble, p2p = _pipeline_seconds(arrays, m, t_mb, comp, avg, t["p2p_call"], c_pp)
+    dp_total, dp_exposed = _once_per_step_data_parallel(t, comp, stack, c_dp)
     depth_grad = t["depth_grad"] * c_dp
     optimizer = comp.optimizer_s * c_compute
 
     iteration = m * t_mb + bubble + p2p + dp_exposed + depth_grad + optimizer
     tokens = float(training.global_batch_size * (model.seq_length if model.is_transformer else 1))
-    world = arrays.G_data * arrays.G_inter * arrays.G_intra_d * arrays.G_intra_r * arrays.G_intra_c
+    # model FLOPs (forward + backward = 3x forward, recomputation not counted), as MFU is defined
     flops = 3.0 * model_flops_per_token(model) * tokens
     peak = cluster.gpu.peak_tflops(training.dtype) * 1e12
-    tflops_per_gpu = flops / (iteration * world) / 1e12
+    tflops_per_gpu = flops / (iteration * arrays.world_size) / 1e12
     comm_total = tp_total + depth_total + dp_mb_total + zero3_total + dp_total + p2p + depth_grad
     exposed = tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + dp_exposed + p2p + depth_grad
-    parts = {
+    parts = {  # the TimeBreakdown fields, one array each
         "compute_s": compute_step,
         "gemm_s": m * (comp.gemm_fwd_s * 3.0) * c_compute,
         "attention_s": m * comp.attention_fwd_s * 3.0 * c_compute,
@@ -306,36 +388,22 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "host_wait_s": m * (t_mb - t_mb_gpu),
     }
     mem = peak_memory(model, cluster, training, arrays, st.blocks, m)
-    byte_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
-    call_totals: dict[str, np.ndarray] = {a: zeros.copy() for a in ("row", "col", "depth", "inter", "data")}
-    for ev in events:
-        byte_totals[ev.axis] = byte_totals[ev.axis] + ev.payload_bytes * ev.calls
-        call_totals[ev.axis] = call_totals[ev.axis] + ev.calls
+    byte_totals, call_totals = _per_group_totals(events, len(arrays))
     source = "preset" if prof is None else prof.source
-    # preset GPU constants are checked against published runs (MAPE ~11%); the CPU "device" preset is
-    # an order-of-magnitude guess until `gridtune profile` measures the machine
-    # the band comes from measured error: a profile's microbenchmarks do not measure a training step,
-    # so until calibration against measured steps (which sets uncertainty_rel from leave-one-out
-    # errors) the band stays the preset's
-    preset_band = UNCERTAINTY_CPU_PRESET if cluster.gpu.vendor == "cpu" else UNCERTAINTY_PRESET
-    if prof is None:
-        uncertainty = preset_band
-    elif prof.source == "calibrated":
-        uncertainty = prof.uncertainty_rel or UNCERTAINTY_CALIBRATED
-    else:
-        uncertainty = max(preset_band, prof.uncertainty_rel or 0.0)
     return BatchPrediction(
         arrays=arrays, iteration_time_s=iteration, tokens_per_s=tokens / iteration,
         tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu * 1e12 / peak, parts=parts, memory=mem,
         bytes_per_group=byte_totals, calls_per_group=call_totals, constants_source=source,
-        uncertainty_rel=float(uncertainty),
+        uncertainty_rel=_uncertainty(cluster),
     )
 
 
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
     m = arrays.num_microbatches(training).astype(np.float64)
-    return peak_memory(model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m)
+    return peak_memory(
+        model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m
+    )
 
 
 def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:

@@ -15,7 +15,7 @@ pipeline stage unless a stage index is given. e = bytes per element of the train
 statistics and loss reductions are fp32 (STAT_BYTES). m = micro-batches per step per (data, depth)
 replica; T = micro_batch_size * seq local tokens per micro-batch.
 
-3D-parallel Linear(k -> n) (DESIGN.md section 1; engine.linear), per micro-batch; "normal" splits
+3D-parallel Linear(k -> n) (engine.linear; docs/architecture.md), per micro-batch; "normal" splits
 input features over col and output over row, "transposed" swaps them:
   fwd  all-gather weight (depth)            n*k/(G_r*G_c) * e
   fwd  all-reduce partial output            normal: col, T*n/G_r ; transposed: row, T*n/G_c
@@ -144,7 +144,63 @@ class _Events:
         self.items.append(CommEvent(axis, op, phase, tag, np.asarray(p, dtype=np.float64), c))
 
 
-def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest") -> list[CommEvent]:
+def _sequence_parallel_events(ev: _Events, seq_calls: np.ndarray, full_rc: np.ndarray,
+                              nbytes: np.ndarray) -> None:
+    """Megatron sequence parallelism (row-only TP): each of a block's two forward and two backward
+    all-reduces (and the recomputed ones) becomes an all-gather plus a reduce-scatter of `nbytes`."""
+    for phase, calls in (
+        ("fwd", 2 * seq_calls),
+        ("bwd", 2 * seq_calls),
+        ("recompute", 2 * seq_calls * full_rc),
+    ):
+        tag = "tp_" + ("fwd" if phase != "bwd" else "bwd")
+        ev.add("row", "all_gather", phase, tag, nbytes, calls / 2)
+        ev.add("row", "reduce_scatter", phase, tag, nbytes, calls / 2)
+
+
+def _norm_events(ev: _Events, st: StageShape, m: np.ndarray, full_rc: np.ndarray, T: np.ndarray, *,
+                 stats: int) -> np.ndarray:
+    """Norms on the residual stream (features split over col) all-reduce their `stats` statistics
+    per token over col; returns the number of norms on the stage (two per block, plus the final
+    norm on the last stage)."""
+    blocks = st.blocks.astype(np.float64)
+    norms = 2 * blocks + st.has_head
+    ev.add("col", "all_reduce", "fwd", "norm", T * stats * STAT_BYTES, norms * m)
+    ev.add("col", "all_reduce", "bwd", "norm", T * stats * STAT_BYTES, norms * m)
+    ev.add("col", "all_reduce", "recompute", "norm", T * stats * STAT_BYTES, 2 * blocks * m * full_rc)
+    return norms
+
+
+def _zero3_units(training: Training, arrays: PlanArrays, st: StageShape, bias: bool, norm_params: int, *,
+                 block_linears: np.ndarray, emb: np.ndarray, vocab: np.ndarray, e: float,
+                 hidden: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """ZeRO-3 gather units on this stage, and their bytes when the stack pads each unit: whole
+    layers (blocks, embedding, final norm + head), each one flat vector zero-padded to a multiple of
+    G_data (engine.zero3, FSDP1); or every parameter tensor (4 weights (+4 biases) and 2 norms
+    (weight, +bias) per block), whose bytes are the parameters' (None)."""
+    blocks = st.blocks.astype(np.float64)
+    if training.effective_stack.zero3_gather != "layer":
+        per_block = 4 * (1 + bias) + 2 * norm_params
+        return blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (
+            1 + norm_params
+        ), None
+    units = blocks + st.has_embedding + st.has_head
+    G = arrays.G_data
+    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+    h, V = hidden, vocab
+
+    def pad(x: np.ndarray) -> np.ndarray:
+        return np.ceil(x / G) * G
+
+    head_unit = norm_params * h / G_c + h * V / (G_r * G_c) / G_d
+    unit_bytes = (blocks * pad(block_linears + 2 * norm_params * h / G_c) + st.has_embedding * pad(emb)
+                  + st.has_head * pad(head_unit)) * e
+    return units, unit_bytes
+
+
+def comm_events(
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
+) -> list[CommEvent]:
     """All communication of one rank in one optimizer step (steady state)."""
     if not model.is_transformer:
         return _layer_list_events(model, training, arrays, stage)
@@ -179,7 +235,8 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
         if_sp = sp & (out_axis == "row")
         ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", T * n / out_split * e, count * m * ~if_sp)
         ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, count * m)
-        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e, count * m * ~(sp & (in_axis == "row")))
+        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e,
+               count * m * ~(sp & (in_axis == "row")))
         ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
         # recomputation repeats the forward communication
         rc = full_rc & recomputed
@@ -197,18 +254,9 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
         linear(k, n, tr, blocks, bias, output_recomputed=i != len(linears) - 1)
     block_linears = local_params / np.maximum(blocks, 1.0)  # one block's Linear parameters (for ZeRO-3 units)
 
-    # Megatron sequence parallelism (row-only TP): each all-reduce becomes all-gather + reduce-scatter
-    seq_calls = blocks * m * sp
-    for phase, calls in (("fwd", 2 * seq_calls), ("bwd", 2 * seq_calls), ("recompute", 2 * seq_calls * full_rc)):
-        ev.add("row", "all_gather", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
-        ev.add("row", "reduce_scatter", phase, "tp_" + ("fwd" if phase != "bwd" else "bwd"), T * h * e, calls / 2)
+    _sequence_parallel_events(ev, blocks * m * sp, full_rc, T * h * e)
 
-    # norms on the residual stream (features split over col): statistics all-reduced over col
-    stats = 2 if bias else 1
-    norms = 2 * blocks + st.has_head  # two per block, plus the final norm on the last stage
-    ev.add("col", "all_reduce", "fwd", "norm", T * stats * STAT_BYTES, norms * m)
-    ev.add("col", "all_reduce", "bwd", "norm", T * stats * STAT_BYTES, norms * m)
-    ev.add("col", "all_reduce", "recompute", "norm", T * stats * STAT_BYTES, 2 * blocks * m * full_rc)
+    norms = _norm_events(ev, st, m, full_rc, T, stats=2 if bias else 1)
     norm_local = norms * norm_params * h / G_c
     local_params = local_params + norm_local
     replicated_over_depth = replicated_over_depth + norm_local
@@ -225,22 +273,8 @@ def comm_events(model: Model, training: Training, arrays: PlanArrays, stage: int
     linear(h, V, False, head, False, recomputed=False)  # full recomputation covers the blocks only
     ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
 
-    # ZeRO-3 gather units on this stage: blocks, embedding, final norm + head
-    unit_bytes = None
-    if training.effective_stack.zero3_gather == "layer":
-        units = blocks + st.has_embedding + st.has_head
-        # each unit is one flat vector zero-padded to a multiple of G_data (engine.zero3, FSDP1)
-        G = arrays.G_data
-
-        def pad(x: np.ndarray) -> np.ndarray:
-            return np.ceil(x / G) * G
-
-        head_unit = norm_params * h / G_c + h * V / (G_r * G_c) / G_d
-        unit_bytes = (blocks * pad(block_linears + 2 * norm_params * h / G_c) + st.has_embedding * pad(emb)
-                      + st.has_head * pad(head_unit)) * e
-    else:  # every parameter tensor: 4 weights (+4 biases), 2 norms (weight, +bias)
-        per_block = 4 * (1 + bias) + 2 * norm_params
-        units = blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (1 + norm_params)
+    units, unit_bytes = _zero3_units(training, arrays, st, bias, norm_params, block_linears=block_linears,
+                                     emb=emb, vocab=V, e=e, hidden=h)
     _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units, unit_bytes)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
@@ -273,9 +307,18 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     per_mb_zero2 = training.effective_stack.zero2_grad_reduce == "per_microbatch"
     z2_step = (z == 2) & (not per_mb_zero2)
     z2_mb = (z == 2) & per_mb_zero2
-    ev.add("data", "reduce_scatter", "step", "dp_grad", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | z2_step))
+    ev.add(
+        "data",
+        "reduce_scatter",
+        "step",
+        "dp_grad",
+        np.where(z >= 1, padded, grads),
+        1.0 * ((z == 1) | z2_step),
+    )
     ev.add("data", "reduce_scatter", "bwd", "dp_grad", padded, m * z2_mb)
-    ev.add("data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2)))
+    ev.add(
+        "data", "all_gather", "step", "dp_param", np.where(z >= 1, padded, grads), 1.0 * ((z == 1) | (z == 2))
+    )
     # ZeRO-3 holds neither full parameters nor full gradients: every micro-batch gathers each unit's
     # parameters for forward and again for backward (recomputation runs inside that backward
     # gather) and reduce-scatters each unit's gradients right after its backward. Under a pipeline
@@ -292,7 +335,9 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     ev.add("data", "reduce_scatter", "bwd", "zero3", scattered / u, zero3_calls)
 
 
-def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape) -> None:
+def _p2p_events(
+    ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.ndarray, st: StageShape
+) -> None:
     v = arrays.virtual_stages
     sends_fwd = np.where(st.is_last & (v == 1), 0, v) - (st.is_last & (v > 1))
     recvs_fwd = np.where(st.is_first & (v == 1), 0, v) - (st.is_first & (v > 1))
@@ -301,7 +346,9 @@ def _p2p_events(ev: _Events, arrays: PlanArrays, m: np.ndarray, act_bytes: np.nd
         ev.add("inter", op, phase, "p2p", act_bytes, calls * m)
 
 
-def _layer_list_events(model: Model, training: Training, arrays: PlanArrays, stage: int | str) -> list[CommEvent]:
+def _layer_list_events(
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str
+) -> list[CommEvent]:
     """Arbitrary networks under auto_parallelize: each parallel Linear takes and returns ordinary
     activations (local batch, full features), so around it the engine slices its input (free),
     all-gathers its output over row (fwd) and all-gathers its input grad over col (bwd); transposed

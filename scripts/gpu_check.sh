@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command for a GPU machine (issue 12): checks the engine's GPU path and the performance
+# The one command for a GPU machine: checks the engine's GPU path and the performance
 # model on this machine, prints one table, exits non-zero when a check fails or misses its target.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default OUT_DIR: ./gpu_check_out (or $OUT when set)
@@ -74,7 +74,7 @@ if [ "$NGPU" -gt 0 ]; then
     fi
 
     echo "== 4. gridtune profile on the GPU"
-    if $PY -m tuner.cli profile --nproc 1 --quick --out "$OUT_DIR/profile.json" 2>&1 | tee "$OUT_DIR/profile.log"; then
+    if $PY -m cli profile --nproc 1 --quick --out "$OUT_DIR/profile.json" 2>&1 | tee "$OUT_DIR/profile.log"; then
         res=$($PY -c "
 import json; d = json.load(open('$OUT_DIR/profile.json'))
 g, h = d.get('gemm_tflops_max'), d.get('hbm_bandwidth_GBps')
@@ -90,7 +90,7 @@ else
     rc=${PIPESTATUS[0]}
     row "engine tests on gloo (CPU)" "$(pytest_summary "$OUT_DIR/cpu_tests.log")" "all pass" \
         "$([ "$rc" -eq 0 ] && echo ok || echo FAIL)"
-    if OMP_NUM_THREADS=1 $PY -m tuner.cli profile --nproc 2 --quick --out "$OUT_DIR/profile.json" \
+    if OMP_NUM_THREADS=1 $PY -m cli profile --nproc 2 --quick --out "$OUT_DIR/profile.json" \
         > "$OUT_DIR/profile.log" 2>&1; then
         row "gridtune profile --nproc 2 (CPU)" "$(grep -E '^GEMM' "$OUT_DIR/profile.log" | head -1)" "fits" ok
     else

@@ -1,6 +1,7 @@
 """Print the essentials of a /v1/recommend answer read from stdin (used by quickstart.sh).
 
-    curl -s -X POST http://127.0.0.1:8000/v1/recommend -d @question.json | python scripts/print_recommendation.py
+    curl -s -X POST http://127.0.0.1:8000/v1/recommend -d @question.json |
+        python scripts/print_recommendation.py
 """
 
 import json
@@ -14,7 +15,9 @@ if best is None:
 plan = {k: v for k, v in best["plan"].items() if v is not None}
 pred = best["prediction"]
 if not answer.get("complete", True):
-    print(f"PARTIAL search: {answer.get('num_not_evaluated', 0):,} plans were not evaluated in the time budget")
+    print(
+        f"PARTIAL search: {answer.get('num_not_evaluated', 0):,} plans were not evaluated in the time budget"
+    )
 print("best plan:", plan)
 print(f"iteration {pred['iteration_time_s']:.2f} s, MFU {pred['mfu']:.1%}, "
       f"{pred['memory']['per_gpu_gib']:.1f} GiB per GPU, constants: {pred['constants_source']}")

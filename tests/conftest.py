@@ -21,12 +21,16 @@ def postgres_url() -> str:
     try:
         import sqlalchemy as sa
 
-        engine = sa.create_engine(url, connect_args={"connect_timeout": 3} if url.startswith("postgresql") else {})
+        engine = sa.create_engine(
+            url, connect_args={"connect_timeout": 3} if url.startswith("postgresql") else {}
+        )
         try:
             with engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
         finally:
             engine.dispose()
     except Exception as exc:  # no driver, no server, refused, auth: all mean "cannot run here"
-        pytest.skip(f"no PostgreSQL server answers at {url} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        pytest.skip(
+            f"no PostgreSQL server answers at {url} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        )
     return url

@@ -1,7 +1,16 @@
-"""perfmodels/, tuner/ and api/ must never import torch: the service starts and answers without it.
+"""The package layers, enforced: no upward import, no exceptions (docs/architecture.md, "Packages").
 
-Checked two ways: statically (no `import torch` in their sources) and dynamically (importing every
-module of those packages in a fresh interpreter leaves `torch` out of sys.modules).
+    cli/ ──> api/, engine/, tuner/, validation/, perfmodels/   (the composition root)
+    api/ ──> tuner/ ──> perfmodels/
+    engine/ ──> tuner/, perfmodels/
+    validation/ ──> perfmodels/
+
+`perfmodels`, `tuner`, `api` and `validation` never import torch, so the service starts and answers
+without it. Checked two ways: statically (every import statement in the sources, at module level or
+inside a function) and dynamically (importing every module of the torch-free packages in a fresh
+interpreter leaves `torch` out of sys.modules).
+
+Run: `.venv/bin/python -m pytest tests/test_layering.py`.
 """
 
 import ast
@@ -10,10 +19,21 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TORCH_FREE = ("perfmodels", "tuner", "api")
+OURS = {"perfmodels", "tuner", "api", "engine", "validation", "cli"}
+
+# package -> the packages of ours (besides itself) it may import; anything else of ours is upward.
+ALLOWED = {
+    "perfmodels": set(),
+    "validation": {"perfmodels"},
+    "tuner": {"perfmodels"},
+    "api": {"tuner", "perfmodels"},
+    "engine": {"tuner", "perfmodels"},
+}
+TORCH_FREE = ("perfmodels", "tuner", "api", "validation")
 
 
 def _imports(path: pathlib.Path) -> set[str]:
+    """Top-level names of every absolute import in the file, lazy ones (inside functions) included."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -24,25 +44,24 @@ def _imports(path: pathlib.Path) -> set[str]:
     return names
 
 
-def test_no_torch_import_in_sources():
+def test_no_upward_import():
     offenders = []
-    for pkg in TORCH_FREE:
-        for path in (ROOT / pkg).rglob("*.py"):
-            bad = _imports(path) & {"torch", "engine"}
-            # tuner/cli handlers may reach the engine lazily (inside functions), never at module level
-            if bad and not (path.parts[-2] == "cli" and _only_lazy(path)):
-                offenders.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    for pkg, allowed in ALLOWED.items():
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            upward = (_imports(path) & OURS) - allowed - {pkg}
+            if upward:
+                offenders.append(f"{path.relative_to(ROOT)} imports {sorted(upward)}")
     assert not offenders, offenders
 
 
-def _only_lazy(path: pathlib.Path) -> bool:
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            if any(m.split(".")[0] in ("torch", "engine") for m in mods):
-                return False
-    return True
+def test_no_torch_import_in_torch_free_sources():
+    offenders = [
+        str(path.relative_to(ROOT))
+        for pkg in TORCH_FREE
+        for path in sorted((ROOT / pkg).rglob("*.py"))
+        if "torch" in _imports(path)
+    ]
+    assert not offenders, offenders
 
 
 def test_importing_torch_free_packages_does_not_load_torch():

@@ -63,8 +63,12 @@ def resolve_gpu_name(name: str) -> tuple[str, str | None]:
     gpu = presets.gpu(name)
     if gpu.name.lower() == str(name).strip().lower():
         return gpu.name, None
-    variants = [g for g in presets.gpu_names() if g.lower().startswith(str(name).strip().lower().split("-")[0])]
-    others = f" (other variants: {', '.join(v for v in variants if v != gpu.name)})" if len(variants) > 1 else ""
+    variants = [
+        g for g in presets.gpu_names() if g.lower().startswith(str(name).strip().lower().split("-")[0])
+    ]
+    others = (
+        f" (other variants: {', '.join(v for v in variants if v != gpu.name)})" if len(variants) > 1 else ""
+    )
     return gpu.name, f"GPU {name!r} is taken as the {gpu.name} preset{others}"
 
 
@@ -101,7 +105,11 @@ def plausible_range(field: str) -> tuple[float, float, str] | None:
             return PLAUSIBLE[suffix]
     if field == "busbw_GBps":
         return PLAUSIBLE["bandwidth_GBps"]
-    if field.startswith("peak_tflops") or field == "gemm_tflops_max" or field in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+    if (
+        field.startswith("peak_tflops")
+        or field == "gemm_tflops_max"
+        or field in ("fp32", "tf32", "bf16", "fp16", "fp8")
+    ):
         return PLAUSIBLE["peak_tflops"]
     return None
 

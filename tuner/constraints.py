@@ -1,5 +1,9 @@
 """Named constraints: each looks at columns of plans and says which ones it rejects, and why.
 
+The rules themselves (what divides what) live in `perfmodels/rules.py`, shared with
+`perfmodels.specs.combination_problems` and `validation/candidates.py`; a constraint here applies one
+to columns of plans and words the reason.
+
 A constraint is a pure function `(model, cluster, training, cols) -> (rejected_mask, reason, example)`
 where `reason` is the key counted in `Recommendation.pruned` (it names the fields and the fixed
 values, e.g. "G_intra_r does not divide model.num_attention_heads=12") and `example(i)` renders
@@ -15,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodels import rules
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
-from perfmodels.specs import Cluster, Model, Training
+from perfmodels.specs import DEGREE_FIELDS, Cluster, Model, Training
 from perfmodels.stacks import can_run
 
 Columns = dict[str, np.ndarray]
@@ -30,65 +35,80 @@ class Rejection:
 
 
 def _grid_str(cols: Columns, i: int) -> str:
-    return (f"G_data={cols['G_data'][i]} G_inter={cols['G_inter'][i]} G_intra_d={cols['G_intra_d'][i]} "
-            f"G_intra_r={cols['G_intra_r'][i]} G_intra_c={cols['G_intra_c'][i]}")
+    return " ".join(f"{name}={cols[name][i]}" for name in DEGREE_FIELDS)
+
+
+def _none(n: int) -> Rejection:
+    """Rejects nothing (a rule that does not apply to this model)."""
+    return Rejection(np.zeros(n, bool), "", lambda i: "")
 
 
 def heads_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     r = cols["G_intra_r"]
-    if model.is_transformer:
-        a = model.num_attention_heads
-        bad = a % r != 0
-        return Rejection(bad, f"G_intra_r does not divide model.num_attention_heads={a}",
-                         lambda i: f"G_intra_r={r[i]} does not divide model.num_attention_heads={a}")
-    return Rejection(np.zeros(len(r), bool), "", lambda i: "")
+    if not model.is_transformer:
+        return _none(len(r))
+    a = model.num_attention_heads
+    return Rejection(~rules.heads_split(a, r), f"G_intra_r does not divide model.num_attention_heads={a}",
+                     lambda i: f"G_intra_r={r[i]} does not divide model.num_attention_heads={a}")
 
 
 def query_groups_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     r = cols["G_intra_r"]
     if not model.is_transformer:
-        return Rejection(np.zeros(len(r), bool), "", lambda i: "")
+        return _none(len(r))
     g = int(model.num_query_groups)
-    bad = (g % r != 0) & (r % g != 0)
-    return Rejection(bad, f"G_intra_r and model.num_query_groups={g} do not divide each other",
+    return Rejection(~rules.query_groups_split(g, r),
+                     f"G_intra_r and model.num_query_groups={g} do not divide each other",
                      lambda i: f"G_intra_r={r[i]} and model.num_query_groups={g} do not divide each other")
 
 
 def hidden_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
-    tp = cols["G_intra_r"] * cols["G_intra_c"]
+    r, c = cols["G_intra_r"], cols["G_intra_c"]
     if not model.is_transformer:
-        return Rejection(np.zeros(len(tp), bool), "", lambda i: "")
+        return _none(len(r))
     h, f = model.hidden_size, int(model.ffn_hidden_size)
-    bad = (h % tp != 0) | (f % tp != 0)
-    return Rejection(bad, f"G_intra_r*G_intra_c does not divide model.hidden_size={h} and ffn_hidden_size={f}",
-                     lambda i: f"G_intra_r*G_intra_c={tp[i]} does not divide model.hidden_size={h} "
-                               f"and model.ffn_hidden_size={f}")
+    bad = ~rules.hidden_split(h, r, c) | ~rules.hidden_split(f, r, c)
+    return Rejection(
+        bad,
+        f"G_intra_r*G_intra_c does not divide model.hidden_size={h} and ffn_hidden_size={f}",
+        lambda i: (
+            f"G_intra_r*G_intra_c={r[i] * c[i]} does not divide model.hidden_size={h} "
+            f"and model.ffn_hidden_size={f}"
+        ),
+    )
 
 
 def enough_layers(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
-    layers = model.num_layers if model.is_transformer else len(model.layers)
-    chunks = cols["G_inter"] * cols.get("virtual_stages", np.ones_like(cols["G_inter"]))
-    bad = chunks > layers
-    return Rejection(bad, f"G_inter*virtual_stages exceeds model.num_layers={layers}",
-                     lambda i: f"G_inter*virtual_stages={chunks[i]} exceeds model.num_layers={layers}")
+    layers = model.depth
+    stages = cols["G_inter"]
+    virtual = cols.get("virtual_stages", np.ones_like(stages))
+    return Rejection(
+        ~rules.enough_layers(layers, stages, virtual),
+        f"G_inter*virtual_stages exceeds model.num_layers={layers}",
+        lambda i: f"G_inter*virtual_stages={stages[i] * virtual[i]} exceeds model.num_layers={layers}",
+    )
 
 
 def batch_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
-    split = cols["G_data"] * cols["G_intra_d"]
+    d, dd = cols["G_data"], cols["G_intra_d"]
     gb = training.global_batch_size
-    bad = gb % split != 0
-    return Rejection(bad, f"G_data*G_intra_d does not divide training.global_batch_size={gb}",
-                     lambda i: f"G_data*G_intra_d={split[i]} does not divide training.global_batch_size={gb}")
+    return Rejection(
+        ~rules.batch_split(gb, d, dd),
+        f"G_data*G_intra_d does not divide training.global_batch_size={gb}",
+        lambda i: f"G_data*G_intra_d={d[i] * dd[i]} does not divide training.global_batch_size={gb}",
+    )
 
 
 def enough_microbatches(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     """1F1B-style schedules need at least one micro-batch per stage (torch.distributed.pipelining
     refuses fewer); interleaving needs a multiple of the stage count."""
     S = cols["G_inter"]
-    m = training.global_batch_size // (cols["G_data"] * cols["G_intra_d"] * cols["micro_batch_size"])
+    m = rules.num_microbatches(
+        training.global_batch_size, cols["G_data"], cols["G_intra_d"], cols["micro_batch_size"]
+    )
     sched = cols["schedule"]
-    too_few = (S > 1) & (sched != SCHEDULE_CODE["gpipe"]) & (m < S)
-    not_multiple = (S > 1) & (sched == SCHEDULE_CODE["interleaved-1f1b"]) & (m % S != 0)
+    too_few = (S > 1) & (sched != SCHEDULE_CODE["gpipe"]) & ~rules.enough_microbatches(m, S)
+    not_multiple = (S > 1) & (sched == SCHEDULE_CODE["interleaved-1f1b"]) & ~rules.interleave_fits(m, S)
 
     def example(i: int) -> str:
         name = "interleaved-1f1b" if sched[i] == SCHEDULE_CODE["interleaved-1f1b"] else "1f1b"
@@ -96,14 +116,18 @@ def enough_microbatches(model: Model, cluster: Cluster, training: Training, cols
             return f"{name}: {m[i]} micro-batches < G_inter={S[i]} stages"
         return f"{name}: {m[i]} micro-batches is not a multiple of G_inter={S[i]} stages"
 
-    return Rejection(too_few | not_multiple,
-                     "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)", example)
+    return Rejection(
+        too_few | not_multiple,
+        "1f1b/interleaved need num_microbatches >= G_inter (interleaved: a multiple of it)",
+        example,
+    )
 
 
 def sequence_parallel_shape(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     sp = cols["sequence_parallel"].astype(bool)
-    bad = sp & ((cols["G_intra_r"] == 1) | (cols["G_intra_c"] > 1) | (cols["G_intra_d"] > 1))
-    return Rejection(bad, "sequence_parallel needs G_intra_r > 1 and G_intra_c = G_intra_d = 1",
+    shape_ok = rules.sequence_parallel_has_rows(cols["G_intra_r"]) & rules.sequence_parallel_row_only(
+        cols["G_intra_d"], cols["G_intra_c"])
+    return Rejection(sp & ~shape_ok, "sequence_parallel needs G_intra_r > 1 and G_intra_c = G_intra_d = 1",
                      lambda i: f"sequence_parallel with {_grid_str(cols, i)}")
 
 
@@ -121,7 +145,9 @@ def selective_without_scores(model: Model, cluster: Cluster, training: Training,
     A stack whose selective policy is per-op (torchtitan) saves other activations, so it stays."""
 
     stack = training.effective_stack
-    pointless = stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+    pointless = (
+        stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+    )
     bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(pointless)
     return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",
                      lambda i: f"selective recompute with {_grid_str(cols, i)}")
@@ -145,7 +171,6 @@ def stack_can_run(model: Model, cluster: Cluster, training: Training, cols: Colu
 
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split)
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run)
-DOMINANCE = (gpipe_dominated, selective_without_scores)
 
 
 def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:

@@ -62,9 +62,12 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
     """Megatron-LM / NeMo (Megatron-Core) `pretrain_gpt.py` arguments."""
     notes: list[str] = []
     if plan.G_intra_c > 1 or plan.G_intra_d > 1:
-        notes.append(f"G_intra_c={plan.G_intra_c}, G_intra_d={plan.G_intra_d}: Megatron has 1D tensor parallelism only "
-                     "(G_intra_r); run this plan with the gridtune engine (--emit torchrun), or search again with "
-                     "--pin G_intra_c=1 --pin G_intra_d=1")
+        notes.append(
+            f"G_intra_c={plan.G_intra_c}, G_intra_d={plan.G_intra_d}: Megatron has 1D tensor parallelism "
+            "only "
+            "(G_intra_r); run this plan with the gridtune engine (--emit torchrun), or search again with "
+            "--pin G_intra_c=1 --pin G_intra_d=1"
+        )
     args = [
         f"--tensor-model-parallel-size {plan.G_intra_r}",
         f"--pipeline-model-parallel-size {plan.G_inter}",
@@ -92,9 +95,14 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
     elif training.dtype == "fp8":
         args += ["--bf16", "--fp8-format hybrid"]
     if model.num_layers and model.hidden_size:
-        args += [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
-                 f"--num-attention-heads {model.num_attention_heads}", f"--ffn-hidden-size {model.ffn_hidden_size}",
-                 f"--seq-length {model.seq_length}", f"--max-position-embeddings {model.seq_length}"]
+        args += [
+            f"--num-layers {model.num_layers}",
+            f"--hidden-size {model.hidden_size}",
+            f"--num-attention-heads {model.num_attention_heads}",
+            f"--ffn-hidden-size {model.ffn_hidden_size}",
+            f"--seq-length {model.seq_length}",
+            f"--max-position-embeddings {model.seq_length}",
+        ]
         groups = getattr(model, "num_query_groups", None)
         if groups and groups != model.num_attention_heads:
             args += ["--group-query-attention", f"--num-query-groups {groups}"]
@@ -106,7 +114,9 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
     if plan.G_inter > 1 and plan.G_data > 1 and order.index("inter") < order.index("data"):
         args.append("--use-tp-pp-dp-mapping")  # gridtune's order: pipeline stages inside data replicas
     if order[0] != "row" and plan.G_intra_r > 1:
-        notes.append(f"placement {'/'.join(plan.order)}: Megatron always puts tensor-parallel ranks innermost")
+        notes.append(
+            f"placement {'/'.join(plan.order)}: Megatron always puts tensor-parallel ranks innermost"
+        )
     cmd = _torchrun(cluster, plan, "pretrain_gpt.py")
     text = " \\\n    ".join([" ".join(cmd), *args])
     return Launch(kind="megatron", text=text, args=tuple(args), notes=tuple(notes))
@@ -125,18 +135,23 @@ def deepspeed(model: Model, cluster: Cluster, training: Training, plan: Plan) ->
         "gradient_clipping": 1.0,
     }
     if plan.G_intra_d > 1 and plan.zero_stage < 3:
-        notes.append(f"G_intra_d={plan.G_intra_d} shards parameters over depth: that is ZeRO-3 over those ranks "
-                     "(stage 3 set); DeepSpeed then shards over all data ranks, not only depth (use "
-                     "zero_hpz_partition_size / MiCS for hybrid sharding)")
+        notes.append(
+            f"G_intra_d={plan.G_intra_d} shards parameters over depth: that is ZeRO-3 over those ranks "
+            "(stage 3 set); DeepSpeed then shards over all data ranks, not only depth (use "
+            "zero_hpz_partition_size / MiCS for hybrid sharding)"
+        )
     if training.dtype == "bf16":
         config["bf16"] = {"enabled": True}
     elif training.dtype == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     if plan.recompute != "none":
-        config["activation_checkpointing"] = {"partition_activations": plan.G_intra_r > 1,
-                                              "contiguous_memory_optimization": False,
-                                              "number_checkpoints": None, "synchronize_checkpoint_boundary": False,
-                                              "profile": False}
+        config["activation_checkpointing"] = {
+            "partition_activations": plan.G_intra_r > 1,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
         notes.append(f"recompute={plan.recompute}: wrap the blocks with deepspeed.checkpointing.checkpoint")
     if plan.G_inter > 1:
         notes.append(f"G_inter={plan.G_inter}: build the model as deepspeed.pipe.PipelineModule(layers, "
@@ -147,7 +162,8 @@ def deepspeed(model: Model, cluster: Cluster, training: Training, plan: Plan) ->
     notes.append(f"{data_ranks} data-parallel ranks x {plan.G_inter} stages x "
                  f"{plan.G_intra_r * plan.G_intra_c} tensor ranks")
     nnodes, per_node = _nodes(cluster, plan)
-    cmd = f"deepspeed --num_nodes {nnodes} --num_gpus {per_node} train.py --deepspeed --deepspeed_config ds_config.json"
+    cmd = (f"deepspeed --num_nodes {nnodes} --num_gpus {per_node} train.py "
+           "--deepspeed --deepspeed_config ds_config.json")
     text = json.dumps(config, indent=2) + "\n# launch: " + cmd
     return Launch(kind="deepspeed", text=text, config=config, args=(cmd,), notes=tuple(notes))
 
@@ -155,16 +171,21 @@ def deepspeed(model: Model, cluster: Cluster, training: Training, plan: Plan) ->
 def torchrun(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Launch:
     """The gridtune engine: the torchrun line and the `engine.init(...)` call for this plan."""
     cmd = _torchrun(cluster, plan, "train.py")
-    placement = "" if plan.order == ("col", "row", "depth", "inter", "data") else f", placement={plan.order!r}"
+    placement = (
+        "" if plan.order == ("col", "row", "depth", "inter", "data") else f", placement={plan.order!r}"
+    )
     init = (f"engine.init(G_data={plan.G_data}, G_inter={plan.G_inter}, G_intra_d={plan.G_intra_d}, "
             f"G_intra_r={plan.G_intra_r}, G_intra_c={plan.G_intra_c}{placement})")
-    python = "\n".join([
-        "import engine",
-        init,
-        f"loader = engine.create_dataloader(dataset, global_batch_size={training.global_batch_size})",
-        f"# or: engine.train(model, dataset, global_batch_size={training.global_batch_size}, steps=..., auto=False,",
-        f"#                  plan=perfmodels.io.plan_from_dict({json.dumps(_plan_dict(plan))}))",
-    ])
+    python = "\n".join(
+        [
+            "import engine",
+            init,
+            f"loader = engine.create_dataloader(dataset, global_batch_size={training.global_batch_size})",
+            f"# or: engine.train(model, dataset, global_batch_size={training.global_batch_size}, steps=..., "
+            "auto=False,",
+            f"#                  plan=perfmodels.io.plan_from_dict({json.dumps(_plan_dict(plan))}))",
+        ]
+    )
     text = " ".join(shlex.quote(c) if "$" not in c else c for c in cmd) + "\n\n# train.py\n" + python
     return Launch(kind="torchrun", text=text, args=tuple(cmd), config={"init": init}, notes=())
 

@@ -23,8 +23,14 @@ from tuner.types import Recommendation
 
 PARTS = (("compute_s", "compute"), ("tp_comm_s", "tensor-parallel comm"), ("dp_comm_s", "data-parallel comm"),
          ("pp_bubble_s", "pipeline bubble"), ("pp_p2p_s", "pipeline p2p"), ("optimizer_s", "optimizer"))
-MEMORY_PARTS = (("params_gib", "parameters"), ("grads_gib", "gradients"), ("optimizer_gib", "optimizer states"),
-                ("activations_gib", "activations"), ("comm_buffers_gib", "comm buffers"), ("overhead_gib", "overhead"))
+MEMORY_PARTS = (
+    ("params_gib", "parameters"),
+    ("grads_gib", "gradients"),
+    ("optimizer_gib", "optimizer states"),
+    ("activations_gib", "activations"),
+    ("comm_buffers_gib", "comm buffers"),
+    ("overhead_gib", "overhead"),
+)
 
 
 def plan_text(plan: Any) -> str:
@@ -33,8 +39,10 @@ def plan_text(plan: Any) -> str:
     if plan.G_inter > 1:
         pipe += f" ({plan.schedule}{f' v{plan.virtual_stages}' if plan.virtual_stages > 1 else ''})"
     sp = ", seq-par" if getattr(plan, "sequence_parallel", False) else ""
-    return (f"data {plan.G_data} x {pipe} x depth {plan.G_intra_d} x tensor {plan.G_intra_r}x{plan.G_intra_c}, "
-            f"mb {plan.micro_batch_size}, recompute {plan.recompute}, ZeRO {plan.zero_stage}{sp}")
+    return (
+        f"data {plan.G_data} x {pipe} x depth {plan.G_intra_d} x tensor {plan.G_intra_r}x{plan.G_intra_c}, "
+        f"mb {plan.micro_batch_size}, recompute {plan.recompute}, ZeRO {plan.zero_stage}{sp}"
+    )
 
 
 def _pyplot() -> Any:
@@ -64,7 +72,9 @@ def plot_candidates(rec: Recommendation, path: str | Path, title: str = "") -> P
     pad = max((hi - lo) * 0.15, hi * 0.01)
     ax_s.barh(y, [s - (lo - pad) for s in steps], left=lo - pad, color="tab:blue")
     for yi, s in zip(y, steps, strict=True):
-        ax_s.text(s, yi, f" {s:.3g} s" + (f" (+{(s / best - 1):.1%})" if s > best else ""), va="center", fontsize=7)
+        ax_s.text(
+            s, yi, f" {s:.3g} s" + (f" (+{(s / best - 1):.1%})" if s > best else ""), va="center", fontsize=7
+        )
     ax_s.set_xlim(lo - pad, hi + 2.5 * pad)
     ax_s.set_xlabel("predicted step time (s); axis zoomed, not from 0")
     ax_s.set_yticks(y, labels, fontsize=7)
@@ -73,7 +83,9 @@ def plot_candidates(rec: Recommendation, path: str | Path, title: str = "") -> P
         values = [getattr(c.prediction.breakdown, key) for c in cands]
         ax_t.barh(y, values, left=left, label=name)
         left = [a + b for a, b in zip(left, values, strict=True)]
-    ax_t.scatter(steps, y, color="black", marker="|", s=200, label="predicted step (overlap credited)", zorder=3)
+    ax_t.scatter(
+        steps, y, color="black", marker="|", s=200, label="predicted step (overlap credited)", zorder=3
+    )
     ax_t.set_xlabel("seconds per step by component (from 0)")
     ax_t.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, frameon=False)
     left = [0.0] * n
@@ -106,7 +118,9 @@ def plot_sweep(points: Sequence[dict[str, Any]], path: str | Path, *, x_label: s
     xs = [p["x"] for p in ok]
     tps = [p["tokens_per_s"] for p in ok]
     ax_t.plot(xs, tps, "o-", label="predicted (best layout)")
-    ax_t.plot(xs, [tps[0] * x / xs[0] for x in xs], "--", color="gray", label="linear scaling from the first point")
+    ax_t.plot(
+        xs, [tps[0] * x / xs[0] for x in xs], "--", color="gray", label="linear scaling from the first point"
+    )
     for x, t, p in zip(xs, tps, ok, strict=True):
         ax_t.annotate(f"MFU {p['mfu']:.0%}", (x, t), textcoords="offset points", xytext=(0, 6), fontsize=7,
                       ha="center")
@@ -115,8 +129,12 @@ def plot_sweep(points: Sequence[dict[str, Any]], path: str | Path, *, x_label: s
     ax_t.set_xlabel(x_label)
     ax_t.set_ylabel("tokens per second")
     ax_t.legend(fontsize=8)
-    ax_m.plot(xs, [p["per_gpu_gib"] for p in ok], "o-", color="tab:green", label="memory per GPU (best layout)")
-    ax_m.axhline(ok[0]["capacity_gib"], color="red", linestyle="--", label=f"capacity {ok[0]['capacity_gib']:g} GiB")
+    ax_m.plot(
+        xs, [p["per_gpu_gib"] for p in ok], "o-", color="tab:green", label="memory per GPU (best layout)"
+    )
+    ax_m.axhline(
+        ok[0]["capacity_gib"], color="red", linestyle="--", label=f"capacity {ok[0]['capacity_gib']:g} GiB"
+    )
     ax_m.set_xscale("log", base=2)
     ax_m.set_xticks(xs, [f"{x:,}" for x in xs])
     ax_m.set_xlabel(x_label)

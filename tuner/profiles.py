@@ -22,36 +22,21 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from perfmodels import fitting
-from perfmodels.io import cluster_to_dict, profile_from_dict, profile_to_dict
+from perfmodels.io import cluster_to_dict, json_safe, profile_from_dict, profile_to_dict
 from perfmodels.specs import Cluster, Profile
 from tuner.service_client import (
     post_json,
 )
 
 _DOC_EXTRAS = ("provenance", "fits", "expected")
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python, recursively."""
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def rows_path_for(profile_path: str | os.PathLike[str]) -> Path:
@@ -87,7 +72,9 @@ def import_provenance(rows: pd.DataFrame, files: Sequence[str]) -> dict[str, Any
     hosts: list[str] = []
     for h in rows.get("host", pd.Series(dtype=str)).astype(str):
         hosts += [x for x in h.split(",") if x and x not in hosts]
-    versions = sorted({v for v in rows.get("nccl_version", pd.Series(dtype=str)).astype(str) if v and v != "nan"})
+    versions = sorted(
+        {v for v in rows.get("nccl_version", pd.Series(dtype=str)).astype(str) if v and v != "nan"}
+    )
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hosts": hosts, "torch_version": "", "nccl_version": ",".join(versions), "backend": "nccl",
@@ -113,13 +100,17 @@ def build_document(rows: pd.DataFrame, *, provenance: Mapping[str, Any], cluster
     if cluster is not None:
         prov["expected_from_cluster"] = cluster.name
     if gemm is not None:
-        prov["gemm_fit"] = {"r2": gemm.r2, "median_abs_error": gemm.median_abs_error, "n_points": gemm.n_points}
+        prov["gemm_fit"] = {
+            "r2": gemm.r2,
+            "median_abs_error": gemm.median_abs_error,
+            "n_points": gemm.n_points,
+        }
     doc = profile_to_dict(profile)
     doc["provenance"] = prov
     doc["fits"] = fits.to_dict(orient="records")
     doc["expected"] = expected.to_dict(orient="records")
     doc["holdout_median_abs_error"] = overall
-    return _clean(doc)
+    return json_safe(doc)
 
 
 def _profile_and_extras(doc: Mapping[str, Any]) -> tuple[Profile, dict[str, Any]]:
@@ -138,7 +129,7 @@ def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _profile_and_extras(doc)  # never write a file that cannot be read back
-    path.write_text(json.dumps(_clean(doc), indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(doc), indent=2) + "\n")
     return path
 
 
@@ -172,7 +163,7 @@ def service_cluster(cluster: Cluster) -> dict[str, Any]:
     try:
         base = presets.cluster(cluster.name)
     except ValueError:
-        return {k: v for k, v in _clean(cluster_to_dict(cluster)).items() if v is not None}
+        return {k: v for k, v in json_safe(cluster_to_dict(cluster)).items() if v is not None}
     out: dict[str, Any] = {"preset": cluster.name, "num_gpus": cluster.num_gpus}
     if cluster.gpus_per_node != base.gpus_per_node:
         out["gpus_per_node"] = cluster.gpus_per_node
@@ -191,12 +182,25 @@ def upload(url: str, doc: Mapping[str, Any], *, name: str, cluster: Cluster | No
     body: dict[str, Any] = {"name": name, "profile": service_profile(doc)}
     if cluster is not None:
         body["cluster"] = service_cluster(cluster)
-    answer = post_json(url, "/v1/clusters", _clean(body), what="upload to", api_key=api_key, timeout_s=timeout_s,
-                       client=client)
+    answer = post_json(
+        url,
+        "/v1/clusters",
+        json_safe(body),
+        what="upload to",
+        api_key=api_key,
+        timeout_s=timeout_s,
+        client=client,
+    )
     return dict(answer) if isinstance(answer, dict) else {"answer": answer}
 
 
-_PEAK_FIELDS = ("peak_tflops_fp32", "peak_tflops_tf32", "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp8")
+_PEAK_FIELDS = (
+    "peak_tflops_fp32",
+    "peak_tflops_tf32",
+    "peak_tflops_bf16",
+    "peak_tflops_fp16",
+    "peak_tflops_fp8",
+)
 
 
 def apply_profile(cluster: Cluster, profile: Profile | None) -> tuple[Cluster, list[str]]:
@@ -218,6 +222,9 @@ def apply_profile(cluster: Cluster, profile: Profile | None) -> tuple[Cluster, l
         if raised:
             gpu = dataclasses.replace(gpu, **raised)
             names = ", ".join(f.removeprefix("peak_tflops_") for f in raised)
-            notes.append(f"the profile measured GEMMs at {measured:.4g} TFLOP/s, above the {cluster.gpu.name} preset's "
-                         f"peak ({names}); the peak follows the measurement, so MFU stays <= 100%")
+            notes.append(
+                f"the profile measured GEMMs at {measured:.4g} TFLOP/s, above the {cluster.gpu.name} "
+                "preset's "
+                f"peak ({names}); the peak follows the measurement, so MFU stays <= 100%"
+            )
     return dataclasses.replace(cluster, gpu=gpu, profile=profile), notes

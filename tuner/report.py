@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from perfmodels.io import plan_to_dict, prediction_to_dict
-from perfmodels.specs import Plan, Prediction
+from perfmodels.specs import SCALAR_PLAN_FIELDS, MemoryBreakdown, Plan, Prediction
 from tuner.types import Candidate, Recommendation
 
 
@@ -39,11 +40,11 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     }
 
 
-CSV_PLAN = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size", "schedule",
-            "virtual_stages", "recompute", "zero_stage", "sequence_parallel")
+CSV_PLAN = SCALAR_PLAN_FIELDS
 CSV_PREDICTION = ("iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu")
-CSV_MEMORY = ("per_gpu_gib", "capacity_gib", "fits", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
-              "comm_buffers_gib", "overhead_gib")
+CSV_MEMORY = tuple(f.name for f in fields(MemoryBreakdown))
+MEMORY_PARTS = tuple(name for name in CSV_MEMORY if name not in ("per_gpu_gib", "capacity_gib", "fits"))
+"""What the per-GPU memory is made of (the MemoryBreakdown fields that add up to `per_gpu_gib`)."""
 
 
 def candidate_row(c: Candidate) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from collections import Counter
 import numpy as np
 
 from perfmodels.plans import from_columns
-from perfmodels.specs import Cluster, Model, Training
+from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
 from tuner.space import GRID_COLUMNS, expand_options, grid_rows, placements
@@ -54,6 +54,35 @@ class _Pruned:
         return alive & ~rej.mask
 
 
+def _valid_grids(model: Model, cluster: Cluster, training: Training, options: SearchOptions,
+                 pruned: _Pruned) -> tuple[np.ndarray, int]:
+    """The degree grids the pins allow and no grid constraint rejects, and how many were looked at."""
+    grids, pinned = grid_rows(cluster.num_gpus, options)
+    alive = pinned.copy()
+    pinned_out = int((~pinned).sum())
+    if pinned_out:
+        pruned.counts["excluded by the search pins"] += pinned_out
+    gcols = {name: grids[:, j] for j, name in enumerate(GRID_COLUMNS)}
+    for fn in C.GRID_CONSTRAINTS:
+        alive = pruned.apply(fn(model, cluster, training, gcols), alive)
+    return grids[alive], len(alive)
+
+
+def _valid_plans(model: Model, cluster: Cluster, training: Training, options: SearchOptions,
+                 cols: C.Columns, pruned: _Pruned) -> np.ndarray:
+    """Mask of the expanded plans no plan constraint rejects. The two dominance rules apply only
+    when the user left the dominating choice in the search: a pinned gpipe or selective is kept."""
+    ok = np.ones(len(cols["G_data"]), dtype=bool)
+    for fn in C.PLAN_CONSTRAINTS:
+        ok = pruned.apply(fn(model, cluster, training, cols), ok)
+    gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
+    if not gpipe_pinned_only:
+        ok = pruned.apply(C.gpipe_dominated(model, cluster, training, cols), ok)
+    if not (options.recompute and "none" not in options.recompute):
+        ok = pruned.apply(C.selective_without_scores(model, cluster, training, cols), ok)
+    return ok
+
+
 def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 10,
               search: SearchOptions | None = None) -> Recommendation:
     """The `top_k` fastest valid layouts with predictions, and every rejection counted by reason."""
@@ -64,18 +93,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         raise ValueError(f"cluster.num_gpus={cluster.num_gpus} exceeds the search limit of {MAX_GPUS}")
     t0 = time.perf_counter()
     pruned = _Pruned(options.examples_per_reason)
-    grids, pinned = grid_rows(cluster.num_gpus, options)
-    alive = pinned.copy()
-    pinned_out = int((~pinned).sum())
-    if pinned_out:
-        pruned.counts["excluded by the search pins"] += pinned_out
-    gcols = {name: grids[:, j] for j, name in enumerate(GRID_COLUMNS)}
-    for fn in C.GRID_CONSTRAINTS:
-        alive = pruned.apply(fn(model, cluster, training, gcols), alive)
-    grids = grids[alive]
-    num_evaluated = len(alive)
-
-    gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
+    grids, num_evaluated = _valid_grids(model, cluster, training, options, pruned)
     best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
     num_valid = 0
     truncated = False
@@ -85,32 +103,26 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
             stopped = (order, j + 1)
             cols = exp.columns
-            n = len(cols["G_data"])
-            num_evaluated += n
-            ok = np.ones(n, dtype=bool)
-            for fn in C.PLAN_CONSTRAINTS:
-                ok = pruned.apply(fn(model, cluster, training, cols), ok)
-            if not gpipe_pinned_only:
-                ok = pruned.apply(C.gpipe_dominated(model, cluster, training, cols), ok)
-            if not (options.recompute and "none" not in options.recompute):
-                ok = pruned.apply(C.selective_without_scores(model, cluster, training, cols), ok)
+            num_evaluated += len(cols["G_data"])
+            ok = _valid_plans(model, cluster, training, options, cols, pruned)
             if not ok.any():
                 continue
             arrays = from_columns(placement=exp.placement, **{k: v[ok] for k, v in cols.items()})
             mem = memory_many(model, cluster, training, arrays)
-            fits = pruned.apply(C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool))
+            fits = pruned.apply(
+                C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool)
+            )
             num_valid += int(fits.sum())
             if not fits.any():
                 continue
             arrays = arrays.take(np.flatnonzero(fits))
             batch = predict_many(model, cluster, training, arrays)
-            fits = np.ones(len(arrays), dtype=bool)
             # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
             simpler = (arrays.zero_stage + arrays.recompute + (exp.placement != orders[0])
                        + arrays.sequence_parallel)
-            times = np.where(fits, batch.iteration_time_s * (1.0 + 1e-9 * simpler), np.inf)
+            times = batch.iteration_time_s * (1.0 + 1e-9 * simpler)
             keep = top_k * len(orders)  # room for placements that merge into one row
-            k = min(keep, int(fits.sum()))
+            k = min(keep, len(times))
             if k:
                 idx = np.argpartition(times, k - 1)[:k]
                 for i in idx:
@@ -127,8 +139,10 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     if truncated:
         skipped, exact = _count_rest(model, training, grids, options, orders, *stopped)
         approx = "" if exact else "at least "
-        pruned.counts[f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}{skipped:,} plans "
-                      f"never scored)"] += skipped
+        pruned.counts[
+            f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}{skipped:,} plans "
+            f"never scored)"
+        ] += skipped
     source = "preset" if cluster.profile is None else cluster.profile.source
     return Recommendation(
         best=candidates[0] if candidates else None,
@@ -185,8 +199,16 @@ def _count_rest(model: Model, training: Training, grids: np.ndarray, options: Se
     return count, True
 
 
-_COMPONENTS = ("compute_s", "tp_comm_s", "dp_comm_s", "pp_bubble_s", "pp_p2p_s", "exposed_comm_s", "optimizer_s",
-               "recompute_s")
+_COMPONENTS = (
+    "compute_s",
+    "tp_comm_s",
+    "dp_comm_s",
+    "pp_bubble_s",
+    "pp_p2p_s",
+    "exposed_comm_s",
+    "optimizer_s",
+    "recompute_s",
+)
 
 
 def explain(candidates: list[Candidate]) -> str:
@@ -214,12 +236,13 @@ def explain(candidates: list[Candidate]) -> str:
             diffs.append((abs(a - b), name, a, b))
     diffs.sort(reverse=True)
     parts = [f"{name.removesuffix('_s')} {a:.3g} s vs {b:.3g} s" for _, name, a, b in diffs[:3]]
-    changed = [f for f in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size",
-                           "schedule", "virtual_stages", "recompute", "zero_stage", "sequence_parallel")
-               if getattr(best.plan, f) != getattr(second.plan, f)]
+    changed = [f for f in SCALAR_PLAN_FIELDS if getattr(best.plan, f) != getattr(second.plan, f)]
     what = [f"{f}={getattr(best.plan, f)} (runner-up {getattr(second.plan, f)})" for f in changed]
     if best.plan.order != second.plan.order:
         what.append(f"placement {'/'.join(best.plan.order)} (runner-up {'/'.join(second.plan.order)})")
-    return (f"best is {(ts - tb) / ts:.1%} faster than the runner-up #{second.rank} ({tb:.3g} s vs {ts:.3g} s per "
-            f"step){tie_note}; it differs in {', '.join(what) or 'nothing'}; largest component differences: "
-            f"{'; '.join(parts) or 'none'}")
+    return (
+        f"best is {(ts - tb) / ts:.1%} faster than the runner-up #{second.rank} ({tb:.3g} s vs {ts:.3g} s "
+        "per "
+        f"step){tie_note}; it differs in {', '.join(what) or 'nothing'}; largest component differences: "
+        f"{'; '.join(parts) or 'none'}"
+    )

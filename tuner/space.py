@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
-from perfmodels.specs import AXES, Model, Training
+from perfmodels.specs import AXES, AXIS_FIELDS, DEGREE_FIELDS, Model, Training
 from tuner.types import SearchOptions
 
-GRID_COLUMNS = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c")
+GRID_COLUMNS = DEGREE_FIELDS
 MAX_VIRTUAL_STAGES = 8
 CHUNK_PLANS = 250_000  # plans scored per batch: large enough to amortise, small enough for memory
 
@@ -93,7 +93,7 @@ def placement_signature(grids: np.ndarray, placement: tuple[str, ...]) -> np.nda
 
     Plans with equal signatures put every group on the same links, so only the first placement
     that produces a signature is evaluated."""
-    index = {name: j for j, name in enumerate(("data", "inter", "depth", "row", "col"))}
+    index = {name: j for j, name in enumerate(AXIS_FIELDS)}  # the axes in GRID_COLUMNS order
     sig = np.zeros(len(grids), dtype=np.int64)
     for axis in placement:
         j = index[axis]
@@ -169,8 +169,15 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def _combine(g: np.ndarray, mb: int, sched_opts: list[tuple[int, int]], rc_opts: list[int], zero_opts: list[int],
-             sp_opts: list[bool], layers: int) -> dict[str, np.ndarray] | None:
+def _combine(
+    g: np.ndarray,
+    mb: int,
+    sched_opts: list[tuple[int, int]],
+    rc_opts: list[int],
+    zero_opts: list[int],
+    sp_opts: list[bool],
+    layers: int,
+) -> dict[str, np.ndarray] | None:
     n = len(g)
     G_inter = g[:, 1]
     G_data = g[:, 0]
@@ -204,7 +211,7 @@ def _combine(g: np.ndarray, mb: int, sched_opts: list[tuple[int, int]], rc_opts:
     if not keep.any():
         return None
     gi_all, si_all, rc_all, z_all, sp_all = (x[keep] for x in (gi_all, si_all, rc_all, z_all, sp_all))
-    cols = {name: g[gi_all, j] for j, name in enumerate(("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c"))}
+    cols = {name: g[gi_all, j] for j, name in enumerate(GRID_COLUMNS)}
     cols["micro_batch_size"] = np.full(len(gi_all), mb, dtype=np.int64)
     cols["schedule"] = sched[si_all, 0]
     cols["virtual_stages"] = sched[si_all, 1]

@@ -1,6 +1,6 @@
 """The durable store of cluster profiles and measured training steps (SQLAlchemy 2).
 
-Why: the closed loop (DESIGN.md section 4) needs somewhere to keep the constants that
+Why: the closed loop (tuner/closed_loop/, docs/architecture.md) needs somewhere to keep the constants that
 `gridtune profile` fits and the step times that `engine.train` measures, so that later predictions
 for that cluster can use them. One `Store` works on an embedded SQLite file (the default, no server
 to run) and on any SQLAlchemy URL, e.g. PostgreSQL for a shared service:
@@ -28,8 +28,9 @@ Hostile input and exhausted resources (why each rule is here):
   per row (`MAX_FREEFORM_BYTES`, `MAX_ROW_BYTES`), and `page_measurements`/`page_profiles` stop a
   page at `max_bytes` as well as at `limit`, streaming rows from the database;
 - writes wait at most `WRITE_WAIT_S` for one of a few write slots, and SQLite's busy timeout or
-  PostgreSQL's lock timeout is 5 s (GRIDTUNE_DB_LOCK_TIMEOUT_S), then `StoreBusy` (the service answers 503): a writer
-  stuck behind another process's lock can hold neither all pooled connections nor a thread for long;
+  PostgreSQL's lock timeout is 5 s (GRIDTUNE_DB_LOCK_TIMEOUT_S), then `StoreBusy` (the service
+  answers 503): a writer stuck behind another process's lock can hold neither all pooled
+  connections nor a thread for long;
 - the schema is managed by alembic migrations (`tuner/migrations/`): `Store` upgrades the database
   when it opens it, and again when a table has gone missing (a PostgreSQL database dropped and
   recreated), so the service recovers without a restart; `readiness()` says whether the store can
@@ -119,7 +120,9 @@ def check_json(where: str, value: Any, _depth: int = 0) -> None:
         raise ValueError(f"{where} is nested more than 64 levels deep")
     if isinstance(value, str):
         if _SURROGATES.search(value):
-            raise ValueError(f"{where} holds an unpaired UTF-16 surrogate, which UTF-8 cannot carry: {_short(value)}")
+            raise ValueError(
+                f"{where} holds an unpaired UTF-16 surrogate, which UTF-8 cannot carry: {_short(value)}"
+            )
         return
     if value is None or isinstance(value, (bool, int)):
         return
@@ -150,7 +153,9 @@ def _short(value: Any, limit: int = 80) -> str:
 def check_text(where: str, value: Any, *, max_chars: int = MAX_TEXT_CHARS, allow_empty: bool = False) -> str:
     """A name or id for a text column: a string of at most `max_chars`, no NUL, no lone surrogate."""
     if not isinstance(value, str) or len(value) > max_chars or (not allow_empty and not value.strip()):
-        raise ValueError(f"{where} must be a non-empty string of at most {max_chars} characters, got {_short(value)}")
+        raise ValueError(
+            f"{where} must be a non-empty string of at most {max_chars} characters, got {_short(value)}"
+        )
     bad = _BAD_CHARS.search(value)
     if bad is not None:
         what = "a NUL character" if bad.group() == "\x00" else "an unpaired UTF-16 surrogate"
@@ -231,6 +236,10 @@ class Measurement:
     created_at: _dt.datetime
 
 
+# The JSON documents of a Measurement (its other fields are the id, cluster_id and created_at).
+MEASUREMENT_DOCUMENTS = ("model", "cluster", "training", "plan", "measured", "prediction")
+
+
 # --------------------------------------------------------------------------------------------
 # The store
 # --------------------------------------------------------------------------------------------
@@ -285,8 +294,9 @@ def _make_engine(url: str, *, probe: bool = False, lock_timeout_ms: int = SQLITE
                 kwargs["connect_args"]["connect_timeout"] = 2
         if probe:
             return sa.create_engine(url, poolclass=sa.pool.NullPool, **kwargs)
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, pool_timeout=POOL_TIMEOUT_S,
-                                **kwargs)
+        return sa.create_engine(
+            url, pool_pre_ping=True, pool_size=10, max_overflow=10, pool_timeout=POOL_TIMEOUT_S, **kwargs
+        )
     database = parsed.database or ""
     in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
     if in_memory:
@@ -353,11 +363,15 @@ class Store:
         if lock_timeout_s is None:
             lock_timeout_s = float(os.environ.get(ENV_LOCK_TIMEOUT, "") or SQLITE_BUSY_TIMEOUT_MS / 1000)
         if not 0 < lock_timeout_s <= 600:
-            raise ValueError(f"{ENV_LOCK_TIMEOUT} (lock_timeout_s) must be in (0, 600] seconds, got {lock_timeout_s}")
+            raise ValueError(
+                f"{ENV_LOCK_TIMEOUT} (lock_timeout_s) must be in (0, 600] seconds, got {lock_timeout_s}"
+            )
         self.lock_timeout_s = lock_timeout_s
         self._write_wait_s = min(WRITE_WAIT_S, lock_timeout_s)
         self.engine = _make_engine(self.url, lock_timeout_ms=int(lock_timeout_s * 1000))
-        self._in_memory = self.engine.dialect.name == "sqlite" and isinstance(self.engine.pool, sa.pool.StaticPool)
+        self._in_memory = self.engine.dialect.name == "sqlite" and isinstance(
+            self.engine.pool, sa.pool.StaticPool
+        )
         self._probe_engine = self.engine if self._in_memory else _make_engine(self.url, probe=True)
         self.metadata = sa.MetaData()
         self.profiles = sa.Table(
@@ -498,7 +512,9 @@ class Store:
                     trans.rollback()
         except sa.exc.SQLAlchemyError as exc:
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
-            return Readiness(ready=False, reason=f"the database cannot take writes: {reason}", schema_repaired=repaired)
+            return Readiness(
+                ready=False, reason=f"the database cannot take writes: {reason}", schema_repaired=repaired
+            )
         return Readiness(ready=True, reason="", schema_repaired=repaired)
 
     def _unwritable_sqlite_file(self) -> str | None:
@@ -509,7 +525,11 @@ class Store:
         if self.backend != "sqlite" or self._in_memory:
             return None
         database = pathlib.Path(self.engine.url.database or "").expanduser()
-        candidates = [database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")]
+        candidates = [
+            database,
+            database.with_name(database.name + "-wal"),
+            database.with_name(database.name + "-shm"),
+        ]
         for path in candidates:
             if path.exists() and not os.access(path, os.W_OK):
                 return str(path)
@@ -527,7 +547,9 @@ class Store:
         """Run one database call: a table gone missing is recreated once and the call retried;
         lock waits and an exhausted pool become `StoreBusy`; writes first take a write slot."""
         if write and not self._write_slots.acquire(timeout=self._write_wait_s):
-            raise StoreBusy(f"{WRITE_SLOTS} writes are already waiting on the database for {self._write_wait_s:g} s")
+            raise StoreBusy(
+                f"{WRITE_SLOTS} writes are already waiting on the database for {self._write_wait_s:g} s"
+            )
         try:
             try:
                 return fn()
@@ -537,11 +559,15 @@ class Store:
                 self.migrate()
                 return fn()
         except sa.exc.TimeoutError as exc:  # QueuePool: every connection in use
-            raise StoreBusy(f"every database connection is in use ({str(exc).splitlines()[0][:120]})") from None
+            raise StoreBusy(
+                f"every database connection is in use ({str(exc).splitlines()[0][:120]})"
+            ) from None
         except sa.exc.OperationalError as exc:
             if _busy(exc):
-                raise StoreBusy(f"the database is locked by another writer "
-                                f"({str(exc.orig).strip().splitlines()[0][:120]})") from None
+                raise StoreBusy(
+                    f"the database is locked by another writer "
+                    f"({str(exc.orig).strip().splitlines()[0][:120]})"
+                ) from None
             raise
         finally:
             if write:
@@ -579,7 +605,11 @@ class Store:
 
     def get_profile(self, profile_id: str) -> StoredProfile | None:
         """The profile with this id, else the newest one with this name, else None."""
-        if not isinstance(profile_id, str) or len(profile_id) > MAX_TEXT_CHARS or _BAD_CHARS.search(profile_id):
+        if (
+            not isinstance(profile_id, str)
+            or len(profile_id) > MAX_TEXT_CHARS
+            or _BAD_CHARS.search(profile_id)
+        ):
             return None  # no stored id or name can hold it (and PostgreSQL would refuse a NUL)
         t = self.profiles
 
@@ -686,8 +716,14 @@ class Store:
         """Newest first; `cluster_id` filters, `before_id` pages (pass the last id you saw)."""
         return self.page_measurements(cluster_id=cluster_id, limit=limit, before_id=before_id).items
 
-    def page_measurements(self, cluster_id: str | None = None, limit: int = 100, *, before_id: int | None = None,
-                          max_bytes: int | None = None) -> Page:
+    def page_measurements(
+        self,
+        cluster_id: str | None = None,
+        limit: int = 100,
+        *,
+        before_id: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Page:
         """Newest first, at most `limit` rows and about `max_bytes` of JSON (at least one row);
         `next_before_id` continues where the page stopped."""
         limit = max(1, min(int(limit), MAX_LIST_LIMIT))
@@ -710,7 +746,7 @@ class Store:
     def _measurement(r: Mapping[str, Any]) -> tuple[Measurement, int]:
         total = 100
         parts: dict[str, Any] = {}
-        for key in ("model", "cluster", "training", "plan", "measured", "prediction"):
+        for key in MEASUREMENT_DOCUMENTS:
             if r[key] is None:
                 parts[key] = None
                 continue
@@ -734,9 +770,3 @@ class Store:
                 return int(conn.execute(query).scalar_one())
 
         return self._run(fetch)
-
-
-
-def open_store(url: str | None = None) -> Store:
-    """A Store on `url`, GRIDTUNE_DATABASE_URL, or the default SQLite file, in that order."""
-    return Store(url or default_database_url())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfmodels.specs import AXES, RECOMPUTE, SCHEDULES, Plan, Prediction
+from perfmodels.specs import AXES, DEGREE_FIELDS, RECOMPUTE, SCHEDULES, Plan, Prediction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,14 +34,20 @@ class SearchOptions:
         if self.placement is not None:
             for order in self.placement:
                 if sorted(order) != sorted(AXES):
-                    raise ValueError(f"search.placement entries must be orderings of {list(AXES)}, got {list(order)}")
-        for name in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "micro_batch_size",
-                     "virtual_stages"):
+                    raise ValueError(
+                        f"search.placement entries must be orderings of {list(AXES)}, got {list(order)}"
+                    )
+        for name in (*DEGREE_FIELDS, "micro_batch_size", "virtual_stages"):
             values = getattr(self, name)
-            if values is not None and (not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                                                         for v in values)):
-                raise ValueError(f"search.{name} must be a non-empty list of positive integers, got {values!r}")
-        if self.zero_stage is not None and (not self.zero_stage or any(v not in (0, 1, 2, 3) for v in self.zero_stage)):
+            if values is not None and (
+                not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)
+            ):
+                raise ValueError(
+                    f"search.{name} must be a non-empty list of positive integers, got {values!r}"
+                )
+        if self.zero_stage is not None and (
+            not self.zero_stage or any(v not in (0, 1, 2, 3) for v in self.zero_stage)
+        ):
             raise ValueError(f"search.zero_stage must list values among 0-3, got {self.zero_stage!r}")
         for name, allowed in (("schedule", SCHEDULES), ("recompute", RECOMPUTE)):
             values = getattr(self, name)

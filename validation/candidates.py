@@ -5,6 +5,8 @@ expand to every split of the GPUs (tensor parallelism inside a node, as every fr
 a missing micro-batch to every divisor of the per-replica batch up to 16, missing virtual stages to
 every interleaving the schedule allows, a missing sequence-parallel flag to both values (where
 tensor parallelism exists), and the recompute and ZeRO options to the values `StackOptions` holds.
+What a layout must satisfy is asked of `perfmodels.rules`, the rules the search and
+`combination_problems` apply too.
 
 Run the tests: `PYTHONPATH=. .venv/bin/python -m pytest -q tests/validation/test_candidates.py`.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfmodels import rules
 from perfmodels.specs import Plan
 
 _TENSOR_DEGREES = (1, 2, 4, 8)
@@ -53,12 +56,17 @@ def _degree_combos(lay: Layout, *, layers: int, heads: int) -> list[tuple[int, i
         if tp or pp:
             t, p = (tp, mp // tp) if tp else (mp // pp, pp)  # type: ignore[operator]
             return [(t, p, dp)]
-        return [(t, mp // t, dp) for t in divisors(mp) if t <= 8 and heads % t == 0 and layers >= mp // t]
+        return [(t, mp // t, dp) for t in divisors(mp)
+                if t <= 8 and rules.heads_split(heads, t) and rules.enough_layers(layers, mp // t, 1)]
     if tp or pp:
-        return [(t, p, G // (t * p)) for t in ([tp] if tp else _TENSOR_DEGREES) for p in ([pp] if pp else divisors(G))
-                if G % (t * p) == 0 and heads % t == 0 and p <= layers]
-    return [(t, p, G // (t * p)) for t in _TENSOR_DEGREES if G % t == 0 and heads % t == 0
-            for p in divisors(G // t) if p <= layers]
+        return [
+            (t, p, G // (t * p))
+            for t in ([tp] if tp else _TENSOR_DEGREES)
+            for p in ([pp] if pp else divisors(G))
+            if G % (t * p) == 0 and rules.heads_split(heads, t) and rules.enough_layers(layers, p, 1)
+        ]
+    return [(t, p, G // (t * p)) for t in _TENSOR_DEGREES if G % t == 0 and rules.heads_split(heads, t)
+            for p in divisors(G // t) if rules.enough_layers(layers, p, 1)]
 
 
 def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[str, ...],
@@ -75,27 +83,42 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
     else:
         sps = (False, True) if can_sequence_parallel else (False,)
     for t, p, d in _degree_combos(lay, layers=layers, heads=heads):
-        if t * p * d != lay.num_gpus or lay.global_batch % d:
+        if t * p * d != lay.num_gpus or not rules.batch_split(lay.global_batch, d, 1):
             continue
         per_replica = lay.global_batch // d
-        micros = [lay.micro_batch] if lay.micro_batch else [x for x in divisors(per_replica) if x <= _MAX_MICRO_BATCH]
+        micros = (
+            [lay.micro_batch]
+            if lay.micro_batch
+            else [x for x in divisors(per_replica) if x <= _MAX_MICRO_BATCH]
+        )
         for micro in micros:
-            if per_replica % micro:
+            if not rules.divides(micro, per_replica):
                 continue
             n_micro = per_replica // micro
             if lay.virtual_pp:  # stated: as stated wherever there is a pipeline to interleave
                 vs = [lay.virtual_pp if p > 1 else 1]
             else:  # not stated: any interleaving the schedule allows
                 vs = [1] + [v for v in _VIRTUAL_STAGES
-                            if can_interleave and p > 1 and n_micro % p == 0 and layers >= p * v]
+                            if can_interleave and p > 1 and rules.interleave_fits(n_micro, p)
+                            and rules.enough_layers(layers, p, v)]
             for v in vs:
                 for sp in sps:
                     if sp and t == 1 and lay.sequence_parallel is None:
                         continue  # sequence parallelism needs tensor parallelism to split over
                     for rc in recomputes:
                         for z in zero_stages:
-                            plans.append(Plan(G_data=d, G_inter=p, G_intra_r=t, micro_batch_size=micro,
-                                              schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
-                                              recompute=rc, sequence_parallel=sp and t > 1,  # type: ignore[arg-type]
-                                              zero_stage=z, placement=placement))
+                            plans.append(
+                                Plan(
+                                    G_data=d,
+                                    G_inter=p,
+                                    G_intra_r=t,
+                                    micro_batch_size=micro,
+                                    schedule="interleaved-1f1b" if v > 1 else "1f1b",
+                                    virtual_stages=v,
+                                    recompute=rc,
+                                    sequence_parallel=sp and t > 1,  # type: ignore[arg-type]
+                                    zero_stage=z,
+                                    placement=placement,
+                                )
+                            )
     return plans

@@ -20,8 +20,19 @@ from perfmodels.specs import GPU, Cluster
 
 _FAMILIES = ("GH200", "H200", "H100", "H20", "B200", "MI300X", "MI250X", "MI210", "L40S", "A100", "V100")
 
-_NVLINK_PER_DIRECTION = {"V100": 150.0, "A100": 300.0, "H100": 450.0, "H200": 450.0, "GH200": 450.0, "H20": 450.0,
-                         "B200": 900.0, "MI250X": 100.0, "MI300X": 448.0, "MI210": 150.0, "L40S": 32.0}
+_NVLINK_PER_DIRECTION = {
+    "V100": 150.0,
+    "A100": 300.0,
+    "H100": 450.0,
+    "H200": 450.0,
+    "GH200": 450.0,
+    "H20": 450.0,
+    "B200": 900.0,
+    "MI250X": 100.0,
+    "MI300X": 448.0,
+    "MI210": 150.0,
+    "L40S": 32.0,
+}
 """NVLink / Infinity Fabric GB/s per GPU per direction of each generation."""
 
 _DEFAULT_NETWORK_GBPS = {"V100": 12.5 / 8, "A100": 25.0, "H100": 50.0, "H200": 50.0, "B200": 50.0}

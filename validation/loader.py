@@ -28,12 +28,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from perfmodels import presets, stacks
-from perfmodels.specs import Cluster, Model
+from perfmodels.specs import Cluster, Model, Plan
 from validation.candidates import Layout, candidate_plans
 from validation.cases import Case, Loaded, Skipped
 from validation.hardware import CardMemory, card, cluster_from_columns
 from validation.metrics import RunShape, step_time_s
-from validation.stack_columns import parse_bool, read_stack
+from validation.stack_columns import StackOptions, parse_bool, read_stack
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 """The vendored published runs (copies of the project's shared validation set)."""
@@ -128,12 +128,23 @@ def _vtrain_case(cid: str, row: Mapping[str, str]) -> Case:
     published = {
         "source": "vTrain ground truth (VIA-Research/vTrain, MICRO'24)",
         "model_name": f"gpt-{size}b" if size else f"gpt-h{h}-L{L}",
-        "num_layers": row["# layers"], "hidden_size": row["hidden size"], "num_heads": row["attention heads"],
-        "seq_len": row["sequence length"], "global_batch_size": row["global batch"],
-        "micro_batch_size": row["micro batch"], "tp": row["tensor parallelism"], "pp": row["pipeline parallelism"],
-        "dp": row["data parallelism"], "virtual_pp": "1", "sequence_parallel": "false", "cp": "1",
-        "num_gpus": row["# GPUs"], "gpu_type": "A100", "metric_name": "iteration_time_ms",
-        "metric_value": row["iteration time (ms)"], **VTRAIN_STACK,
+        "num_layers": row["# layers"],
+        "hidden_size": row["hidden size"],
+        "num_heads": row["attention heads"],
+        "seq_len": row["sequence length"],
+        "global_batch_size": row["global batch"],
+        "micro_batch_size": row["micro batch"],
+        "tp": row["tensor parallelism"],
+        "pp": row["pipeline parallelism"],
+        "dp": row["data parallelism"],
+        "virtual_pp": "1",
+        "sequence_parallel": "false",
+        "cp": "1",
+        "num_gpus": row["# GPUs"],
+        "gpu_type": "A100",
+        "metric_name": "iteration_time_ms",
+        "metric_value": row["iteration time (ms)"],
+        **VTRAIN_STACK,
     }
     gpu, memory = card("A100", None)
     cluster = replace(presets.cluster("vtrain-a100", num_gpus=gpus), gpu=gpu)
@@ -163,6 +174,39 @@ def _block_style(row: Mapping[str, str], heads: int) -> tuple[bool, int]:
     return gated, groups
 
 
+def _unstated_layout_columns(plans: list[Plan]) -> list[str]:
+    """The layout columns (CSV names) on which the candidate plans differ."""
+    columns = (("tp", "G_intra_r"), ("pp", "G_inter"), ("micro_batch_size", "micro_batch_size"),
+               ("virtual_pp", "virtual_stages"), ("sequence_parallel", "sequence_parallel"))
+    return [column for column, fieldname in columns if len({getattr(p, fieldname) for p in plans}) > 1]
+
+
+def _measured_step_s(metric: str, value_text: str, shape: RunShape, stack: StackOptions,
+                     cluster: Cluster) -> float:
+    """Seconds per step from the row's metric (throughput, MFU, or time), or ValueError saying why not."""
+    value = _float("metric_value", value_text)
+    if value is None:
+        raise ValueError("metric_value is empty")
+    peaks = {cluster.gpu.peak_tflops(d) for d in stack.dtypes}
+    if metric.lower().startswith("mfu") and len(peaks) > 1:
+        raise ValueError(f"{metric} with linear_precision unstated: the peak it divides by differs "
+                         f"between {', '.join(stack.dtypes)}")
+    return step_time_s(metric, value, shape, recompute_full=stack.recompute_full_stated,
+                       peak_tflops=peaks.pop())
+
+
+def _row_cluster(row: Mapping[str, str], num_gpus: int) -> tuple[Cluster, CardMemory]:
+    """The cluster a row's hardware columns describe, and how its card memory was known."""
+    return cluster_from_columns(
+        gpu_type=row.get("gpu_type") or "",
+        memory_gb=_float("gpu_memory_gb", row.get("gpu_memory_gb")),
+        num_gpus=num_gpus,
+        gpus_per_node=_int(row, "gpus_per_node"),
+        intra_text=row.get("intra_node_interconnect") or "",
+        inter_text=row.get("inter_node_interconnect") or "",
+    )
+
+
 def _published_case(cid: str, row: Mapping[str, str], *,
                     cluster: tuple[Cluster, CardMemory] | None = None) -> Case:
     metric = (row.get("metric_name") or "").strip()
@@ -178,12 +222,7 @@ def _published_case(cid: str, row: Mapping[str, str], *,
     gated, groups = _block_style(row, a)
     ffn = _int(row, "ffn_hidden_size") or (-(-8 * h // 3 // 256) * 256 if gated else 4 * h)
 
-    if cluster is None:
-        cluster = cluster_from_columns(
-            gpu_type=row.get("gpu_type") or "", memory_gb=_float("gpu_memory_gb", row.get("gpu_memory_gb")),
-            num_gpus=G, gpus_per_node=_int(row, "gpus_per_node"),
-            intra_text=row.get("intra_node_interconnect") or "", inter_text=row.get("inter_node_interconnect") or "")
-    the_cluster, memory = cluster
+    the_cluster, memory = cluster if cluster is not None else _row_cluster(row, G)
     stack = read_stack(row, the_cluster.gpu)
 
     # context parallelism: each of cp ranks holds a 1/cp chunk of every sequence and attends over the
@@ -214,30 +253,30 @@ def _published_case(cid: str, row: Mapping[str, str], *,
                             can_sequence_parallel=any(st.sequence_parallel for st in presets_))
     if not plans:
         raise ValueError("no layout consistent with the stated degrees")
-    unknown = list(stack.unknown)  # and the layout columns whose emptiness leaves more than one value
-    for column, fieldname in (("tp", "G_intra_r"), ("pp", "G_inter"), ("micro_batch_size", "micro_batch_size"),
-                              ("virtual_pp", "virtual_stages"), ("sequence_parallel", "sequence_parallel")):
-        if len({getattr(p, fieldname) for p in plans}) > 1:
-            unknown.append(column)
-
+    # the stack options not stated, and the layout columns whose emptiness leaves more than one value
+    unknown = [*stack.unknown, *_unstated_layout_columns(plans)]
     measured = None
     if not expect_oom:
-        value = _float("metric_value", value_text)
-        if value is None:
-            raise ValueError("metric_value is empty")
-        peaks = {the_cluster.gpu.peak_tflops(d) for d in stack.dtypes}
-        if metric.lower().startswith("mfu") and len(peaks) > 1:
-            raise ValueError(f"{metric} with linear_precision unstated: the peak it divides by differs "
-                             f"between {', '.join(stack.dtypes)}")
         shape = RunShape(global_batch=gb, seq=s, layers=L, hidden=h, vocab=vocab, ffn=ffn,
                          kv_hidden=model.kv_hidden_size, gated=gated, num_gpus=G)
-        measured = step_time_s(metric, value, shape, recompute_full=stack.recompute_full_stated,
-                               peak_tflops=peaks.pop())
+        measured = _measured_step_s(metric, value_text, shape, stack, the_cluster)
 
     framework = stack.framework or "any stack"
     group = f"{framework} {model.name.split(' (')[0]} L{L} h{h} on {G} {the_cluster.gpu.name} gb{gb}"
-    return Case(case_id=cid, source=(row.get("source") or "").strip(), framework=framework, group=group,
-                model=model, cluster=the_cluster, trainings=stack.trainings(gb * cp), plans=tuple(plans),
-                measured_time_s=measured, measured_memory_gib=_float("peak_memory_gib", row.get("peak_memory_gib")),
-                expect_oom=expect_oom, layout_stated=layout.stated, unknown=tuple(unknown), card_memory=memory,
-                notes=row.get("notes") or "")
+    return Case(
+        case_id=cid,
+        source=(row.get("source") or "").strip(),
+        framework=framework,
+        group=group,
+        model=model,
+        cluster=the_cluster,
+        trainings=stack.trainings(gb * cp),
+        plans=tuple(plans),
+        measured_time_s=measured,
+        measured_memory_gib=_float("peak_memory_gib", row.get("peak_memory_gib")),
+        expect_oom=expect_oom,
+        layout_stated=layout.stated,
+        unknown=tuple(unknown),
+        card_memory=memory,
+        notes=row.get("notes") or "",
+    )

@@ -16,9 +16,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TIME_METRICS = ("iteration_time_s", "iteration_time_ms", "step_time_ms", "tokens_per_s", "tokens_per_second",
-                "throughput_tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_second_per_gpu", "samples_per_s",
-                "sequences_per_s", "throughput_samples_per_s", "tflops_per_gpu", "mfu", "mfu_percent")
+from perfmodels.compute import block_flops_per_token
+
+TIME_METRICS = (
+    "iteration_time_s",
+    "iteration_time_ms",
+    "step_time_ms",
+    "tokens_per_s",
+    "tokens_per_second",
+    "throughput_tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tokens_per_second_per_gpu",
+    "samples_per_s",
+    "sequences_per_s",
+    "throughput_samples_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "mfu_percent",
+)
 
 
 def megatron_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int, ffn: int | None = None,
@@ -31,9 +46,9 @@ def megatron_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int
     """
     f = ffn or 4 * hidden
     kv = kv_hidden or hidden
-    attn_proj = 2 * hidden * hidden + 2 * hidden * kv
-    mlp = (3 if gated else 2) * hidden * f
-    per_layer_fwd = 2 * batch * seq * (attn_proj + mlp) + 4 * batch * seq * seq * hidden
+    per_layer_fwd = (
+        batch * seq * block_flops_per_token(hidden=hidden, kv_hidden=kv, ffn=f, gated=gated, span=seq)
+    )
     head_fwd = 2 * batch * seq * hidden * vocab
     passes = 4 if recompute_full else 3
     return float(passes * layers * per_layer_fwd + 3 * head_fwd)
@@ -67,9 +82,17 @@ def step_time_s(metric: str, value: float, shape: RunShape, *, recompute_full: b
     tokens = float(shape.global_batch * shape.seq)
 
     def flops(recompute: bool) -> float:
-        return megatron_flops(batch=shape.global_batch, seq=shape.seq, layers=shape.layers, hidden=shape.hidden,
-                              vocab=shape.vocab, ffn=shape.ffn, recompute_full=recompute,
-                              kv_hidden=shape.kv_hidden, gated=shape.gated)
+        return megatron_flops(
+            batch=shape.global_batch,
+            seq=shape.seq,
+            layers=shape.layers,
+            hidden=shape.hidden,
+            vocab=shape.vocab,
+            ffn=shape.ffn,
+            recompute_full=recompute,
+            kv_hidden=shape.kv_hidden,
+            gated=shape.gated,
+        )
 
     if m == "iteration_time_s":
         return value

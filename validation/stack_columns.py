@@ -169,7 +169,9 @@ def read_stack(row: Mapping[str, str], gpu: GPU) -> StackOptions:
         unknown.append("activation_checkpointing")
         recomputes = ("none", "selective", "full")
 
-    linear = parse_dtype("linear_precision", cell("linear_precision")) or parse_dtype("precision", cell("precision"))
+    linear = parse_dtype("linear_precision", cell("linear_precision")) or parse_dtype(
+        "precision", cell("precision")
+    )
     if linear is None:
         unknown.append("linear_precision")
     dtypes = (linear,) if linear else half_dtypes(gpu)

@@ -1,4 +1,5 @@
-"""The figures of ISSUE 11 over scored cases: error by source and framework, rankings, memory verdicts.
+"""The accuracy figures over scored cases (the README's, printed by bench/validate_published.py):
+error by source and framework, rankings, memory verdicts.
 
 Pure arithmetic on (`Case`, `CaseScore`) pairs, so `bench/validate_published.py` only reads files
 and prints. Figures:
@@ -110,6 +111,10 @@ def memory_verdicts(scored: list[tuple[Case, CaseScore]]) -> MemoryVerdicts:
     oom = [(c, s) for c, s in scored if c.expect_oom]
     mem_err = [abs(s.memory_gib - c.measured_memory_gib) / c.measured_memory_gib
                for c, s in scored if c.measured_memory_gib]
-    return MemoryVerdicts(false_oom=false_oom, oom_rows=len(oom), oom_caught=sum(1 for _, s in oom if not s.fits),
-                          memory=error_stats(mem_err),
-                          assumed_card=sum(1 for c, _ in scored if c.card_memory.assumed))
+    return MemoryVerdicts(
+        false_oom=false_oom,
+        oom_rows=len(oom),
+        oom_caught=sum(1 for _, s in oom if not s.fits),
+        memory=error_stats(mem_err),
+        assumed_card=sum(1 for c, _ in scored if c.card_memory.assumed),
+    )

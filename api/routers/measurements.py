@@ -7,11 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response
 
 from api import examples, schemas, service
-from api.deps import ProfilesDep, SettingsDep, StoreDep, WriteAuth
+from api.deps import DB_DOWN, UNAUTHORIZED, ProfilesDep, SettingsDep, StoreDep, WriteAuth
 
-DB_DOWN: dict[int | str, dict[str, Any]] = {
-    503: {"model": schemas.ErrorOut, "description": "the database is not answering; retry later"}
-}
 router = APIRouter(responses=DB_DOWN, prefix="/v1/measurements", tags=["measurements"])
 
 
@@ -21,12 +18,15 @@ router = APIRouter(responses=DB_DOWN, prefix="/v1/measurements", tags=["measurem
     response_model=schemas.MeasurementOut,
     dependencies=[WriteAuth],
     responses={
-        401: {"model": schemas.ErrorOut, "description": "GRIDTUNE_API_KEY is set and the bearer key is missing or wrong"},
+        **UNAUTHORIZED,
         422: {"model": schemas.ErrorOut, "description": "invalid specs or measurement"},
     },
 )
 def create_measurement(
-    body: Annotated[schemas.MeasurementCreate, Body(openapi_examples={"one measured step": {"value": examples.MEASUREMENT}})],
+    body: Annotated[
+        schemas.MeasurementCreate,
+        Body(openapi_examples={"one measured step": {"value": examples.MEASUREMENT}}),
+    ],
     store: StoreDep,
     profiles: ProfilesDep,
 ) -> Any:

@@ -47,7 +47,7 @@ def start(log: pathlib.Path, *, database_url: str | None = None, env: dict[str, 
     full_env.pop("GRIDTUNE_DATABASE_URL", None)
     full_env.pop("GRIDTUNE_API_KEY", None) if "GRIDTUNE_API_KEY" not in (env or {}) else None
     if command is None:
-        command = [sys.executable, "-c", "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))",
+        command = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
                    "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         if database_url:
             command += ["--database-url", database_url]

@@ -120,7 +120,9 @@ def _fake_search(delay_s: float, calls: list, *, complete: bool = True):
 def test_identical_concurrent_searches_share_one_run_and_are_cached(thread_client, monkeypatch):
     client = thread_client
     calls: list = []
-    monkeypatch.setattr(service, "run_recommend", _fake_search(1.5, calls))  # long enough for all four to arrive
+    monkeypatch.setattr(
+        service, "run_recommend", _fake_search(1.5, calls)
+    )  # long enough for all four to arrive
     results: list = []
 
     def ask():
@@ -154,7 +156,9 @@ def test_a_search_over_its_time_is_answered_503_not_left_hanging(tmp_path, monke
     monkeypatch.setattr(service, "run_recommend", _fake_search(2.0, calls))
     monkeypatch.setattr(searches, "SEARCH_GRACE_S", 0.1)
     monkeypatch.setattr(searches, "STARTUP_SLACK_S", 0.0)
-    settings = make_settings(tmp_path, max_search_time_s=0.05, default_search_time_s=0.05, search_isolation="thread")
+    settings = make_settings(
+        tmp_path, max_search_time_s=0.05, default_search_time_s=0.05, search_isolation="thread"
+    )
     with TestClient(create_app(settings)) as c:
         r = c.post("/v1/recommend", json=TINY_REC)
         assert r.status_code == 503, r.text
@@ -233,7 +237,12 @@ def test_settings_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GRIDTUNE_MAX_GPUS", "4096")
     monkeypatch.setenv("GRIDTUNE_CACHE_MB", "0")
     s = Settings.from_env()
-    assert (s.database_url, s.api_key, s.max_recommend_gpus, s.cache_mb) == (f"sqlite:///{tmp_path}/x.db", "k", 4096, 0)
+    assert (s.database_url, s.api_key, s.max_recommend_gpus, s.cache_mb) == (
+        f"sqlite:///{tmp_path}/x.db",
+        "k",
+        4096,
+        0,
+    )
     monkeypatch.setenv("GRIDTUNE_API_KEY", "")
     assert Settings.from_env().api_key is None
     monkeypatch.setenv("GRIDTUNE_MAX_GPUS", "lots")
@@ -245,23 +254,29 @@ def test_env_bound_on_gpus_applies_to_recommend(tmp_path):
     with TestClient(create_app(make_settings(tmp_path, max_recommend_gpus=512))) as c:
         r = c.post("/v1/recommend", json=examples.RECOMMEND)
         assert r.status_code == 422
-        assert "cluster.num_gpus=1,024 is more than this service searches (512 GPUs at most" in r.json()["detail"][0]["msg"]
+        assert (
+            "cluster.num_gpus=1,024 is more than this service searches (512 GPUs at most"
+            in r.json()["detail"][0]["msg"]
+        )
 
 
 def test_the_cli_and_the_service_bound_searches_alike(capsys):
-    """Issue 14 item 25: one bound on searched GPUs (1,048,576), the same words in both."""
+    """One bound on searched GPUs (1,048,576), the same words in both."""
     from api.settings import Settings
-    from tuner.cli import main
+    from cli import main
     from tuner.search import MAX_GPUS
 
     assert Settings(database_url="sqlite://").max_recommend_gpus == MAX_GPUS == 1 << 20
     assert main(["recommend", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "2000000",
                  "--global-batch-size", "1536"]) == 2
-    assert "cluster.num_gpus=2,000,000 is more than a search covers (1,048,576 GPUs at most" in capsys.readouterr().err
+    assert (
+        "cluster.num_gpus=2,000,000 is more than a search covers (1,048,576 GPUs at most"
+        in capsys.readouterr().err
+    )
 
 
 def test_serve_command_line(capsys):
-    from tuner.cli import build_parser, main
+    from cli import build_parser, main
 
     args = build_parser().parse_args(["serve", "--port", "9001", "--host", "0.0.0.0", "--database-url", "sqlite://"])
     assert (args.port, args.host, args.database_url, args.workers) == (9001, "0.0.0.0", "sqlite://", 1)

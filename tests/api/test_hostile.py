@@ -1,5 +1,5 @@
 """Hostile input and exhausted resources against a real `gridtune serve` (uvicorn in a subprocess),
-on SQLite files and on the PostgreSQL server of GRIDTUNE_TEST_POSTGRES_URL (issue 14, items 1-10).
+on SQLite files and on the PostgreSQL server of GRIDTUNE_TEST_POSTGRES_URL.
 
 What each test proves is in its name; none asserts a duration (waits have generous deadlines).
 Run: `.venv/bin/python -m pytest tests/api/test_hostile.py -q`.
@@ -55,8 +55,11 @@ def sqlite_server(tmp_path_factory):
 def postgres_server(tmp_path_factory, postgres_url):
     tmp = tmp_path_factory.mktemp("hostile-pg")
     prefix = f"h{uuid.uuid4().hex[:8]}_"
-    with serverproc.running_server(tmp / "server.log", database_url=postgres_url,
-                                   env={"GRIDTUNE_TABLE_PREFIX": prefix, "GRIDTUNE_DB_LOCK_TIMEOUT_S": "1"}) as srv:
+    with serverproc.running_server(
+        tmp / "server.log",
+        database_url=postgres_url,
+        env={"GRIDTUNE_TABLE_PREFIX": prefix, "GRIDTUNE_DB_LOCK_TIMEOUT_S": "1"},
+    ) as srv:
         yield srv, prefix
     from tuner.store import Store
 
@@ -70,18 +73,27 @@ def server(request):
     return request.getfixturevalue("postgres_server")[0]
 
 
-# -- item 1: unpaired surrogates ------------------------------------------------------------------
+# -- unpaired surrogates ------------------------------------------------------------------
 
 
 def test_unpaired_surrogates_are_422_naming_the_field_and_never_stored(server):
     cases = [
         ("/v1/clusters", {**examples.CLUSTER_CREATE, "name": "gpu" + SURROGATE}, "name"),
         ("/v1/predict", {**examples.PREDICT, "cluster": {"profile_id": SURROGATE}}, "profile_id"),
-        ("/v1/measurements", {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 0.5, SURROGATE: 1}}, "measured"),
+        (
+            "/v1/measurements",
+            {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 0.5, SURROGATE: 1}},
+            "measured",
+        ),
         ("/v1/measurements", {**SMALL_MEASUREMENT, "prediction": {"x": "a" + SURROGATE}}, "prediction"),
-        ("/v1/clusters", {**examples.CLUSTER_CREATE,
-                          "profile": {**examples.CLUSTER_CREATE["profile"], "provenance": {"host": SURROGATE}}},
-         "provenance"),
+        (
+            "/v1/clusters",
+            {
+                **examples.CLUSTER_CREATE,
+                "profile": {**examples.CLUSTER_CREATE["profile"], "provenance": {"host": SURROGATE}},
+            },
+            "provenance",
+        ),
     ]
     for path, body, field in cases:
         r = _post(server.url, path, body)
@@ -100,20 +112,40 @@ def test_a_row_stored_before_the_fix_cannot_break_a_read(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store = Store(url)
     with store.engine.begin() as conn:  # what gridtune 0.1 let through
-        conn.execute(store.measurements.insert().values(
-            cluster_id="c", model={}, cluster={}, training={}, plan={}, measured={"iteration_time_s": 1, SURROGATE: 2},
-            prediction={"k": SURROGATE}, created_at=sa.func.now()))
-        conn.execute(store.profiles.insert().values(
-            id="p1", name="old", profile={"provenance": {"h": SURROGATE}}, cluster=None, created_at=sa.func.now()))
+        conn.execute(
+            store.measurements.insert().values(
+                cluster_id="c",
+                model={},
+                cluster={},
+                training={},
+                plan={},
+                measured={"iteration_time_s": 1, SURROGATE: 2},
+                prediction={"k": SURROGATE},
+                created_at=sa.func.now(),
+            )
+        )
+        conn.execute(
+            store.profiles.insert().values(
+                id="p1",
+                name="old",
+                profile={"provenance": {"h": SURROGATE}},
+                cluster=None,
+                created_at=sa.func.now(),
+            )
+        )
     store.close()
     with serverproc.running_server(tmp_path / "server.log", database_url=url) as srv:
         for path in ("/v1/measurements", "/v1/clusters", "/v1/clusters/p1"):
             r = httpx.get(srv.url + path, timeout=30)
             assert r.status_code == 200, (path, r.text[:300])
-            assert "\ufffd" in r.json()["items"][0]["measured"] if path == "/v1/measurements" else "\ufffd" in r.text
+            assert (
+                "\ufffd" in r.json()["items"][0]["measured"]
+                if path == "/v1/measurements"
+                else "\ufffd" in r.text
+            )
 
 
-# -- item 2: PostgreSQL NUL and int4 ids ---------------------------------------------------------------
+# -- PostgreSQL NUL and int4 ids ---------------------------------------------------------------
 
 
 def test_nul_characters_and_huge_page_cursors_are_not_500_on_postgres(postgres_server):
@@ -128,14 +160,20 @@ def test_nul_characters_and_huge_page_cursors_are_not_500_on_postgres(postgres_s
     r = httpx.get(srv.url + "/v1/measurements", params={"cluster_id": "a\x00"}, timeout=30)
     assert r.status_code == 200 and r.json()["items"] == []
     assert _post(srv.url, "/v1/measurements", SMALL_MEASUREMENT).status_code == 201
-    r = _post(srv.url, "/v1/measurements", {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 1, "note": "a\x00b"}})
-    assert r.status_code == 201, r.text[:300]  # NUL inside free-form JSON is data, and PostgreSQL's json keeps it
+    r = _post(
+        srv.url,
+        "/v1/measurements",
+        {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 1, "note": "a\x00b"}},
+    )
+    assert r.status_code == 201, r.text[
+        :300
+    ]  # NUL inside free-form JSON is data, and PostgreSQL's json keeps it
     for before in (2**31 - 1, 2**31, 2**62):
         r = httpx.get(srv.url + "/v1/measurements", params={"before_id": before}, timeout=30)
         assert r.status_code == 200 and r.json()["items"], (before, r.text[:300])
 
 
-# -- item 3: a locked database answers 503, reads and liveness stay up ---------------------------------
+# -- a locked database answers 503, reads and liveness stay up ---------------------------------
 
 
 def _writers(url: str, n: int) -> list[int]:
@@ -179,7 +217,7 @@ def test_a_write_lock_held_elsewhere_gives_503_while_reads_and_liveness_answer(t
         assert 503 in codes
         assert _post(srv.url, "/v1/measurements", SMALL_MEASUREMENT).status_code == 201  # recovers
         log = srv.log.read_text()
-    assert "Traceback" not in log and len(log) < 20_000, log[-2000:]  # item 9: one line per second at most
+    assert "Traceback" not in log and len(log) < 20_000, log[-2000:]  # one line per second at most
 
 
 def test_a_table_lock_on_postgres_gives_503_while_other_tables_answer(postgres_server, postgres_url):
@@ -202,16 +240,21 @@ def test_a_table_lock_on_postgres_gives_503_while_other_tables_answer(postgres_s
     assert _post(srv.url, "/v1/measurements", SMALL_MEASUREMENT).status_code == 201
 
 
-# -- item 4: a 500 says Connection: close --------------------------------------------------------------
+# -- a 500 says Connection: close --------------------------------------------------------------
 
 
 def test_a_server_error_says_connection_close(tmp_path):
     port = serverproc.free_port()
-    code = ("import uvicorn; from api.server import uvicorn_config, ServerLimits; "
-            "from tests.api.buggy_app import create; "
-            f"uvicorn.Server(uvicorn_config(create('sqlite:///{tmp_path / 'b.db'}'), host='127.0.0.1', port={port}, "
-            "workers=1, log_level='warning', limits=ServerLimits())).run()")
-    with serverproc.running_server(tmp_path / "server.log", command=[sys.executable, "-c", code], port=port) as srv:
+    code = (
+        "import uvicorn; from api.server import uvicorn_config, ServerLimits; "
+        "from tests.api.buggy_app import create; "
+        f"uvicorn.Server(uvicorn_config(create('sqlite:///{tmp_path / 'b.db'}'), host='127.0.0.1', "
+        f"port={port}, "
+        "workers=1, log_level='warning', limits=ServerLimits())).run()"
+    )
+    with serverproc.running_server(
+        tmp_path / "server.log", command=[sys.executable, "-c", code], port=port
+    ) as srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
             s.sendall(b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n")
             data = b""
@@ -221,7 +264,7 @@ def test_a_server_error_says_connection_close(tmp_path):
         assert head.startswith(b"http/1.1 500") and b"connection: close" in head, head
 
 
-# -- items 5 and 9: bounded pages, bounded fields, bounded echoes ------------------------------------
+# -- bounded pages, bounded fields, bounded echoes ------------------------------------
 
 
 def test_list_pages_are_bounded_in_bytes_and_free_form_fields_in_size(sqlite_server):
@@ -233,7 +276,11 @@ def test_list_pages_are_bounded_in_bytes_and_free_form_fields_in_size(sqlite_ser
                                                 "measured": {"iteration_time_s": 1.0 + i, "blob": big}})
         assert r.status_code == 201, r.text[:300]
         ids.append(r.json()["id"])
-    r = _post(srv.url, "/v1/measurements", {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 1, "b": "y" * 300_000}})
+    r = _post(
+        srv.url,
+        "/v1/measurements",
+        {**SMALL_MEASUREMENT, "measured": {"iteration_time_s": 1, "b": "y" * 300_000}},
+    )
     assert r.status_code == 422 and "measured is" in r.text and "at most" in r.text, r.text[:300]
     seen: list[int] = []
     before = None
@@ -256,7 +303,7 @@ def test_a_huge_bad_value_gets_a_small_422(sqlite_server):
     assert len(r.content) < 4000 and "name" in r.text
 
 
-# -- item 6: slow clients ---------------------------------------------------------------------------
+# -- slow clients ---------------------------------------------------------------------------
 
 
 def _drain(sockets: list[socket.socket]) -> list[bytes]:
@@ -282,10 +329,15 @@ def test_slow_clients_are_timed_out_and_capped_without_starving_the_server(tmp_p
             s.sendall(b"POST /v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
             flood.append(s)
         answers = _drain(flood)
-        assert set(answers) <= {b"HTTP/1.1 408 Request Timeout", b"HTTP/1.1 503 Service Unavailable", b""}, set(answers)
+        assert set(answers) <= {b"HTTP/1.1 408 Request Timeout", b"HTTP/1.1 503 Service Unavailable", b""}, (
+            set(answers)
+        )
         # a few slow clients under the limit: half-sent headers, half-sent body; each gets 408 and is closed
         slow = []
-        for head in (b"GET /livez HTTP/1.1\r\nHo", b"POST /v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{"):
+        for head in (
+            b"GET /livez HTTP/1.1\r\nHo",
+            b"POST /v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{",
+        ):
             for _ in range(3):
                 s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
                 s.sendall(head)
@@ -296,7 +348,7 @@ def test_slow_clients_are_timed_out_and_capped_without_starving_the_server(tmp_p
     assert "Too many open files" not in log and len(log) < 20_000, log[-2000:]
 
 
-# -- item 7: readiness and schema recovery -----------------------------------------------------------
+# -- readiness and schema recovery -----------------------------------------------------------
 
 
 def test_readiness_says_no_when_the_sqlite_file_is_immutable(tmp_path):
@@ -307,7 +359,9 @@ def test_readiness_says_no_when_the_sqlite_file_is_immutable(tmp_path):
             pytest.skip("chattr +i is not permitted here")
         try:
             r = httpx.get(srv.url + "/readyz", timeout=30)
-            assert r.status_code == 503 and r.json()["ready"] is False and "read-only" in r.json()["reason"], r.text
+            assert (
+                r.status_code == 503 and r.json()["ready"] is False and "read-only" in r.json()["reason"]
+            ), r.text
             assert httpx.get(srv.url + "/healthz", timeout=30).status_code == 503
             assert httpx.get(srv.url + "/livez", timeout=30).status_code == 200
         finally:
@@ -346,7 +400,7 @@ def test_an_old_database_is_adopted_by_the_migrations(tmp_path):
     assert store.get_profile("p").name == "kept"
 
 
-# -- items 8 and 10: the schema says what the API does; plausible ranges --------------------------------
+# -- the schema says what the API does; plausible ranges --------------------------------
 
 
 def test_openapi_cluster_rules_and_options_agree_with_the_api(sqlite_server):
@@ -368,14 +422,17 @@ def test_openapi_cluster_rules_and_options_agree_with_the_api(sqlite_server):
 
 
 def test_physically_absurd_constants_are_422_naming_the_plausible_range(sqlite_server):
-    body = {**examples.PREDICT, "cluster": {**examples.PREDICT_EXPLICIT["cluster"], "inter_node_bandwidth_GBps": 1e-300}}
+    body = {
+        **examples.PREDICT,
+        "cluster": {**examples.PREDICT_EXPLICIT["cluster"], "inter_node_bandwidth_GBps": 1e-300},
+    }
     r = _post(sqlite_server.url, "/v1/predict", body)
     assert r.status_code == 422
     assert "inter_node_bandwidth_GBps" in r.text and "plausible range 0.001 to 100000" in r.text, r.text[:400]
     assert httpx.get(sqlite_server.url + "/docs", timeout=30).status_code == 200
 
 
-# -- item 23 and the launch feature: offline docs, launch in the recommend answer ------------------------
+# -- offline docs, launch in the recommend answer ------------------------
 
 
 def test_docs_pages_load_their_assets_from_this_server(sqlite_server):
@@ -396,4 +453,8 @@ def test_recommend_answers_carry_the_launch_of_the_best_plan(sqlite_server):
     assert "engine.init(G_data=" in rec["launch"]["torchrun"]["text"]
     assert "--micro-batch-size" in rec["launch"]["megatron"]["text"]
     presets = httpx.get(sqlite_server.url + "/v1/presets", timeout=30).json()
-    assert "selene" in presets["clusters"] and "A100-80GB" in presets["gpus"] and "gpt3-175b" in presets["models"]
+    assert (
+        "selene" in presets["clusters"]
+        and "A100-80GB" in presets["gpus"]
+        and "gpt3-175b" in presets["models"]
+    )

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install schemathesis)")
+schemathesis = pytest.importorskip(
+    "schemathesis", reason="schemathesis is not installed (pip install schemathesis)"
+)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import (  # noqa: E402
@@ -41,8 +43,15 @@ CHECKS = [
 KEY = "fuzz-key"
 # Searches: 0.3 s budget and at most 64 GPUs (bigger clusters get the documented 422), so every
 # generated search is small and the run stays short even on a loaded 2-core machine.
-app = create_app(Settings(database_url="sqlite://", api_key=KEY, max_search_time_s=0.3, default_search_time_s=0.3,
-                          max_recommend_gpus=64))
+app = create_app(
+    Settings(
+        database_url="sqlite://",
+        api_key=KEY,
+        max_search_time_s=0.3,
+        default_search_time_s=0.3,
+        max_recommend_gpus=64,
+    )
+)
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+import api
 from api import examples
 from tests.api.conftest import API_KEY
 
@@ -75,24 +76,48 @@ def test_predict_explicit_fields_and_tiny_model(client):
     assert r.json()["iteration_time_s"] > 0
 
 
-def test_predict_more_gpus_of_data_parallelism_is_not_slower_per_token(client):
-    small = client.post("/v1/predict", json=_with(_with(TINY, "cluster.num_gpus", 2), "plan.G_data", 1)).json()
+def test_predict_twice_the_data_replicas_nearly_halves_the_step(client):
+    """Same global batch over twice the data-parallel replicas: each replica computes half as many
+    samples and moves half the tensor-parallel bytes, so those parts halve exactly; only the
+    gradient all-reduce (new with G_data=2) and the optimizer step (not split by data parallelism)
+    stay. Together they are under a tenth of the step here, hence the 0.6 bound."""
+    small = client.post(
+        "/v1/predict", json=_with(_with(TINY, "cluster.num_gpus", 2), "plan.G_data", 1)
+    ).json()
     big = client.post("/v1/predict", json=TINY).json()
-    assert big["iteration_time_s"] < small["iteration_time_s"] * 1.5  # same batch, twice the replicas
+    for part in ("compute_s", "tp_comm_s"):
+        assert big["breakdown"][part] == pytest.approx(small["breakdown"][part] / 2, rel=1e-9), part
+    assert small["breakdown"]["dp_comm_s"] == 0 < big["breakdown"]["dp_comm_s"]
+    assert big["iteration_time_s"] < 0.6 * small["iteration_time_s"]
 
 
 @pytest.mark.parametrize(
     ("path", "value", "loc_end", "needle"),
     [
-        ("plan.G_data", 3, "body", "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = 3*16*1*8*1 = 384 but cluster.num_gpus = 1024"),
+        (
+            "plan.G_data",
+            3,
+            "body",
+            "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = 3*16*1*8*1 = 384 but cluster.num_gpus = 1024",
+        ),
         ("plan.G_intra_r", 64, "body", None),  # set below with a matching product
-        ("cluster.num_gpus", -8, "num_gpus", "cluster.num_gpus: Input should be greater than or equal to 1, got -8"),
+        (
+            "cluster.num_gpus",
+            -8,
+            "num_gpus",
+            "cluster.num_gpus: Input should be greater than or equal to 1, got -8",
+        ),
         ("cluster.num_gpus", 0, "num_gpus", "got 0"),
         ("cluster.num_gpus", 10**12, "num_gpus", "got 1000000000000"),
         ("model.preset", "gpt-5-omega", "model", "unknown model preset 'gpt-5-omega'"),
         ("cluster.preset", "atlantis", "cluster", "unknown cluster preset 'atlantis'"),
         ("cluster.gpu", "TPU-v9", "cluster", "unknown GPU preset 'TPU-v9'"),
-        ("plan.schedule", "zigzag", "schedule", "plan.schedule: Input should be 'gpipe', '1f1b' or 'interleaved-1f1b', got 'zigzag'"),
+        (
+            "plan.schedule",
+            "zigzag",
+            "schedule",
+            "plan.schedule: Input should be 'gpipe', '1f1b' or 'interleaved-1f1b', got 'zigzag'",
+        ),
         ("plan.zero_stage", 7, "zero_stage", "got 7"),
         ("plan.G_inter", "four", "G_inter", "plan.G_inter: Input should be a valid integer"),
         ("plan.micro_batch_size", 1.5, "micro_batch_size", "got 1.5"),
@@ -100,7 +125,12 @@ def test_predict_more_gpus_of_data_parallelism_is_not_slower_per_token(client):
         ("training.global_batch_size", 1001, "body", "training.global_batch_size=1001 is not divisible by"),
         ("plan.warp_drive", True, "warp_drive", "plan.warp_drive: Extra inputs are not permitted, got True"),
         ("cluster.inter_node_bandwidth_GBps", -25.0, "inter_node_bandwidth_GBps", "got -25.0"),
-        ("plan.placement", ["col", "row", "depth", "inter", "inter"], "plan", "plan.placement must be an ordering"),
+        (
+            "plan.placement",
+            ["col", "row", "depth", "inter", "inter"],
+            "plan",
+            "plan.placement must be an ordering",
+        ),
     ],
 )
 def test_predict_bad_input_is_422_naming_field_and_value(client, path, value, loc_end, needle):
@@ -137,11 +167,17 @@ def test_predict_malformed_bodies_are_422(client, content, needle):
 
 
 def test_predict_non_finite_numbers_are_422(client):
-    raw = json.dumps(examples.PREDICT).replace('"num_gpus": 1024', '"num_gpus": 1024, "inter_node_bandwidth_GBps": NaN')
+    raw = json.dumps(examples.PREDICT).replace(
+        '"num_gpus": 1024', '"num_gpus": 1024, "inter_node_bandwidth_GBps": NaN'
+    )
     r = client.post("/v1/predict", content=raw, headers={"content-type": "application/json"})
     assert "inter_node_bandwidth_GBps" in _msgs(r)
-    raw = json.dumps(examples.PREDICT).replace('"num_gpus": 1024', '"num_gpus": 1024, "intra_node_latency_us": Infinity')
-    assert "intra_node_latency_us" in _msgs(client.post("/v1/predict", content=raw, headers={"content-type": "application/json"}))
+    raw = json.dumps(examples.PREDICT).replace(
+        '"num_gpus": 1024', '"num_gpus": 1024, "intra_node_latency_us": Infinity'
+    )
+    assert "intra_node_latency_us" in _msgs(
+        client.post("/v1/predict", content=raw, headers={"content-type": "application/json"})
+    )
 
 
 def test_predict_with_unknown_profile_id_is_422_naming_it(client):
@@ -182,17 +218,49 @@ def test_cluster_profiles_store_list_get(client):
     [
         ({"name": "x"}, "profile: field required"),
         ({"name": "", "profile": {}}, "name: String should have at least 1 character"),
-        ({"name": "x", "profile": {"collectives": [{"op": "all_reduce", "level": "intra", "group_size": 8,
-                                                     "alpha_us": 1.0, "busbw_GBps": -3.0}]}},
-         "profile.collectives[0].busbw_GBps: Input should be greater than or equal to 0.001, got -3.0 (plausible range"),
-        ({"name": "x", "profile": {"collectives": [{"op": "teleport", "level": "intra", "group_size": 8,
-                                                     "alpha_us": 1.0, "busbw_GBps": 3.0}]}}, "got 'teleport'"),
+        (
+            {
+                "name": "x",
+                "profile": {
+                    "collectives": [
+                        {
+                            "op": "all_reduce",
+                            "level": "intra",
+                            "group_size": 8,
+                            "alpha_us": 1.0,
+                            "busbw_GBps": -3.0,
+                        }
+                    ]
+                },
+            },
+            "profile.collectives[0].busbw_GBps: Input should be greater than or equal to 0.001, got -3.0 "
+            "(plausible range",
+        ),
+        (
+            {
+                "name": "x",
+                "profile": {
+                    "collectives": [
+                        {
+                            "op": "teleport",
+                            "level": "intra",
+                            "group_size": 8,
+                            "alpha_us": 1.0,
+                            "busbw_GBps": 3.0,
+                        }
+                    ]
+                },
+            },
+            "got 'teleport'",
+        ),
         ({"name": "x", "profile": {"source": "guess"}}, "got 'guess'"),
         ({"name": "x", "profile": {"bogus": 1}}, "profile.bogus: Extra inputs are not permitted"),
         ({"name": "x", "profile": {}, "cluster": {"preset": "nowhere"}}, "unknown cluster preset 'nowhere'"),
         ({"name": "x", "profile": {}, "cluster": {"num_gpus": 8}}, "cluster needs"),
-        ({"name": "x", "profile": {}, "cluster": {"preset": "selene", "num_gpus": 12}},
-         "cluster.num_gpus=12 is not a whole number of nodes"),
+        (
+            {"name": "x", "profile": {}, "cluster": {"preset": "selene", "num_gpus": 12}},
+            "cluster.num_gpus=12 is not a whole number of nodes",
+        ),
     ],
 )
 def test_bad_cluster_profiles_are_422(client, body, needle):
@@ -214,10 +282,14 @@ def test_predict_and_recommend_use_a_stored_profile(client):
     body["plan"] = {**examples.PLAN_MEGATRON, "G_data": 4}
     assert client.post("/v1/predict", json=body).status_code == 200
     # by name as well as by id
-    by_name = client.post("/v1/predict", json=_with(examples.PREDICT, "cluster", {"profile_id": slow["name"]})).json()
+    by_name = client.post(
+        "/v1/predict", json=_with(examples.PREDICT, "cluster", {"profile_id": slow["name"]})
+    ).json()
     assert by_name["profile_id"] == pid
-    rec = client.post("/v1/recommend", json={**TINY_RECOMMEND, "cluster": {"preset": "local-cpu", "num_gpus": 4,
-                                                                            "profile_id": pid}})
+    rec = client.post(
+        "/v1/recommend",
+        json={**TINY_RECOMMEND, "cluster": {"preset": "local-cpu", "num_gpus": 4, "profile_id": pid}},
+    )
     assert rec.status_code == 200, rec.text
     assert rec.json()["profile_id"] == pid and rec.json()["constants_source"] != "preset"
 
@@ -255,7 +327,11 @@ def test_recommend_search_pins_are_respected(client):
     rec = client.post("/v1/recommend", json=body).json()
     assert rec["candidates"]
     for cand in rec["candidates"]:
-        assert cand["plan"]["G_intra_r"] == 1 and cand["plan"]["G_inter"] == 1 and cand["plan"]["zero_stage"] == 0
+        assert (
+            cand["plan"]["G_intra_r"] == 1
+            and cand["plan"]["G_inter"] == 1
+            and cand["plan"]["zero_stage"] == 0
+        )
 
 
 def test_recommend_gpt3_on_1024_gpus(client):
@@ -263,7 +339,9 @@ def test_recommend_gpt3_on_1024_gpus(client):
     assert r.status_code == 200, r.text
     rec = r.json()
     best = rec["best"]["plan"]
-    assert best["G_data"] * best["G_inter"] * best["G_intra_d"] * best["G_intra_r"] * best["G_intra_c"] == 1024
+    assert (
+        best["G_data"] * best["G_inter"] * best["G_intra_d"] * best["G_intra_r"] * best["G_intra_c"] == 1024
+    )
     assert rec["best"]["prediction"]["memory"]["fits"] is True
     assert best["zero_stage"] in (0, 1)
 
@@ -271,8 +349,14 @@ def test_recommend_gpt3_on_1024_gpus(client):
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
-        ({"cluster": {"preset": "selene", "num_gpus": 2_000_000}}, "cluster.num_gpus=2,000,000 is more than this service searches (1,048,576"),
-        ({"cluster": {"preset": "selene", "num_gpus": 5_000_000}}, "less than or equal to 4194304, got 5000000"),
+        (
+            {"cluster": {"preset": "selene", "num_gpus": 2_000_000}},
+            "cluster.num_gpus=2,000,000 is more than this service searches (1,048,576",
+        ),
+        (
+            {"cluster": {"preset": "selene", "num_gpus": 5_000_000}},
+            "less than or equal to 4194304, got 5000000",
+        ),
         ({"top_k": 0}, "top_k: Input should be greater than or equal to 1, got 0"),
         ({"top_k": 100_000}, "got 100000"),
         ({"search": {"G_data": []}}, "search.G_data: List should have at least 1 item"),
@@ -280,8 +364,11 @@ def test_recommend_gpt3_on_1024_gpus(client):
         ({"search": {"time_budget_s": -1}}, "search.time_budget_s: Input should be greater than 0, got -1"),
         ({"search": {"time_budget_s": 10_000}}, "got 10000"),
         ({"search": {"placement": [["col", "row"]]}}, "search.placement[0]"),
-        ({"search": {"placement": [["col"] * 5]}},
-         "each placement must be an ordering of ['col', 'row', 'depth', 'inter', 'data'], got ['col', 'col'"),
+        (
+            {"search": {"placement": [["col"] * 5]}},
+            "each placement must be an ordering of ['col', 'row', 'depth', 'inter', 'data'], got ['col', "
+            "'col'",
+        ),
         ({"search": {"unknown_knob": [1]}}, "search.unknown_knob: Extra inputs are not permitted"),
         ({"model": {"preset": "nonexistent-llm"}}, "unknown model preset 'nonexistent-llm'"),
         ({"plan": {"G_data": 1}}, "plan: Extra inputs are not permitted"),
@@ -324,7 +411,9 @@ def test_measurements_store_and_list(client):
     pid = client.post("/v1/clusters", json=examples.CLUSTER_CREATE).json()["id"]
     tiny = {**TINY, "measured": {"iteration_time_s": 0.25, "compute_s": 0.2, "per_rank": [0.24, 0.26]}}
     for _ in range(3):
-        assert client.post("/v1/measurements", json=_with(tiny, "cluster.name", "my-laptop")).status_code == 201
+        assert (
+            client.post("/v1/measurements", json=_with(tiny, "cluster.name", "my-laptop")).status_code == 201
+        )
     with_profile = _with(examples.MEASUREMENT, "cluster", {"profile_id": pid})
     assert client.post("/v1/measurements", json=with_profile).json()["cluster_id"] == pid
     explicit = {**tiny, "cluster_id": "rack-7"}
@@ -347,7 +436,10 @@ def test_measurements_store_and_list(client):
     ("patch", "needle"),
     [
         ({"measured": {}}, "measured.iteration_time_s: field required"),
-        ({"measured": {"iteration_time_s": -1.0}}, "measured.iteration_time_s: Input should be greater than 0, got -1.0"),
+        (
+            {"measured": {"iteration_time_s": -1.0}},
+            "measured.iteration_time_s: Input should be greater than 0, got -1.0",
+        ),
         ({"measured": {"iteration_time_s": "fast"}}, "got 'fast'"),
         ({"plan": {"G_data": 2}}, "= 2 but cluster.num_gpus = 1024"),
         ({"cluster": {"profile_id": "ghost"}}, "cluster.profile_id='ghost' names no stored profile"),
@@ -414,7 +506,7 @@ def test_no_key_configured_means_open_writes(client):
 def test_healthz(client):
     r = client.get("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "database": "sqlite", "version": r.json()["version"], "ready": True,
+    assert r.json() == {"status": "ok", "database": "sqlite", "version": api.__version__, "ready": True,
                         "reason": ""}
 
 
@@ -428,11 +520,16 @@ def test_metrics_count_requests_by_route_template(client):
     body = text.text
     assert 'gridtune_http_requests_total{method="POST",route="/v1/predict",status="200"} 1' in body
     assert 'gridtune_http_requests_total{method="POST",route="/v1/predict",status="422"} 1' in body
-    assert 'gridtune_http_requests_total{method="GET",route="/v1/clusters/{cluster_id:path}",status="404"} 1' in body
+    assert (
+        'gridtune_http_requests_total{method="GET",route="/v1/clusters/{cluster_id:path}",status="404"} 1'
+        in body
+    )
     assert 'route="<unmatched>",status="404"} 1' in body
     assert "# TYPE gridtune_http_request_duration_seconds histogram" in body
     assert 'gridtune_http_request_duration_seconds_count{method="POST",route="/v1/predict"} 2' in body
-    assert 'gridtune_http_request_duration_seconds_bucket{method="POST",route="/v1/predict",le="+Inf"} 2' in body
+    assert (
+        'gridtune_http_request_duration_seconds_bucket{method="POST",route="/v1/predict",le="+Inf"} 2' in body
+    )
     assert "gridtune_cache_misses_total 1" in body and "gridtune_searches_pending 0" in body
     for line in body.splitlines():  # every sample line parses as `name{labels} number`
         if line and not line.startswith("#"):
@@ -464,15 +561,15 @@ def test_docs_page_is_served(client):
 def test_accepts_what_gridtune_profile_upload_sends(client):
     """The body `tuner.profiles.upload` POSTs: a full cluster_to_dict and a profile document with
     provenance, fits, expected (and keys io does not know moved into provenance)."""
-    profiles = pytest.importorskip("tuner.profiles")
     from perfmodels import presets
-    from perfmodels.io import cluster_to_dict
+    from perfmodels.io import cluster_to_dict, json_safe
+    from tuner import profiles
 
     doc = {**examples.PROFILE, "fits": [{"op": "all_reduce", "r2": None, "n_points": 12}],
            "expected": [{"op": "all_reduce", "ratio": 0.93}], "holdout_median_abs_error": 0.04}
     doc["collectives"] = [{**doc["collectives"][0], "r2": None}]  # NaN fits come out as null
     body = {"name": "uploaded", "profile": profiles.service_profile(doc),
-            "cluster": profiles._clean(cluster_to_dict(presets.cluster("local-cpu", 4)))}
+            "cluster": json_safe(cluster_to_dict(presets.cluster("local-cpu", 4)))}
     r = client.post("/v1/clusters", json=body)
     assert r.status_code == 201, r.text
     stored = r.json()
@@ -519,11 +616,19 @@ def test_service_on_postgres(tmp_path, postgres_url):
             assert c.get("/healthz").json()["database"] == "postgresql"
             pid = c.post("/v1/clusters", json=examples.CLUSTER_CREATE).json()["id"]
             for _ in range(3):
-                assert c.post("/v1/measurements", json={**examples.MEASUREMENT, "cluster_id": pid}).status_code == 201
+                assert (
+                    c.post("/v1/measurements", json={**examples.MEASUREMENT, "cluster_id": pid}).status_code
+                    == 201
+                )
             items = c.get("/v1/measurements", params={"cluster_id": pid}).json()["items"]
             assert len(items) == 3 and items[0]["measured"] == examples.MEASUREMENT["measured"]
             assert c.get(f"/v1/clusters/{pid}").json()["profile"] == examples.PROFILE
-            assert c.post("/v1/predict", json={**examples.PREDICT, "cluster": {"profile_id": pid}}).json()["profile_id"] == pid
+            assert (
+                c.post("/v1/predict", json={**examples.PREDICT, "cluster": {"profile_id": pid}}).json()[
+                    "profile_id"
+                ]
+                == pid
+            )
     finally:
         app.state.store.drop_tables()
         app.state.store.close()
@@ -531,20 +636,30 @@ def test_service_on_postgres(tmp_path, postgres_url):
 
 def test_accepts_what_the_closed_loop_posts(client):
     """The body `tuner.closed_loop.post_measurement` sends (measurement_record + for_service)."""
-    loop = pytest.importorskip("tuner.closed_loop")
     import dataclasses
 
     from perfmodels import predict, presets
     from perfmodels.io import plan_to_dict, profile_from_dict
     from perfmodels.specs import Plan, Training
+    from tuner import closed_loop as loop
 
-    model, training, plan = presets.model("tiny-gpt"), Training(global_batch_size=8, dtype="fp32"), Plan(G_data=4)
+    model, training, plan = (
+        presets.model("tiny-gpt"),
+        Training(global_batch_size=8, dtype="fp32"),
+        Plan(G_data=4),
+    )
     for cluster in (presets.cluster("local-cpu", 4),
                     dataclasses.replace(presets.cluster("local-cpu", 4), name="my-box",
                                         profile=profile_from_dict(examples.PROFILE))):
         pred = predict(model, cluster, training, plan)
-        record = loop.measurement_record(model=model, cluster=cluster, training=training, plan=plan,
-                                         measured={"iteration_time_s": 0.5, "compute_s": 0.3}, prediction=pred)
+        record = loop.measurement_record(
+            model=model,
+            cluster=cluster,
+            training=training,
+            plan=plan,
+            measured={"iteration_time_s": 0.5, "compute_s": 0.3},
+            prediction=pred,
+        )
         body = {**loop.for_service(record), "cluster_id": "box@host/4"}
         r = client.post("/v1/measurements", json=body)
         assert r.status_code == 201, r.text

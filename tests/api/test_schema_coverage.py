@@ -45,9 +45,12 @@ def test_a_layer_model_as_io_writes_it_is_accepted(client):
     """model_to_dict of a layer-list model carries zeros for the transformer dimensions."""
     from perfmodels.io import model_to_dict
 
-    model = specs.Model(layers=(specs.LayerSpec(name="fc1", in_features=64, out_features=256, rows_per_sample=32),
-                                specs.LayerSpec(name="fc2", in_features=256, out_features=64, rows_per_sample=32,
-                                                transpose=True)))
+    model = specs.Model(
+        layers=(
+            specs.LayerSpec(name="fc1", in_features=64, out_features=256, rows_per_sample=32),
+            specs.LayerSpec(name="fc2", in_features=256, out_features=64, rows_per_sample=32, transpose=True),
+        )
+    )
     body = {"model": model_to_dict(model), "cluster": {"preset": "local-cpu", "num_gpus": 4},
             "training": {"global_batch_size": 8, "dtype": "fp32"}, "plan": {"G_data": 2, "G_intra_r": 2}}
     r = client.post("/v1/predict", json=body)

@@ -39,8 +39,18 @@ def _start(db_url: str, port: int, log: pathlib.Path) -> subprocess.Popen:
     env = {**os.environ, "GRIDTUNE_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
     env.pop("GRIDTUNE_DATABASE_URL", None)
     cmd = [
-        sys.executable, "-c", "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))",
-        "serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", db_url, "--log-level", "warning",
+        sys.executable,
+        "-c",
+        "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--database-url",
+        db_url,
+        "--log-level",
+        "warning",
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60  # start-up wait, not a timing assertion
@@ -61,6 +71,19 @@ def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.wait(30)
+
+
+def _all_measurements(base: str) -> list[dict]:
+    """Every stored measurement, paging through GET /v1/measurements."""
+    stored: list[dict] = []
+    before = None
+    while True:
+        params = {"limit": 1000, **({"before_id": before} if before else {})}
+        page = httpx.get(f"{base}/v1/measurements", params=params, timeout=30).json()
+        stored += page["items"]
+        before = page["next_before_id"]
+        if before is None:
+            return stored
 
 
 def test_sigkill_and_restart_keeps_every_acknowledged_write(tmp_path):
@@ -118,18 +141,12 @@ def test_sigkill_and_restart_keeps_every_acknowledged_write(tmp_path):
     proc2 = _start(url, port2, log)
     try:
         base2 = f"http://127.0.0.1:{port2}"
-        stored: list[dict] = []
-        before = None
-        while True:  # page through everything
-            params = {"limit": 1000, **({"before_id": before} if before else {})}
-            page = httpx.get(f"{base2}/v1/measurements", params=params, timeout=30).json()
-            stored += page["items"]
-            before = page["next_before_id"]
-            if before is None:
-                break
+        stored = _all_measurements(base2)
         stored_ids = {m["id"] for m in stored}
         missing = set(acked) - stored_ids
-        assert not missing, f"{len(missing)} acknowledged measurements lost after SIGKILL: {sorted(missing)[:10]}"
+        assert not missing, (
+            f"{len(missing)} acknowledged measurements lost after SIGKILL: {sorted(missing)[:10]}"
+        )
         # at most the writes in flight at the kill (one per writer) were stored without an answer
         assert len(stored_ids) - len(acked) <= 8
         # each writer's acknowledged rows are all there, in order
@@ -137,7 +154,9 @@ def test_sigkill_and_restart_keeps_every_acknowledged_write(tmp_path):
             seqs = sorted(m["measured"]["seq"] for m in stored if m["cluster_id"] == f"writer-{w}")
             assert seqs == list(range(len(seqs)))
         got = httpx.get(f"{base2}/v1/clusters/{profile_id}", timeout=30)
-        assert got.status_code == 200 and got.json()["profile"]["provenance"] == examples.PROFILE["provenance"]
+        assert (
+            got.status_code == 200 and got.json()["profile"]["provenance"] == examples.PROFILE["provenance"]
+        )
         # and the restarted server still answers the model routes
         assert httpx.post(f"{base2}/v1/predict", json=examples.PREDICT, timeout=30).status_code == 200
     finally:

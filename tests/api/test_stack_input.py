@@ -9,8 +9,8 @@ import copy
 import json
 
 from api import examples
+from cli import main
 from perfmodels import Plan, Training, predict, presets
-from tuner.cli import main
 
 
 def _body(stack: object) -> dict:
@@ -58,13 +58,27 @@ def test_cli_recommend_with_a_stack_ranks_only_what_it_runs(capsys):
                  "--global-batch-size", "64", "--stack", "fsdp", "--top", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     plans = [c["plan"] for c in out["candidates"]]
-    assert plans and all(p["G_intra_r"] == 1 and p["G_inter"] == 1 and p["zero_stage"] in (0, 2, 3) for p in plans)
+    assert plans and all(
+        p["G_intra_r"] == 1 and p["G_inter"] == 1 and p["zero_stage"] in (0, 2, 3) for p in plans
+    )
     assert any("fsdp stack does not run" in reason for reason in out["pruned"])
 
 
 def test_cli_predict_stack_flag_changes_memory(capsys):
-    args = ["predict", "--model", "gpt3-1.7b", "--cluster", "selene", "--gpus", "8", "--global-batch-size", "64",
-            "--plan", "G_data=8,micro_batch_size=1", "--json"]
+    args = [
+        "predict",
+        "--model",
+        "gpt3-1.7b",
+        "--cluster",
+        "selene",
+        "--gpus",
+        "8",
+        "--global-batch-size",
+        "64",
+        "--plan",
+        "G_data=8,micro_batch_size=1",
+        "--json",
+    ]
     assert main([*args, "--stack", "megatron-lm"]) == 0
     lm = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main([*args, "--stack", "gridtune"]) == 0
@@ -82,7 +96,9 @@ def test_search_tries_sequence_parallelism_where_the_stack_has_it():
     from perfmodels import Training, presets
 
     model, cluster = presets.model("llama3-70b"), presets.cluster("eos", 256)
-    best = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="megatron-core"), top_k=1).best
+    best = tuner.recommend(
+        model, cluster, Training(global_batch_size=512, stack="megatron-core"), top_k=1
+    ).best
     assert best is not None and best.plan.sequence_parallel and best.plan.recompute == "none"
     assert (best.plan.G_intra_r, best.plan.G_inter) == (4, 4)
     ours = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="gridtune"), top_k=5)

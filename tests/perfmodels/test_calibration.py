@@ -22,7 +22,10 @@ def test_calibration_recovers_known_corrections_and_shrinks_error():
     base = presets.cluster("selene", 16)
     truth = dataclasses.replace(base, profile=Profile(corrections=(("compute", 1.6), ("tp_comm", 2.5),
                                                                    ("dp_comm", 0.7), ("pp_p2p", 1.0))))
-    pairs = [(predict(MODEL, base, TRAINING, p), predict(MODEL, truth, TRAINING, p).iteration_time_s) for p in PLANS]
+    pairs = [
+        (predict(MODEL, base, TRAINING, p), predict(MODEL, truth, TRAINING, p).iteration_time_s)
+        for p in PLANS
+    ]
     result = calibrate(pairs, prior=1e-4)
     assert result.mape_before > 0.3
     assert result.mape_after < 0.05
@@ -49,7 +52,9 @@ def test_three_measurements_fix_the_dominant_component_and_keep_the_rest_near_on
 
 def test_bad_measurements_are_named():
     pred = predict(MODEL, presets.cluster("selene", 16), TRAINING, PLANS[0])
-    with pytest.raises(ValueError, match=r"measurements\[1\].iteration_time_s must be a positive number, got -1"):
+    with pytest.raises(
+        ValueError, match=r"measurements\[1\].iteration_time_s must be a positive number, got -1"
+    ):
         calibrate([(pred, 1.0), (pred, -1.0)])
     with pytest.raises(ValueError, match="at least one"):
         calibrate([])

@@ -16,7 +16,10 @@ def t(op, nbytes, p, alpha=10.0, bw=100.0):
 def test_all_reduce_bandwidth_term_equals_reduce_scatter_plus_all_gather():
     for p in (2, 4, 8, 64):
         n = 1 << 30
-        assert np.isclose(t("all_reduce", n, p, alpha=0), t("reduce_scatter", n, p, alpha=0) + t("all_gather", n, p, alpha=0))
+        assert np.isclose(
+            t("all_reduce", n, p, alpha=0),
+            t("reduce_scatter", n, p, alpha=0) + t("all_gather", n, p, alpha=0),
+        )
 
 
 def test_group_of_one_costs_nothing():

@@ -35,7 +35,9 @@ def test_gemm_curve_on_hopper_by_hand():
     m, n, k = 2048.0, 9216.0, 12288.0
     shape = 1.0 / (1.0 + 56 / m + 56 / n + 56 / k)
     expected = 2 * m * n * k / (989e12 * 0.62 * shape) + 4e-6
-    assert gemm_time_s(np.array([m]), np.array([n]), np.array([k]), curve)[0] == pytest.approx(expected, rel=1e-9)
+    assert gemm_time_s(np.array([m]), np.array([n]), np.array([k]), curve)[0] == pytest.approx(
+        expected, rel=1e-9
+    )
     fp8 = gemm_curve(H100, Training(global_batch_size=1, dtype="fp8"))
     assert fp8.tflops_max == pytest.approx(1979 * 0.50)
     assert gemm_curve(A100, Training(global_batch_size=1)).tflops_max == pytest.approx(312 * 0.80)
@@ -76,7 +78,9 @@ def test_an_exposed_host_fraction_adds_that_share_of_the_host_time():
     plan = Plan(G_data=8, micro_batch_size=4)  # big blocks: the GPU outruns no host, the floor is idle
     t = Training(global_batch_size=128, dtype="fp16", stack="megatron-deepspeed", host_exposed_fraction=0.5)
     with_host = predict(model, A100, t, plan).iteration_time_s
-    floor_only = predict(model, A100, dataclasses.replace(t, host_exposed_fraction=0.0), plan).iteration_time_s
+    floor_only = predict(
+        model, A100, dataclasses.replace(t, host_exposed_fraction=0.0), plan
+    ).iteration_time_s
     assert with_host - floor_only == pytest.approx(0.5 * 4 * 3 * (model.num_layers + 1) * 900e-6, rel=1e-6)
 
 
@@ -113,7 +117,9 @@ def test_fp8_casts_stream_three_bytes_per_linear_input_and_gradient():
     h, f, T = model.hidden_size, model.ffn_hidden_size, model.seq_length
     inputs = T * (2 * h + h + f)
     rate = 3350e9 * 0.8
-    assert c8.memory_fwd_s[0] - c16.memory_fwd_s[0] == pytest.approx(model.num_layers * inputs * 3.0 / rate, rel=1e-9)
+    assert c8.memory_fwd_s[0] - c16.memory_fwd_s[0] == pytest.approx(
+        model.num_layers * inputs * 3.0 / rate, rel=1e-9
+    )
 
 
 def test_per_op_selective_recompute_repeats_half_the_matmuls_and_keeps_half_the_activations():
@@ -217,7 +223,9 @@ def test_overlapped_tp_leaves_half_the_forward_and_what_backward_gemms_cannot_co
     from perfmodels.traffic import comm_events
 
     model = presets.model("gpt3-1.7b")
-    training = Training(global_batch_size=4, stack="megatron-core", overlap_tp_comm=True, host_us_per_block=0.0)
+    training = Training(
+        global_batch_size=4, stack="megatron-core", overlap_tp_comm=True, host_us_per_block=0.0
+    )
     plan = Plan(G_intra_r=8, micro_batch_size=1)
     arrays = from_plans([plan])
     geo = group_geometry(arrays.degrees(), arrays.placement, A100.gpus_per_node_used)

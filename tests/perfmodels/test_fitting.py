@@ -14,13 +14,7 @@ from perfmodels.io import profile_from_dict, profile_to_dict
 SIZES = fitting.message_sizes(4096, 64 << 20)
 
 
-def test_factors_are_the_time_models():
-    from perfmodels import collectives
-
-    for op in fitting.OPS:
-        for p in (2, 3, 4, 8, 64):
-            assert fitting.latency_steps(op, p) == pytest.approx(float(collectives.latency_steps(op, p)))
-            assert fitting.bytes_factor(op, p) == pytest.approx(float(collectives.bytes_factor(op, p)))
+def test_factors_are_the_textbook_ring_and_tree_forms():
     p = 8  # the ring forms where model and textbook agree
     assert fitting.bytes_factor("all_reduce", p) == 14 / 8
     for op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -126,9 +120,13 @@ def test_expected_table_ratio_and_expected_formula():
 
 
 def test_build_profile_round_trips_through_io():
-    rows = pd.concat([fitting.synthetic_rows("all_reduce", 2, 5.0, 100.0, SIZES),
-                      fitting.synthetic_rows("all_reduce", 4, 5.0, 10.0, SIZES, level="inter", members_per_node=2),
-                      fitting.synthetic_rows("all_reduce", 4, 5.0, 5.0, SIZES, level="inter", members_per_node=1)])
+    rows = pd.concat(
+        [
+            fitting.synthetic_rows("all_reduce", 2, 5.0, 100.0, SIZES),
+            fitting.synthetic_rows("all_reduce", 4, 5.0, 10.0, SIZES, level="inter", members_per_node=2),
+            fitting.synthetic_rows("all_reduce", 4, 5.0, 5.0, SIZES, level="inter", members_per_node=1),
+        ]
+    )
     fits, _ = fitting.fit_collectives(rows)
     gemm = fitting.GemmFit(gemm_tflops_max=100.0, gemm_half_size=64.0, gemm_overhead_us=5.0, r2=1.0,
                            median_abs_error=0.0, n_points=5)

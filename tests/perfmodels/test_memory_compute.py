@@ -32,7 +32,9 @@ def test_korthikanti_activation_bytes_per_layer(t):
 def test_sequence_parallel_and_selective_recompute_activation_bytes():
     s, b, h, a = GPT.seq_length, 1, GPT.hidden_size, GPT.num_attention_heads
     sp = from_plans([Plan(G_intra_r=8, micro_batch_size=b, sequence_parallel=True)])
-    assert activation_bytes_per_layer(GPT, NO_FLASH, sp)[0] == pytest.approx(34 * s * b * h / 8 + 5 * a * s * s * b / 8)
+    assert activation_bytes_per_layer(GPT, NO_FLASH, sp)[0] == pytest.approx(
+        34 * s * b * h / 8 + 5 * a * s * s * b / 8
+    )
     sel = from_plans([Plan(G_intra_r=8, micro_batch_size=b, sequence_parallel=True, recompute="selective")])
     assert activation_bytes_per_layer(GPT, NO_FLASH, sel)[0] == pytest.approx(34 * s * b * h / 8)
 
@@ -40,8 +42,9 @@ def test_sequence_parallel_and_selective_recompute_activation_bytes():
 def _states(stack: str, plan: Plan, dtype: str = "bf16") -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per parameter of gpt3-1.7b on 8 GPUs, one stage."""
     model = presets.model("gpt3-1.7b")
-    mem = predict(model, presets.cluster("selene", 8), Training(global_batch_size=64, dtype=dtype, stack=stack),
-                  plan).memory
+    mem = predict(
+        model, presets.cluster("selene", 8), Training(global_batch_size=64, dtype=dtype, stack=stack), plan
+    ).memory
     n = model.num_params / 2**30
     return mem.params_gib / n, mem.grads_gib / n, mem.optimizer_gib / n
 
@@ -93,8 +96,12 @@ def test_zero3_under_a_pipeline_holds_the_gathered_stage():
     model = presets.model("gpt3-1.7b")
     cluster = presets.cluster("selene", 8)
     training = Training(global_batch_size=64, stack="torchtitan")
-    piped = predict(model, cluster, training, Plan(G_data=4, G_inter=2, micro_batch_size=1, zero_stage=3)).memory
-    flat = predict(model, cluster, training, Plan(G_data=4, G_inter=2, micro_batch_size=1, zero_stage=1)).memory
+    piped = predict(
+        model, cluster, training, Plan(G_data=4, G_inter=2, micro_batch_size=1, zero_stage=3)
+    ).memory
+    flat = predict(
+        model, cluster, training, Plan(G_data=4, G_inter=2, micro_batch_size=1, zero_stage=1)
+    ).memory
     # zero 1: 4 (fp32 params) ; zero 3: 4/4 sharded + 2 gathered
     assert piped.params_gib / flat.params_gib == pytest.approx((4 / 4 + 2) / 4)
 
@@ -116,7 +123,9 @@ def test_flops_per_token_match_megatron_formula():
     B, s, L, h, V = 1536, GPT.seq_length, GPT.num_layers, GPT.hidden_size, GPT.vocab_size
     ours = 3 * model_flops_per_token(GPT) * B * s
     assert ours == pytest.approx(72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h)))
-    assert ours == pytest.approx(megatron_flops(batch=B, seq=s, layers=L, hidden=h, vocab=V, recompute_full=False))
+    assert ours == pytest.approx(
+        megatron_flops(batch=B, seq=s, layers=L, hidden=h, vocab=V, recompute_full=False)
+    )
     assert megatron_flops(batch=B, seq=s, layers=L, hidden=h, vocab=V, recompute_full=True) == pytest.approx(
         96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)))
 
@@ -139,7 +148,10 @@ def test_context_parallel_chunk_does_a_cp_th_of_the_attention():
     from perfmodels.plans import from_plans
     from perfmodels.specs import Model, Plan, Training
     from perfmodels.traffic import stage_shape
-    full = Model(name="m", num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=8192, vocab_size=32000)
+
+    full = Model(
+        name="m", num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=8192, vocab_size=32000
+    )
     chunk = dataclasses.replace(full, seq_length=2048, attention_span=8192)
     assert model_flops_per_token(chunk) == model_flops_per_token(full)
     cluster, training = presets.cluster("eos", 8), Training(global_batch_size=8)
@@ -150,5 +162,12 @@ def test_context_parallel_chunk_does_a_cp_th_of_the_attention():
     overhead = 4 * 4e-6  # one kernel overhead per block
     assert (a_chunk - overhead) == pytest.approx((a_full - overhead) / 4, rel=1e-9)
     with pytest.raises(ValueError, match="attention_span"):
-        Model(name="m", num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=8192, vocab_size=32000,
-              attention_span=4096)
+        Model(
+            name="m",
+            num_layers=4,
+            hidden_size=4096,
+            num_attention_heads=32,
+            seq_length=8192,
+            vocab_size=32000,
+            attention_span=4096,
+        )

@@ -60,7 +60,12 @@ def test_real_text_sample_run_metadata():
 def test_real_sample_fits_inter_node_all_reduce():
     fits, _ = fitting.fit_collectives(nccl_tests.parse_file(TEXT))
     fit = fits.iloc[0]
-    assert (fit["op"], fit["level"], fit["group_size"], fit["members_per_node"]) == ("all_reduce", "inter", 16, 8)
+    assert (fit["op"], fit["level"], fit["group_size"], fit["members_per_node"]) == (
+        "all_reduce",
+        "inter",
+        16,
+        8,
+    )
     assert 100 < fit["busbw_GBps"] < 300 and fit["alpha_us"] > 0
 
 

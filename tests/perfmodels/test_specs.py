@@ -18,7 +18,9 @@ def test_grid_product_mismatch_names_every_factor():
     model, cluster = presets.model("gpt3-175b"), presets.cluster("selene", 16)
     with pytest.raises(ValueError) as exc:
         validate_combination(model, cluster, Training(global_batch_size=64), Plan(G_data=3, G_intra_r=4))
-    assert "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = 3*1*1*4*1 = 12 but cluster.num_gpus = 16" in str(exc.value)
+    assert "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = 3*1*1*4*1 = 12 but cluster.num_gpus = 16" in str(
+        exc.value
+    )
 
 
 def test_heads_batch_and_layers_problems_are_all_reported():
@@ -29,13 +31,20 @@ def test_heads_batch_and_layers_problems_are_all_reported():
         validate_combination(model, cluster, Training(global_batch_size=8), plan)
     msg = str(exc.value)
     assert "G_intra_r=8 does not divide model.num_attention_heads=4" in msg
-    assert "training.global_batch_size=8 is not divisible by G_data*G_intra_d*micro_batch_size = 1*1*3 = 3" in msg
+    assert (
+        "training.global_batch_size=8 is not divisible by G_data*G_intra_d*micro_batch_size = 1*1*3 = 3"
+        in msg
+    )
 
 
 def test_layers_fewer_than_stages():
     model = Model(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=8, vocab_size=32)
-    with pytest.raises(ValueError, match=r"model.num_layers=2 is fewer than G_inter\*virtual_stages = 4\*1 = 4"):
-        validate_combination(model, presets.cluster("local-cpu", 4), Training(global_batch_size=8), Plan(G_inter=4))
+    with pytest.raises(
+        ValueError, match=r"model.num_layers=2 is fewer than G_inter\*virtual_stages = 4\*1 = 4"
+    ):
+        validate_combination(
+            model, presets.cluster("local-cpu", 4), Training(global_batch_size=8), Plan(G_inter=4)
+        )
 
 
 def test_unknown_presets_list_the_known_ones():
@@ -70,8 +79,15 @@ def test_json_round_trip_and_unknown_fields():
     assert model.seq_length == 4096 and model.hidden_size == 12288
     cluster = cluster_from_dict({"preset": "selene", "num_gpus": 64})
     assert isinstance(cluster, Cluster) and cluster.num_gpus == 64
-    custom = cluster_from_dict({"num_gpus": 16, "gpus_per_node": 8, "gpu": {"peak_tflops": {"bf16": 500},
-                                "memory_gib": 64}, "intra_node_bandwidth_GBps": 200, "inter_node_bandwidth_GBps": 25})
+    custom = cluster_from_dict(
+        {
+            "num_gpus": 16,
+            "gpus_per_node": 8,
+            "gpu": {"peak_tflops": {"bf16": 500}, "memory_gib": 64},
+            "intra_node_bandwidth_GBps": 200,
+            "inter_node_bandwidth_GBps": 25,
+        }
+    )
     assert custom.gpu.peak_tflops("bf16") == 500
     plan = Plan(G_data=2, G_inter=2, schedule="interleaved-1f1b", virtual_stages=2)
     assert plan_from_dict(plan_to_dict(plan)) == dataclasses.replace(plan, placement=plan.order)

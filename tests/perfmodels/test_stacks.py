@@ -123,8 +123,15 @@ def test_uneven_virtual_stage_split_is_allowed_and_costs_the_busiest_stage():
     assert model.num_layers == 126
     cluster = presets.cluster("eos", 512)
     training = Training(global_batch_size=64, stack="megatron-core")
-    plan = Plan(G_data=1, G_inter=8, G_intra_r=8, G_intra_c=1, micro_batch_size=1, schedule="interleaved-1f1b",
-                virtual_stages=8)
+    plan = Plan(
+        G_data=1,
+        G_inter=8,
+        G_intra_r=8,
+        G_intra_c=1,
+        micro_batch_size=1,
+        schedule="interleaved-1f1b",
+        virtual_stages=8,
+    )
     cluster = cluster.with_gpus(64)
     pred = predict(model, cluster, training, plan)
     even = predict(dataclasses.replace(model, num_layers=128), cluster, training, plan)

@@ -17,17 +17,24 @@ GPT = presets.model("gpt3-175b")
 def test_vectorized_equals_one_by_one():
     cluster = presets.cluster("selene", 512)
     training = Training(global_batch_size=1536)
-    plans = [Plan(G_data=8, G_inter=8, G_intra_r=8), Plan(G_data=16, G_inter=4, G_intra_r=4, G_intra_c=2),
-             Plan(G_data=4, G_inter=16, G_intra_d=2, G_intra_r=4, micro_batch_size=2, recompute="full"),
-             Plan(G_data=8, G_inter=8, G_intra_r=8, schedule="interleaved-1f1b", virtual_stages=3, zero_stage=1)]
+    plans = [
+        Plan(G_data=8, G_inter=8, G_intra_r=8),
+        Plan(G_data=16, G_inter=4, G_intra_r=4, G_intra_c=2),
+        Plan(G_data=4, G_inter=16, G_intra_d=2, G_intra_r=4, micro_batch_size=2, recompute="full"),
+        Plan(G_data=8, G_inter=8, G_intra_r=8, schedule="interleaved-1f1b", virtual_stages=3, zero_stage=1),
+    ]
     batch = predict_many(GPT, cluster, training, from_plans(plans))
     for i, plan in enumerate(plans):
-        assert predict(GPT, cluster, training, plan).iteration_time_s == pytest.approx(batch.iteration_time_s[i])
+        assert predict(GPT, cluster, training, plan).iteration_time_s == pytest.approx(
+            batch.iteration_time_s[i]
+        )
 
 
 def test_single_gpu_step_is_compute_plus_optimizer():
     model = presets.model("gpt2-small")
-    pred = predict(model, presets.cluster("selene", 1), Training(global_batch_size=8), Plan(micro_batch_size=8))
+    pred = predict(
+        model, presets.cluster("selene", 1), Training(global_batch_size=8), Plan(micro_batch_size=8)
+    )
     b = pred.breakdown
     assert b.exposed_comm_s == 0 and b.pp_bubble_s == 0 and b.tp_comm_s == 0 and b.dp_comm_s == 0
     assert pred.iteration_time_s == pytest.approx(b.compute_s + b.optimizer_s)
@@ -38,7 +45,9 @@ def test_interleaving_divides_the_bubble_by_virtual_stages():
     cluster = presets.cluster("selene", 64)
     training = Training(global_batch_size=64)
     one = predict(GPT, cluster, training, Plan(G_inter=8, G_intra_r=8))
-    two = predict(GPT, cluster, training, Plan(G_inter=8, G_intra_r=8, schedule="interleaved-1f1b", virtual_stages=2))
+    two = predict(
+        GPT, cluster, training, Plan(G_inter=8, G_intra_r=8, schedule="interleaved-1f1b", virtual_stages=2)
+    )
     assert two.breakdown.pp_bubble_s == pytest.approx(one.breakdown.pp_bubble_s / 2, rel=1e-6)
     assert two.breakdown.pp_p2p_s > one.breakdown.pp_p2p_s
 
@@ -48,7 +57,10 @@ def test_faster_network_is_never_slower_and_bubble_shrinks_with_microbatches():
     plan = Plan(G_data=8, G_inter=4, G_intra_r=8)
     slow = presets.cluster("selene", 256)
     fast = dataclasses.replace(slow, inter_node_bandwidth_GBps=100.0)
-    assert predict(GPT, fast, training, plan).iteration_time_s < predict(GPT, slow, training, plan).iteration_time_s
+    assert (
+        predict(GPT, fast, training, plan).iteration_time_s
+        < predict(GPT, slow, training, plan).iteration_time_s
+    )
     few = predict(GPT, slow, Training(global_batch_size=64), plan)
     assert few.breakdown.pp_bubble_s / few.iteration_time_s > predict(
         GPT, slow, training, plan).breakdown.pp_bubble_s / predict(GPT, slow, training, plan).iteration_time_s
@@ -77,7 +89,9 @@ def test_hand_derived_bytes_depth_and_data():
     training = Training(global_batch_size=4, dtype="bf16")
     arrays = from_plans([Plan(G_intra_d=2, G_data=2, micro_batch_size=1)])
     events = comm_events(model, training, arrays)
-    depth = sum(float(ev.payload_bytes[0] * ev.calls[0]) for ev in events if ev.tag in ("depth_ag", "depth_rs"))
+    depth = sum(
+        float(ev.payload_bytes[0] * ev.calls[0]) for ev in events if ev.tag in ("depth_ag", "depth_rs")
+    )
     m = 4 // (2 * 2)
     V = model.vocab_size
     assert depth == pytest.approx(3 * m * 2 * (model.num_layers * 12 * h * h + V * h))
@@ -98,7 +112,7 @@ def test_hand_derived_bytes_depth_and_data():
 # t=8, p=8, global batch 64, micro-batch 1, interleaved (3 virtual stages).
 @pytest.mark.parametrize("recompute, sp, measured_s", [("full", False, 18.13), ("selective", True, 13.75)])
 def test_korthikanti_table5_gpt3(recompute, sp, measured_s):
-    cluster = dataclasses.replace(presets.cluster("selene", 64))
+    cluster = presets.cluster("selene", 64)
     training = Training(global_batch_size=64, dtype="bf16", flash_attention=False, overlap_grad_reduce=False,
                         p2p_scatter_gather=True)
     plan = Plan(G_inter=8, G_intra_r=8, micro_batch_size=1, schedule="interleaved-1f1b", virtual_stages=3,
@@ -110,11 +124,18 @@ def test_korthikanti_table5_gpt3(recompute, sp, measured_s):
 
 # vTrain (MICRO'24) ground truth, data/ground_truth_multi.csv: GPT-3 175B on 512 A100s, full
 # recomputation, fp16, 1F1B, global batch 1536: (tp, dp, pp, micro-batch) -> ms.
-@pytest.mark.parametrize("tp, dp, pp, mb, ms", [(4, 8, 16, 2, 54255.9), (8, 8, 8, 2, 55109.6), (8, 2, 32, 6, 62636.8)])
+@pytest.mark.parametrize(
+    "tp, dp, pp, mb, ms", [(4, 8, 16, 2, 54255.9), (8, 8, 8, 2, 55109.6), (8, 2, 32, 6, 62636.8)]
+)
 def test_vtrain_gpt3_rows(tp, dp, pp, mb, ms):
     cluster = presets.cluster("vtrain-a100", 512)
-    training = Training(global_batch_size=1536, dtype="fp16", flash_attention=False, overlap_grad_reduce=False,
-                        p2p_scatter_gather=True)
+    training = Training(
+        global_batch_size=1536,
+        dtype="fp16",
+        flash_attention=False,
+        overlap_grad_reduce=False,
+        p2p_scatter_gather=True,
+    )
     plan = Plan(G_data=dp, G_inter=pp, G_intra_r=tp, micro_batch_size=mb, recompute="full",
                 placement=("col", "row", "depth", "data", "inter"))
     assert predict(GPT, cluster, training, plan).iteration_time_s == pytest.approx(ms / 1000, rel=0.20)
@@ -124,7 +145,9 @@ def test_selective_recompute_beats_full_as_measured():
     cluster = presets.cluster("selene", 64)
     training = Training(global_batch_size=64, flash_attention=False)
     full = predict(GPT, cluster, training, Plan(G_inter=8, G_intra_r=8, recompute="full"))
-    sel = predict(GPT, cluster, training, Plan(G_inter=8, G_intra_r=8, recompute="selective", sequence_parallel=True))
+    sel = predict(
+        GPT, cluster, training, Plan(G_inter=8, G_intra_r=8, recompute="selective", sequence_parallel=True)
+    )
     assert sel.iteration_time_s < full.iteration_time_s
     assert np.isfinite(sel.iteration_time_s)
 
@@ -159,7 +182,9 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
     def zero3(G: int, gather: str) -> tuple[float, float]:
         training = Training(global_batch_size=G, dtype="fp16", stack="deepspeed", zero3_gather=gather)
         plan = Plan(G_data=G, micro_batch_size=1, zero_stage=3, recompute="full")
-        calls = sum(float(ev.calls[0]) for ev in comm_events(model, training, from_plans([plan])) if ev.tag == "zero3")
+        calls = sum(
+            float(ev.calls[0]) for ev in comm_events(model, training, from_plans([plan])) if ev.tag == "zero3"
+        )
         return predict(model, presets.cluster("selene", G), training, plan).breakdown.dp_comm_s, calls
 
     for gather in ("layer", "tensor"):
@@ -169,8 +194,9 @@ def test_zero3_latency_grows_with_ranks_and_overlap_hides_it():
     training = Training(global_batch_size=512, dtype="fp16", stack="deepspeed")
     plan = Plan(G_data=512, micro_batch_size=1, zero_stage=3, recompute="full")
     hidden = predict(model, presets.cluster("selene", 512), training, plan)
-    exposed = predict(model, presets.cluster("selene", 512), dataclasses.replace(training, overlap_param_gather=False),
-                      plan)
+    exposed = predict(
+        model, presets.cluster("selene", 512), dataclasses.replace(training, overlap_param_gather=False), plan
+    )
     assert exposed.breakdown.exposed_comm_s - hidden.breakdown.exposed_comm_s == pytest.approx(
         exposed.iteration_time_s - hidden.iteration_time_s)
     assert exposed.iteration_time_s > hidden.iteration_time_s
@@ -206,7 +232,9 @@ def test_host_floor_bounds_small_shards():
     # after the micro-batches: the (non-overlapped) data-parallel all-reduce and the optimizer step
     b = pred.breakdown
     assert host + b.optimizer_s < pred.iteration_time_s <= host + b.optimizer_s + b.dp_comm_s + 1e-9
-    off = predict(model, presets.cluster("selene", 8), dataclasses.replace(training, host_us_per_block=0.0), plan)
+    off = predict(
+        model, presets.cluster("selene", 8), dataclasses.replace(training, host_us_per_block=0.0), plan
+    )
     assert off.breakdown.host_wait_s == 0 and off.iteration_time_s < pred.iteration_time_s
     big = predict(presets.model("gpt3-175b"), presets.cluster("selene", 64), Training(global_batch_size=64),
                   Plan(G_inter=8, G_intra_r=8, micro_batch_size=1))

@@ -56,8 +56,9 @@ def _record(plan: Plan, measured_s: float, profile: Profile | None, parts: dict 
     training = cl.engine_training(8)
     pred = predict(MODEL, cluster, training, plan)
     measured = {"iteration_time_s": measured_s, **(parts or {})}
-    return cl.measurement_record(model=MODEL, cluster=cluster, training=training, plan=plan, measured=measured,
-                                 prediction=pred)
+    return cl.measurement_record(
+        model=MODEL, cluster=cluster, training=training, plan=plan, measured=measured, prediction=pred
+    )
 
 
 def test_record_round_trip_through_a_real_sqlite_store_and_calibration(tmp_path):
@@ -89,9 +90,13 @@ def test_refit_recovers_kernel_overhead_and_collective_cost():
     """Measurements synthesized with known constants: the refit finds them again."""
     fits = tuple(_fits())
     base = Profile(profile_id="b", collectives=fits, gemm_overhead_us=1.0)
-    truth = dataclasses.replace(base, gemm_overhead_us=150.0,
-                                collectives=tuple(dataclasses.replace(f, alpha_us=f.alpha_us * 5,
-                                                                      busbw_GBps=f.busbw_GBps / 5) for f in fits))
+    truth = dataclasses.replace(
+        base,
+        gemm_overhead_us=150.0,
+        collectives=tuple(
+            dataclasses.replace(f, alpha_us=f.alpha_us * 5, busbw_GBps=f.busbw_GBps / 5) for f in fits
+        ),
+    )
     records = []
     for plan in (Plan(G_data=2, micro_batch_size=2), Plan(G_intra_r=2, micro_batch_size=2),
                  Plan(G_intra_c=2, micro_batch_size=2)):
@@ -118,7 +123,7 @@ def test_validate_closes_the_loop_on_real_ranks(tmp_path, capsys):
     """gridtune validate on 2 ranks: every valid plan really runs, the measurements and the
     calibrated profile land in the store, calibration reduces the error on the plans it did not
     see, and engine.train(auto=True) afterwards predicts with the calibrated constants."""
-    from tuner.cli import main
+    from cli import main
 
     url = f"sqlite:///{tmp_path / 'validate.db'}"
     code = main(["validate", "--nproc", "2", "--model", "tiny-gpt", "--global-batch-size", "8",
@@ -181,8 +186,15 @@ def live_service(tmp_path, monkeypatch):
     from engine.launch import free_port
 
     url = f"sqlite:///{tmp_path / 'svc.db'}"
-    app = create_app(Settings(database_url=url, api_key="k-123", max_search_time_s=5.0, default_search_time_s=5.0,
-                              search_isolation="thread"))
+    app = create_app(
+        Settings(
+            database_url=url,
+            api_key="k-123",
+            max_search_time_s=5.0,
+            default_search_time_s=5.0,
+            search_isolation="thread",
+        )
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -203,11 +215,20 @@ def test_service_recommends_and_stores_measurements(live_service, monkeypatch):
                       corrections=(("compute", 1.5), ("tp_comm", 0.0)))
     cluster = cl.local_cluster(2, profile)
     training = cl.engine_training(8)
-    plan = cl.service_recommend(base_url, MODEL, cluster, training, cl.engine_search_options(micro_batch_size=2))
+    plan = cl.service_recommend(
+        base_url, MODEL, cluster, training, cl.engine_search_options(micro_batch_size=2)
+    )
     assert plan.world_size == 2 and plan.micro_batch_size == 2 and plan.schedule == "1f1b"
-    local_best = cl.candidate_plans(MODEL, cluster, training, cl.engine_search_options(micro_batch_size=2))[0].plan
+    local_best = cl.candidate_plans(MODEL, cluster, training, cl.engine_search_options(micro_batch_size=2))[
+        0
+    ].plan
     assert (plan.G_data, plan.G_inter, plan.G_intra_d, plan.G_intra_r, plan.G_intra_c) == (
-        local_best.G_data, local_best.G_inter, local_best.G_intra_d, local_best.G_intra_r, local_best.G_intra_c)
+        local_best.G_data,
+        local_best.G_inter,
+        local_best.G_intra_d,
+        local_best.G_intra_r,
+        local_best.G_intra_c,
+    )
     rec = cl.measurement_record(model=MODEL, cluster=cluster, training=training, plan=plan,
                                 measured={"iteration_time_s": 0.05, "compute_s": 0.03},
                                 prediction=predict(MODEL, cluster, training, plan))

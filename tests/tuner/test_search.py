@@ -3,15 +3,12 @@
 import dataclasses
 import functools
 import itertools
-import json
 import operator
-import subprocess
-import sys
 
 import pytest
 
 from perfmodels import presets
-from perfmodels.specs import Model, Plan, Training, combination_problems
+from perfmodels.specs import Model, Training, combination_problems
 from perfmodels.steptime import predict
 from tuner import SearchOptions, recommend
 from tuner.space import factorizations
@@ -58,7 +55,9 @@ def test_exact_plan_set_for_8_gpus_matches_brute_force():
 
 
 def test_candidates_are_sorted_and_best_is_first():
-    rec = recommend(presets.model("gpt3-1.7b"), presets.cluster("selene", 64), Training(global_batch_size=512), top_k=20)
+    rec = recommend(
+        presets.model("gpt3-1.7b"), presets.cluster("selene", 64), Training(global_batch_size=512), top_k=20
+    )
     times = [c.prediction.iteration_time_s for c in rec.candidates]
     # non-decreasing; exact ties (to float noise) are ordered simpler-plan first
     assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(times))
@@ -92,13 +91,22 @@ def test_every_pruning_reason_is_counted_with_examples():
         assert needle in reasons, needle
     for reason, examples in rec.pruned_examples.items():
         assert examples, reason
-    assert "G_intra_r=4 does not divide model.num_attention_heads=6" in functools.reduce(operator.iadd, rec.pruned_examples.values(), [])
+    assert "G_intra_r=4 does not divide model.num_attention_heads=6" in functools.reduce(
+        operator.iadd, rec.pruned_examples.values(), []
+    )
 
 
 def test_pins_restrict_the_space():
-    rec = recommend(presets.model("gpt3-1.7b"), presets.cluster("selene", 64), Training(global_batch_size=512),
-                    top_k=50, search=SearchOptions(G_intra_r=(2,), G_intra_c=(1,), G_intra_d=(1,), recompute=("full",)))
-    assert rec.candidates and all(c.plan.G_intra_r == 2 and c.plan.recompute == "full" for c in rec.candidates)
+    rec = recommend(
+        presets.model("gpt3-1.7b"),
+        presets.cluster("selene", 64),
+        Training(global_batch_size=512),
+        top_k=50,
+        search=SearchOptions(G_intra_r=(2,), G_intra_c=(1,), G_intra_d=(1,), recompute=("full",)),
+    )
+    assert rec.candidates and all(
+        c.plan.G_intra_r == 2 and c.plan.recompute == "full" for c in rec.candidates
+    )
     assert rec.pruned["excluded by the search pins"] > 0
 
 
@@ -111,47 +119,11 @@ def test_no_valid_layout_is_reported_not_raised():
 
 
 def test_explanation_names_the_differences():
-    rec = recommend(presets.model("gpt3-175b"), presets.cluster("selene", 1024), Training(global_batch_size=1536),
-                    top_k=10)
+    rec = recommend(
+        presets.model("gpt3-175b"),
+        presets.cluster("selene", 1024),
+        Training(global_batch_size=1536),
+        top_k=10,
+    )
     assert "faster than the runner-up" in rec.explanation
     assert "largest component differences" in rec.explanation
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_cli_recommend_json_is_one_object():
-    out = run_cli("recommend", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "64",
-                  "--global-batch-size", "256", "--top", "3", "--json")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
-    assert set(data) >= {"best", "candidates", "num_evaluated", "pruned"}
-    assert len(data["candidates"]) == 3
-    plan = Plan(**{k: (tuple(v) if k == "placement" else v) for k, v in data["best"]["plan"].items()})
-    assert plan.world_size == 64
-    assert data["best"]["prediction"]["iteration_time_s"] > 0
-    assert data["best"]["prediction"]["memory"]["fits"] is True
-
-
-def test_cli_predict_and_errors_are_one_line():
-    ok = run_cli("predict", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "64",
-                 "--global-batch-size", "64", "--plan", "G_inter=8,G_intra_r=8,recompute=full", "--json")
-    assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["prediction"]["memory"]["fits"]
-    bad = run_cli("predict", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "64",
-                  "--global-batch-size", "64", "--plan", "G_inter=8,G_intra_r=4")
-    assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0
-    assert "= 32 but cluster.num_gpus = 64" in bad.stderr
-    worse = run_cli("recommend", "--model", "gpt3-175b", "--cluster", "selene", "--global-batch-size", "8",
-                    "--pin", "G_foo=2")
-    assert worse.returncode == 2 and "unknown field 'G_foo'" in worse.stderr and "Traceback" not in worse.stderr
-
-
-def test_cli_plot_writes_a_png(tmp_path):
-    path = tmp_path / "top.png"
-    out = run_cli("recommend", "--model", "gpt3-1.7b", "--cluster", "selene", "--gpus", "16",
-                  "--global-batch-size", "64", "--top", "4", "--plot", str(path), "--json")
-    assert out.returncode == 0, out.stderr
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,9 @@ from tuner.store import Measurement, Store, StoredProfile, check_json, default_d
 
 PROFILE = {
     "profile_id": "",
-    "collectives": [{"op": "all_reduce", "level": "intra", "group_size": 8, "alpha_us": 12.0, "busbw_GBps": 230.0}],
+    "collectives": [
+        {"op": "all_reduce", "level": "intra", "group_size": 8, "alpha_us": 12.0, "busbw_GBps": 230.0}
+    ],
     "gemm_tflops_max": 250.0,
     "corrections": {"tp_comm_s": 1.1},
     "source": "profile",

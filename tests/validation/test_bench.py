@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("validate_published", ROOT / "bench" / "validate_published.py")
+    spec = importlib.util.spec_from_file_location(
+        "validate_published", ROOT / "bench" / "validate_published.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -6,9 +6,18 @@ from perfmodels import presets
 from validation.hardware import card, cluster_from_columns, gpu_preset, inter_per_gpu_GBps
 
 
-@pytest.mark.parametrize("text, preset", [("H20 96GB", "H20"), ("NVIDIA H200", "H200"), ("L40S PCIe", "L40S"),
-                                          ("AMD MI210", "MI210"), ("A100-SXM4-40GB", "A100-40GB"),
-                                          ("V100-SXM2-16GB", "V100-16GB"), ("H100 80GB HBM3 SXM", "H100-SXM")])
+@pytest.mark.parametrize(
+    "text, preset",
+    [
+        ("H20 96GB", "H20"),
+        ("NVIDIA H200", "H200"),
+        ("L40S PCIe", "L40S"),
+        ("AMD MI210", "MI210"),
+        ("A100-SXM4-40GB", "A100-40GB"),
+        ("V100-SXM2-16GB", "V100-16GB"),
+        ("H100 80GB HBM3 SXM", "H100-SXM"),
+    ],
+)
 def test_gpu_names_in_sources_map_to_presets(text, preset):
     assert gpu_preset(text) == preset
     assert presets.gpu(preset).name == preset

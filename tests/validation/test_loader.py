@@ -23,8 +23,12 @@ def _case(tmp_path: Path, **changes: str):
 def test_vendored_files_load_with_known_usable_and_skipped_counts():
     per_file = {p.name: loader.load_file(p) for p in loader.default_paths()}
     counts = {name: (len(part.cases), len(part.skipped)) for name, part in per_file.items()}
-    assert counts == {"published_dev.csv": (87, 4), "published_modern.csv": (97, 0), "vtrain_multi.csv": (109, 0),
-                      "published_torchtitan.csv": (7, 0)}
+    assert counts == {
+        "published_dev.csv": (87, 4),
+        "published_modern.csv": (97, 0),
+        "vtrain_multi.csv": (109, 0),
+        "published_torchtitan.csv": (7, 0),
+    }
     reasons = sorted(s.reason.split(":")[0] for s in per_file["published_dev.csv"].skipped)
     assert reasons == ["global batch size or GPU count not stated"] * 2 + [
         "mfu_percent with linear_precision unstated"] * 2
@@ -40,15 +44,24 @@ def test_vtrain_rows_carry_the_stack_facts_of_vtrain_multi_stack_md():
         "megatron-deepspeed", "fp16", "fp16", False)
     assert (training.overlap_grad_reduce, training.overlap_param_gather, training.overlap_tp_comm) == (
         False, False, False)
-    assert (plan.recompute, plan.zero_stage, plan.schedule, plan.sequence_parallel) == ("full", 0, "1f1b", False)
+    assert (plan.recompute, plan.zero_stage, plan.schedule, plan.sequence_parallel) == (
+        "full",
+        0,
+        "1f1b",
+        False,
+    )
     assert cases[0].cluster.gpu.memory_gib == 80.0 and "not stated" in cases[0].card_memory.assumed
 
 
 def test_single_node_vtrain_layout_and_bad_rows(tmp_path: Path):
-    cols = ("global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
-            "data parallelism,pipeline parallelism,iteration time (ms)")
+    cols = (
+        "global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
+        "data parallelism,pipeline parallelism,iteration time (ms)"
+    )
     single = tmp_path / "single.csv"
-    single.write_text(f"# GPUs,{cols}\n8,8,1,1024,16,20,1024,8,1,1,815.840026\n4,16,oops,1024,16,12,1024,4,1,1,709.98\n")
+    single.write_text(
+        f"# GPUs,{cols}\n8,8,1,1024,16,20,1024,8,1,1,815.840026\n4,16,oops,1024,16,12,1024,4,1,1,709.98\n"
+    )
     loaded = loader.load([single])
     (case,) = loaded.cases
     assert case.group.startswith("megatron-deepspeed gpt-h1024-L20")
@@ -67,9 +80,20 @@ def test_the_same_row_under_another_source_year_or_notes_is_the_same_case(tmp_pa
                              notes="tp-comm-overlap; overlap"),
                 dict(source="DeepSpeed ZeRO-3 OneFlow-GPT 2019", year="2019", notes="zero-3")]
     for empty_stack in (False, True):
-        stack_blanks = dict(activation_checkpointing="", linear_precision="", attention_precision="",
-                            overlap_grad_reduce="", zero_stage="", virtual_pp="", metric_name="tflops_per_gpu",
-                            metric_value="150") if empty_stack else {}
+        stack_blanks = (
+            dict(
+                activation_checkpointing="",
+                linear_precision="",
+                attention_precision="",
+                overlap_grad_reduce="",
+                zero_stage="",
+                virtual_pp="",
+                metric_name="tflops_per_gpu",
+                metric_value="150",
+            )
+            if empty_stack
+            else {}
+        )
         cases = [_case(tmp_path, **stack_blanks, **v) for v in variants]
         first = cases[0]
         for other in cases[1:]:
@@ -77,27 +101,46 @@ def test_the_same_row_under_another_source_year_or_notes_is_the_same_case(tmp_pa
             assert other.plans == first.plans
             assert other.measured_time_s == first.measured_time_s
             assert other.model == first.model and other.cluster == first.cluster
-            assert replace(other, case_id="", source="", notes="") == replace(first, case_id="", source="", notes="")
+            assert replace(other, case_id="", source="", notes="") == replace(
+                first, case_id="", source="", notes=""
+            )
 
 
 # --- unknown options become candidates, stated ones do not
 
 
 def test_empty_stack_flags_carry_both_values(tmp_path: Path):
-    case = _case(tmp_path, flash_attention="", overlap_grad_reduce="", overlap_param_gather="", tp_comm_overlap="")
+    case = _case(
+        tmp_path, flash_attention="", overlap_grad_reduce="", overlap_param_gather="", tp_comm_overlap=""
+    )
     assert len(case.trainings) == 16 and len(case.plans) == 1
     assert {t.flash_attention for t in case.trainings} == {True, False}
     assert {(t.overlap_grad_reduce, t.overlap_param_gather, t.overlap_tp_comm) for t in case.trainings} == {
         (a, b, c) for a in (False, True) for b in (False, True) for c in (False, True)}
-    assert set(case.unknown) == {"flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
+    assert set(case.unknown) == {
+        "flash_attention",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "tp_comm_overlap",
+    }
 
 
 def test_empty_precision_carries_every_mixed_precision_the_card_runs(tmp_path: Path):
     assert {t.dtype for t in _case(tmp_path, gpu_type="H100", linear_precision="").trainings} == {
         "bf16", "fp16", "fp8"}
-    assert {t.dtype for t in _case(tmp_path, gpu_type="A100", linear_precision="").trainings} == {"bf16", "fp16"}
-    v100 = _case(tmp_path, gpu_type="V100-SXM2-16GB", linear_precision="", attention_precision="", tp="1", pp="1",
-                 dp="64")
+    assert {t.dtype for t in _case(tmp_path, gpu_type="A100", linear_precision="").trainings} == {
+        "bf16",
+        "fp16",
+    }
+    v100 = _case(
+        tmp_path,
+        gpu_type="V100-SXM2-16GB",
+        linear_precision="",
+        attention_precision="",
+        tp="1",
+        pp="1",
+        dp="64",
+    )
     assert {t.dtype for t in v100.trainings} == {"fp16"}  # no bf16 units
 
 
@@ -122,7 +165,9 @@ def test_unknown_options_expand_only_to_what_the_stack_can_run(tmp_path: Path):
     """OneFlow GPT (2021) had neither interleaved schedules nor sequence parallelism: empty cells
     for them do not bring those in as candidates."""
     case = _case(tmp_path, framework="oneflow", sequence_parallel="", virtual_pp="", zero_stage="")
-    assert case.plans and not any(p.sequence_parallel or p.virtual_stages > 1 or p.zero_stage for p in case.plans)
+    assert case.plans and not any(
+        p.sequence_parallel or p.virtual_stages > 1 or p.zero_stage for p in case.plans
+    )
 
 
 def test_empty_layout_columns_expand_only_what_is_missing(tmp_path: Path):
@@ -151,8 +196,17 @@ def test_stated_data_and_tensor_degrees_fix_the_pipeline_degree():
 def test_context_parallel_row_becomes_shorter_samples_over_more_data_ranks(tmp_path: Path):
     """cp=4: each rank holds a quarter of every 8192-token sequence and attends over all of it;
     the grid sees 4x as many 2048-token samples, data-parallel over dp x cp ranks."""
-    case = _case(tmp_path, seq_len="8192", cp="4", dp="4", tp="2", pp="2", num_gpus="64", micro_batch_size="1",
-                 global_batch_size="64")
+    case = _case(
+        tmp_path,
+        seq_len="8192",
+        cp="4",
+        dp="4",
+        tp="2",
+        pp="2",
+        num_gpus="64",
+        micro_batch_size="1",
+        global_batch_size="64",
+    )
     assert (case.model.seq_length, case.model.span) == (2048, 8192)
     assert case.trainings[0].global_batch_size == 256
     assert {p.G_data for p in case.plans} == {16}

@@ -20,17 +20,23 @@ def test_megatron_flops_is_the_papers_closed_form():
     72 B s L h^2 (1 + s/6h + V/12Lh) without."""
     with_rc = 96 * B * S * L * H**2 * (1 + S / (6 * H) + V / (16 * L * H))
     without = 72 * B * S * L * H**2 * (1 + S / (6 * H) + V / (12 * L * H))
-    assert megatron_flops(batch=B, seq=S, layers=L, hidden=H, vocab=V, recompute_full=True) == pytest.approx(with_rc)
-    assert megatron_flops(batch=B, seq=S, layers=L, hidden=H, vocab=V, recompute_full=False) == pytest.approx(without)
+    assert megatron_flops(batch=B, seq=S, layers=L, hidden=H, vocab=V, recompute_full=True) == pytest.approx(
+        with_rc
+    )
+    assert megatron_flops(batch=B, seq=S, layers=L, hidden=H, vocab=V, recompute_full=False) == pytest.approx(
+        without
+    )
 
 
 def test_tflops_per_gpu_counts_recompute_only_when_stated():
     with_rc = 96 * B * S * L * H**2 * (1 + S / (6 * H) + V / (16 * L * H))
     without = 72 * B * S * L * H**2 * (1 + S / (6 * H) + V / (12 * L * H))
-    assert step_time_s("tflops_per_gpu", 137.0, SHAPE, recompute_full=True, peak_tflops=312.0) == pytest.approx(
-        with_rc / (137e12 * G))
-    assert step_time_s("tflops_per_gpu", 137.0, SHAPE, recompute_full=False, peak_tflops=312.0) == pytest.approx(
-        without / (137e12 * G))
+    assert step_time_s(
+        "tflops_per_gpu", 137.0, SHAPE, recompute_full=True, peak_tflops=312.0
+    ) == pytest.approx(with_rc / (137e12 * G))
+    assert step_time_s(
+        "tflops_per_gpu", 137.0, SHAPE, recompute_full=False, peak_tflops=312.0
+    ) == pytest.approx(without / (137e12 * G))
 
 
 def test_mfu_divides_the_count_without_recompute_by_the_dtype_peak():
@@ -49,7 +55,9 @@ def test_mfu_divides_the_count_without_recompute_by_the_dtype_peak():
     ("samples_per_s", B / 2.5, 2.5),
 ])
 def test_time_and_throughput_metrics(metric, value, seconds):
-    assert step_time_s(metric, value, SHAPE, recompute_full=False, peak_tflops=312.0) == pytest.approx(seconds)
+    assert step_time_s(metric, value, SHAPE, recompute_full=False, peak_tflops=312.0) == pytest.approx(
+        seconds
+    )
 
 
 def test_a_non_time_metric_is_refused_by_name():
@@ -59,9 +67,23 @@ def test_a_non_time_metric_is_refused_by_name():
 
 def test_the_rows_activation_checkpointing_column_decides_the_recompute_count(tmp_path: Path):
     """Same TFLOP/s figure: a row stating full checkpointing ran 4/3 as many transformer FLOPs."""
-    base = dict(model_name="GPT", num_layers="24", hidden_size="2304", num_heads="24", vocab_size="51200",
-                global_batch_size="512", micro_batch_size="16", tp="1", pp="1", dp="32", num_gpus="32",
-                metric_name="tflops_per_gpu", metric_value="137", linear_precision="fp16", attention_precision="fp16")
+    base = dict(
+        model_name="GPT",
+        num_layers="24",
+        hidden_size="2304",
+        num_heads="24",
+        vocab_size="51200",
+        global_batch_size="512",
+        micro_batch_size="16",
+        tp="1",
+        pp="1",
+        dp="32",
+        num_gpus="32",
+        metric_name="tflops_per_gpu",
+        metric_value="137",
+        linear_precision="fp16",
+        attention_precision="fp16",
+    )
     path = write(tmp_path / "r.csv", row(**base, activation_checkpointing="full"),
                  row(**base, activation_checkpointing="none"))
     full, none = (c.measured_time_s for c in loader.load([path]).cases)

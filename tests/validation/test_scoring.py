@@ -44,8 +44,10 @@ def test_a_case_with_unknown_options_scores_the_median_of_its_candidates():
     plan = Plan(G_data=4, G_intra_r=4, micro_batch_size=2, recompute="full", zero_stage=1)
     trainings = [Training(global_batch_size=64, dtype="bf16", stack="megatron-core", flash_attention=f,
                           overlap_grad_reduce=o) for f, o in ((True, True), (False, True), (False, False))]
-    one_by_one = [predict(_case(trainings, [plan]).model, presets.cluster("selene", 16), t, plan).iteration_time_s
-                  for t in trainings]
+    one_by_one = [
+        predict(_case(trainings, [plan]).model, presets.cluster("selene", 16), t, plan).iteration_time_s
+        for t in trainings
+    ]
     s = score_case(_case(trainings, [plan]))
     assert s.candidates == 3
     assert s.median_time_s == pytest.approx(float(np.median(one_by_one)), rel=1e-9)

@@ -36,7 +36,14 @@ def test_framework_column_picks_the_stack_preset(tmp_path: Path, framework, stac
     training, plan = _one(_case(tmp_path, framework=framework))
     assert training.stack == stack
     megatron_order = ("col", "row", "depth", "data", "inter")
-    ordered = framework in ("megatron-lm", "megatron-core", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan")
+    ordered = framework in (
+        "megatron-lm",
+        "megatron-core",
+        "nemo",
+        "megatron-deepspeed",
+        "deepspeed",
+        "torchtitan",
+    )
     assert (plan.placement == megatron_order) == ordered
 
 
@@ -82,7 +89,9 @@ def test_flash_attention_column(tmp_path: Path, flash):
     ("float8", "", "fp8", None), ("fp32", "fp32", "fp32", "fp32"),
 ])
 def test_precision_columns(tmp_path: Path, linear, attention, dtype, attention_dtype):
-    training, _ = _one(_case(tmp_path, gpu_type="H100", linear_precision=linear, attention_precision=attention))
+    training, _ = _one(
+        _case(tmp_path, gpu_type="H100", linear_precision=linear, attention_precision=attention)
+    )
     assert (training.dtype, training.attention_dtype) == (dtype, attention_dtype)
 
 

@@ -9,16 +9,38 @@ from validation.hardware import CardMemory
 from validation.scoring import CaseScore
 from validation.summary import by_key, error_stats, memory_verdicts, ranking_groups
 
-_MODEL = Model(name="gpt", num_layers=8, hidden_size=1024, num_attention_heads=16, seq_length=1024, vocab_size=51200)
+_MODEL = Model(
+    name="gpt", num_layers=8, hidden_size=1024, num_attention_heads=16, seq_length=1024, vocab_size=51200
+)
 
 
 def _pair(cid, measured, predicted, *, group="g", stated=True, fits=True, fastest=None, mem=None, peak=None,
           oom=False, framework="megatron-core"):
-    case = Case(case_id=cid, source=f"src-{framework}", framework=framework, group=group, model=_MODEL,
-                cluster=presets.cluster("selene", 8), trainings=(), plans=(), measured_time_s=measured,
-                measured_memory_gib=peak, expect_oom=oom, layout_stated=stated, card_memory=CardMemory(gib=80.0))
-    score = CaseScore(median_time_s=predicted, spread=1.0, fastest_fitting_time_s=fastest, memory_gib=mem or 10.0,
-                      capacity_gib=80.0, fits=fits, candidates=1, fitting=int(fits))
+    case = Case(
+        case_id=cid,
+        source=f"src-{framework}",
+        framework=framework,
+        group=group,
+        model=_MODEL,
+        cluster=presets.cluster("selene", 8),
+        trainings=(),
+        plans=(),
+        measured_time_s=measured,
+        measured_memory_gib=peak,
+        expect_oom=oom,
+        layout_stated=stated,
+        card_memory=CardMemory(gib=80.0),
+    )
+    score = CaseScore(
+        median_time_s=predicted,
+        spread=1.0,
+        fastest_fitting_time_s=fastest,
+        memory_gib=mem or 10.0,
+        capacity_gib=80.0,
+        fits=fits,
+        candidates=1,
+        fitting=int(fits),
+    )
     return case, score
 
 
@@ -29,7 +51,12 @@ def test_error_stats():
 
 
 def test_ranking_groups_use_stated_layouts_only():
-    scored = [_pair("a", 1.0, 1.1), _pair("b", 2.0, 1.9), _pair("c", 3.0, 3.5), _pair("d", 0.5, 9.0, stated=False)]
+    scored = [
+        _pair("a", 1.0, 1.1),
+        _pair("b", 2.0, 1.9),
+        _pair("c", 3.0, 3.5),
+        _pair("d", 0.5, 9.0, stated=False),
+    ]
     (g,) = ranking_groups(scored)
     assert (g.runs, g.spearman, g.measured_best_predicted_rank) == (3, pytest.approx(1.0), 1)
     scored = [_pair("a", 1.0, 2.5), _pair("b", 2.0, 1.9), _pair("c", 3.0, 1.0)]

@@ -1,4 +1,5 @@
-"""Alembic environment: runs on the connection and table prefix that `tuner.store.Store.migrate` hands over."""
+"""Alembic environment: runs on the connection and table prefix that `tuner.store.Store.migrate`
+hands over."""
 
 from __future__ import annotations
 

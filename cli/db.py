@@ -12,7 +12,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tuner.cli.common import HelpFormatter
+    from cli.common import HelpFormatter
 
     p = sub.add_parser("db", help="database schema: upgrade to the newest migration", description=__doc__,
                        formatter_class=HelpFormatter)

@@ -1,8 +1,8 @@
 """`gridtune profile`: measure this cluster (or import nccl-tests output), fit the model's constants.
 
     gridtune profile --nproc 4 --quick --out local.json           # fork 4 ranks here (gloo/NCCL)
-    torchrun --nnodes 2 --nproc-per-node 8 -m tuner.cli profile --out cluster.json   # in place
-    srun -N 2 --ntasks-per-node 8 python -m tuner.cli profile --out cluster.json     # MASTER_ADDR set
+    torchrun --nnodes 2 --nproc-per-node 8 -m cli profile --out cluster.json   # in place
+    srun -N 2 --ntasks-per-node 8 python -m cli profile --out cluster.json     # MASTER_ADDR set
     gridtune profile --import-nccl-tests all_reduce.txt all_gather.json --cluster selene --out sel.json
     gridtune profile --quick --json --upload http://127.0.0.1:8000 --name my-cluster
 
@@ -26,8 +26,19 @@ from typing import Any
 
 import pandas as pd
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -139,9 +150,11 @@ def fit_warnings(doc: dict[str, Any]) -> list[str]:
     for f in doc.get("fits", []):
         r2 = f.get("r2")
         if isinstance(r2, (int, float)) and math.isfinite(r2) and r2 < 0:
-            out.append(f"{f['op']} {f['level']} over {f['group_size']} ranks ({f['members_per_node']} per node): "
-                       f"R^2 = {r2:.2f} < 0, the timings are noise around their mean; its constants are unreliable "
-                       "(run without --quick, raise --max-bytes, or quiet the machine)")
+            out.append(
+                f"{f['op']} {f['level']} over {f['group_size']} ranks ({f['members_per_node']} per node): "
+                f"R^2 = {r2:.2f} < 0, the timings are noise around their mean; its constants are unreliable "
+                "(run without --quick, raise --max-bytes, or quiet the machine)"
+            )
     return out
 
 
@@ -182,7 +195,9 @@ def handle(args: argparse.Namespace) -> int:
             raise ValueError("--upload needs a URL (or GRIDTUNE_URL in the environment)")
         uploaded = profiles.upload(url, doc, name=args.name or doc.get("profile_id", ""), cluster=cluster)
     if args.json:
-        print(json.dumps({**doc, "profile_path": str(out), "rows_path": str(rows_path), "uploaded": uploaded}))
+        print(
+            json.dumps({**doc, "profile_path": str(out), "rows_path": str(rows_path), "uploaded": uploaded})
+        )
     else:
         _print_tables(doc, out, rows_path, uploaded)
     return 0
@@ -199,12 +214,16 @@ def _print_tables(doc: dict[str, Any], out: Path, rows_path: Path, uploaded: Any
     from rich.table import Table
 
     console = Console(width=max(Console().width, 130))
-    expected = {(e["op"], e["level"], e["group_size"], e["members_per_node"]): e for e in doc.get("expected", [])}
-    table = Table(title=f"Collectives ({doc['provenance'].get('backend', '?')}, "
-                        f"{doc['provenance'].get('world_size', '?')} ranks)",
-                  caption="ranks: group size; per node: group members on one node; alpha: latency per step (us); "
-                          "busbw, expected: bus bandwidth (GB/s); ratio: busbw / expected; R2 < 0: do not trust; "
-                          "holdout: median relative error on sizes left out of the fit")
+    expected = {
+        (e["op"], e["level"], e["group_size"], e["members_per_node"]): e for e in doc.get("expected", [])
+    }
+    table = Table(
+        title=f"Collectives ({doc['provenance'].get('backend', '?')}, "
+        f"{doc['provenance'].get('world_size', '?')} ranks)",
+        caption="ranks: group size; per node: group members on one node; alpha: latency per step (us); "
+        "busbw, expected: bus bandwidth (GB/s); ratio: busbw / expected; R2 < 0: do not trust; "
+        "holdout: median relative error on sizes left out of the fit",
+    )
     for col in ("op", "level", "ranks", "per node", "alpha us", "busbw GB/s", "expected GB/s", "ratio", "R2",
                 "holdout"):
         left = col in ("op", "level")
@@ -231,7 +250,9 @@ def _print_tables(doc: dict[str, Any], out: Path, rows_path: Path, uploaded: Any
     if doc.get("hbm_bandwidth_GBps") is not None:
         console.print(f"memory bandwidth: {doc['hbm_bandwidth_GBps']:.3g} GB/s")
     if any(not f.get("bandwidth_resolved", True) for f in doc.get("fits", [])):
-        console.print(">= : messages too small to resolve the bandwidth (raise --max-bytes); a lower bound is kept")
+        console.print(
+            ">= : messages too small to resolve the bandwidth (raise --max-bytes); a lower bound is kept"
+        )
     console.print(f"hold-out median relative error: {_fmt(doc.get('holdout_median_abs_error'), '.1%')}")
     console.print(f"profile: {out}   raw rows: {rows_path}")
     if uploaded is not None:

@@ -1,6 +1,6 @@
-"""What a new user met with the CLI (issue 14 items 11, 14-16, 19-22, 25 and the launch/CSV/sweep
-features): each test runs the real command line (`tuner.cli.main`, or scripts/quickstart.sh).
-Run: `.venv/bin/python -m pytest tests/tuner/test_cli_user.py -q`.
+"""What a new user met with the CLI, and the launch/CSV/sweep
+features: each test runs the real command line (`cli.main`, or scripts/quickstart.sh).
+Run: `.venv/bin/python -m pytest tests/cli/test_cli_user.py -q`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,22 @@ import threading
 import numpy as np
 import pytest
 
-from tuner.cli import build_parser, main
+from cli import build_parser, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GPT3 = ["--model", "gpt3-175b", "--cluster", "selene", "--gpus", "1024", "--global-batch-size", "1536"]
-TINY = ["--model", "tiny-gpt", "--cluster", "local-cpu", "--gpus", "4", "--global-batch-size", "8", "--dtype", "fp32"]
+TINY = [
+    "--model",
+    "tiny-gpt",
+    "--cluster",
+    "local-cpu",
+    "--gpus",
+    "4",
+    "--global-batch-size",
+    "8",
+    "--dtype",
+    "fp32",
+]
 
 
 def _json(capsys) -> dict:
@@ -32,7 +43,9 @@ def test_a_cut_short_search_says_partial_and_counts_what_it_skipped(capsys):
     rec = _json(capsys)
     assert rec["complete"] is False and rec["num_not_evaluated"] > 100_000
     (reason,) = [k for k in rec["pruned"] if k.startswith("not evaluated")]
-    assert rec["pruned"][reason] == rec["num_not_evaluated"] and f"{rec['num_not_evaluated']:,} plans" in reason
+    assert (
+        rec["pruned"][reason] == rec["num_not_evaluated"] and f"{rec['num_not_evaluated']:,} plans" in reason
+    )
     assert main(["recommend", *GPT3, "--time-budget", "0.05", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert out.lstrip().startswith("PARTIAL SEARCH") and "not evaluated" in out
@@ -134,9 +147,27 @@ def test_a_profile_faster_than_the_preset_never_shows_mfu_above_100(tmp_path, ca
     rec = json.loads(captured.out.strip().splitlines()[-1])
     assert all(0 < c["prediction"]["mfu"] <= 1.0 for c in rec["candidates"])
     assert "the peak follows the measurement" in captured.err
-    # item 13 (CLI side): a profile never checked against measured steps claims no band
-    assert main(["predict", "--model", "gpt3-1.7b", "--cluster", "local-cpu", "--gpus", "4", "--global-batch-size",
-                 "64", "--profile", str(path), "--plan", "G_data=4"]) == 0
+    # CLI side: a profile never checked against measured steps claims no band
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                "gpt3-1.7b",
+                "--cluster",
+                "local-cpu",
+                "--gpus",
+                "4",
+                "--global-batch-size",
+                "64",
+                "--profile",
+                str(path),
+                "--plan",
+                "G_data=4",
+            ]
+        )
+        == 0
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert "band unknown until measured steps calibrate it" in out and "+/- 10%" not in out
 
@@ -153,7 +184,9 @@ def test_emit_csv_and_the_launch_in_json(tmp_path, capsys):
     rec = _json(capsys)
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == len(rec["candidates"]) >= 2
-    assert {"rank", "G_data", "iteration_time_s", "mfu", "memory_per_gpu_gib", "time_compute_s"} <= set(rows[0])
+    assert {"rank", "G_data", "iteration_time_s", "mfu", "memory_per_gpu_gib", "time_compute_s"} <= set(
+        rows[0]
+    )
     assert set(rec["launch"]) == {"megatron", "deepspeed", "torchrun"}
     ds = json.loads(rec["launch"]["deepspeed"]["text"].split("\n# launch")[0])
     assert ds["train_batch_size"] == 8
@@ -192,8 +225,14 @@ def test_quickstart_refuses_a_port_another_server_holds(tmp_path):
     env = {**os.environ, "GRIDTUNE_SKIP_SETUP": "1", "GRIDTUNE_PORT": str(other.server_address[1]),
            "GRIDTUNE_DATABASE_URL": f"sqlite:///{tmp_path / 'q.db'}"}
     try:
-        done = subprocess.run(["bash", "scripts/quickstart.sh", "--no-wait"], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            ["bash", "scripts/quickstart.sh", "--no-wait"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         other.shutdown()
         other.server_close()
@@ -203,4 +242,7 @@ def test_quickstart_refuses_a_port_another_server_holds(tmp_path):
 
 def test_absurd_link_bandwidths_on_the_command_line_name_the_plausible_range(capsys):
     assert main(["predict", *TINY, "--inter-node-bandwidth", "1e-300", "--plan", "G_data=4"]) == 2
-    assert "--inter-node-bandwidth=1e-300 is outside the plausible range 0.001 to 100000" in capsys.readouterr().err
+    assert (
+        "--inter-node-bandwidth=1e-300 is outside the plausible range 0.001 to 100000"
+        in capsys.readouterr().err
+    )

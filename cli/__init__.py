@@ -1,5 +1,9 @@
 """The `gridtune` command line: recommend, predict, sweep, presets, profile, serve, db, train, validate.
 
+This package is the composition root: the only one that imports tuner, api, engine and validation
+together (see docs/architecture.md; tests/test_layering.py enforces it). Run it as `gridtune ...`
+or `python -m cli ...`.
+
 Each subcommand lives in its own module with `register(subparsers)`; heavy imports (torch,
 uvicorn) happen inside the handlers, so `gridtune recommend` starts fast. Errors from bad input
 print one line (`gridtune: error: ...`) and exit 2, never a traceback.
@@ -24,13 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gridtune {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"tuner.cli.{name}")
-        except ModuleNotFoundError as exc:  # a subcommand not built yet
-            if exc.name != f"tuner.cli.{name}":
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(f"cli.{name}").register(sub)
     return parser
 
 

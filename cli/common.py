@@ -51,29 +51,46 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
                         '"num_attention_heads": 32, "ffn_hidden_size": 14336, "seq_length": 8192, '
                         '"vocab_size": 128256}, or {"preset": "llama3-8b", "seq_length": 4096}')
     g = p.add_argument_group("cluster")
-    g.add_argument("--cluster", metavar="PRESET", help=f"cluster preset: {', '.join(presets.cluster_names())}")
-    g.add_argument("--cluster-file", type=Path, metavar="FILE.json", help="JSON file with the cluster's fields")
+    g.add_argument(
+        "--cluster", metavar="PRESET", help=f"cluster preset: {', '.join(presets.cluster_names())}"
+    )
+    g.add_argument(
+        "--cluster-file", type=Path, metavar="FILE.json", help="JSON file with the cluster's fields"
+    )
     g.add_argument("--gpus", type=int, help=gpus_help)
-    g.add_argument("--gpus-per-node", type=int, help="default: the cluster preset's, else the GPU's usual node")
+    g.add_argument(
+        "--gpus-per-node", type=int, help="default: the cluster preset's, else the GPU's usual node"
+    )
     g.add_argument("--gpu", metavar="NAME", help=f"GPU preset: {', '.join(presets.gpu_names())}")
     g.add_argument("--intra-node-bandwidth", type=float, metavar="GBPS",
                    help="NVLink GB/s per GPU per direction (default: from the cluster or GPU preset)")
     g.add_argument("--inter-node-bandwidth", type=float, metavar="GBPS",
                    help="network GB/s per GPU per direction (default: from the cluster or GPU preset)")
-    g.add_argument("--profile", type=Path, metavar="FILE.json", help="profile JSON written by `gridtune profile`")
+    g.add_argument(
+        "--profile", type=Path, metavar="FILE.json", help="profile JSON written by `gridtune profile`"
+    )
     g = p.add_argument_group("training")
     g.add_argument("--global-batch-size", type=int, required=True, help="samples per optimizer step")
     g.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
                    help="training precision")
-    g.add_argument("--stack", default=DEFAULT_STACK, choices=sorted(STACK_PRESETS),
-                   help="the software that runs the layout: what it holds in memory, what it overlaps, what "
-                        "it can run (`gridtune presets --kind stacks`); the flags below override one behaviour each")
-    g.add_argument("--no-flash-attention", action="store_true", help="attention materialises the s x s scores")
+    g.add_argument(
+        "--stack",
+        default=DEFAULT_STACK,
+        choices=sorted(STACK_PRESETS),
+        help="the software that runs the layout: what it holds in memory, what it overlaps, what "
+        "it can run (`gridtune presets --kind stacks`); the flags below override one behaviour each",
+    )
+    g.add_argument(
+        "--no-flash-attention", action="store_true", help="attention materialises the s x s scores"
+    )
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="the data-parallel gradient reduction runs after backward")
     g.add_argument("--overlap-tp-comm", action="store_true", help="tensor-parallel comm overlaps GEMMs")
-    g.add_argument("--zero3-gather", choices=["layer", "tensor"],
-                   help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed) (default: the stack's)")
+    g.add_argument(
+        "--zero3-gather",
+        choices=["layer", "tensor"],
+        help="ZeRO-3 collectives per block (FSDP) or per parameter tensor (DeepSpeed) (default: the stack's)",
+    )
     g.add_argument("--no-overlap-param-gather", action="store_true",
                    help="ZeRO-3 fetches parameters on demand instead of prefetching")
 
@@ -171,12 +188,17 @@ def _cluster_from_gpu(args: argparse.Namespace) -> Cluster:
     if base is None:
         missing = [f"--{k.removesuffix('_GBps').replace('_', '-')}" for k, v in given.items() if v is None]
         if missing:
-            raise ValueError(f"no cluster preset has {gpu_name} GPUs to take defaults from: give {', '.join(missing)}")
+            raise ValueError(
+                f"no cluster preset has {gpu_name} GPUs to take defaults from: give {', '.join(missing)}"
+            )
         return Cluster(name="custom", num_gpus=args.gpus, gpu=gpu_from_dict(gpu_name), **given)  # type: ignore[arg-type]
     taken = [k for k, v in given.items() if v is None]
     if taken:
-        note(f"{', '.join(f'{k}={getattr(base, k):g}' for k in taken)} taken from the {base_name!r} preset "
-             f"({gpu_name} nodes); override with --gpus-per-node / --intra-node-bandwidth / --inter-node-bandwidth")
+        note(
+            f"{', '.join(f'{k}={getattr(base, k):g}' for k in taken)} taken from the {base_name!r} preset "
+            f"({gpu_name} nodes); override with --gpus-per-node / --intra-node-bandwidth / "
+            "--inter-node-bandwidth"
+        )
     return replace(base, name=f"{gpu_name}-cluster", num_gpus=args.gpus, profile=None, profile_id=None)
 
 

@@ -18,14 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tuner.cli.common import (
+from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
     model_from_args,
     training_from_args,
 )
-from tuner.cli.recommend import check_gpus, search_options
+from cli.recommend import check_gpus, search_options
 from tuner.plot import plan_text
 from tuner.search import recommend
 
@@ -94,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from tuner.plot import plot_sweep
 
-        path = plot_sweep(points, args.plot, x_label=label, title=f"{model.name} on {cluster.gpu.name}: best layout "
-                                                                  f"per {label}")
+        path = plot_sweep(
+            points,
+            args.plot,
+            x_label=label,
+            title=f"{model.name} on {cluster.gpu.name}: best layout per {label}",
+        )
         print(f"gridtune: wrote the plot to {Path(path).resolve()}", file=sys.stderr)
     if args.json:
         json.dump({"swept": swept, "points": points}, sys.stdout)

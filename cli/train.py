@@ -38,10 +38,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--auto", action="store_true", help="let the tuner pick the layout (the default)")
-    mode.add_argument("--plan", default=None, help="FIELD=VALUE,... e.g. G_data=2,G_intra_r=2,micro_batch_size=2")
+    mode.add_argument(
+        "--plan", default=None, help="FIELD=VALUE,... e.g. G_data=2,G_intra_r=2,micro_batch_size=2"
+    )
     p.add_argument("--profile", type=Path, default=None, help="profile JSON from `gridtune profile`")
     p.add_argument("--service-url", default=None, help="ask this service and post the measurement there")
-    p.add_argument("--database", default=None, help="SQLAlchemy URL of the store (default GRIDTUNE_DATABASE_URL)")
+    p.add_argument(
+        "--database", default=None, help="SQLAlchemy URL of the store (default GRIDTUNE_DATABASE_URL)"
+    )
     p.add_argument("--no-store", action="store_true", help="store no measurement")
     p.add_argument("--calibrate", action="store_true", help="afterwards, refit this machine's corrections")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -49,8 +53,8 @@ def register(subparsers: Any) -> None:
 
 
 def parse_plan(text: str) -> Any:
+    from cli.common import coerce, parse_assignments
     from perfmodels.io import plan_from_dict
-    from tuner.cli.common import coerce, parse_assignments
 
     fields = {k: coerce(k, v) for k, v in parse_assignments(text, "--plan").items()}
     return plan_from_dict(fields)
@@ -106,11 +110,17 @@ def handle(args: argparse.Namespace) -> int:
             store.close()
     if args.json:
         out = {
-            "plan": plan_to_dict(report.plan), "losses": list(report.losses),
-            "median_step_time_s": report.median_step_time_s, "predicted_step_time_s": report.predicted_step_time_s,
-            "relative_error": report.relative_error, "constants_source": report.constants_source,
-            "tokens_per_s": report.tokens_per_s, "measured": report.measured, "cluster_id": report.cluster_id,
-            "measurement_id": report.measurement_id, "stored_in": report.stored_in,
+            "plan": plan_to_dict(report.plan),
+            "losses": list(report.losses),
+            "median_step_time_s": report.median_step_time_s,
+            "predicted_step_time_s": report.predicted_step_time_s,
+            "relative_error": report.relative_error,
+            "constants_source": report.constants_source,
+            "tokens_per_s": report.tokens_per_s,
+            "measured": report.measured,
+            "cluster_id": report.cluster_id,
+            "measurement_id": report.measurement_id,
+            "stored_in": report.stored_in,
         }
         if calibration is not None:
             out["calibration"] = {**dataclasses.asdict(calibration), "profile": None}
@@ -122,7 +132,9 @@ def handle(args: argparse.Namespace) -> int:
         marks = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
         print("loss: " + "  ".join(f"step {i}: {losses[i]:.3f}" for i in marks))
     if report.stored_in:
-        print(f"measurement {report.measurement_id} stored in {report.stored_in} (cluster {report.cluster_id})")
+        print(
+            f"measurement {report.measurement_id} stored in {report.stored_in} (cluster {report.cluster_id})"
+        )
     if calibration is not None:
         corr = ", ".join(f"{k} x{v:.2f}" for k, v in calibration.corrections.items())
         print(f"calibrated from {calibration.num_measurements} measurements: {corr}; MAPE "

@@ -21,8 +21,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from perfmodels.specs import Plan
-from tuner.cli.common import (
+from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
@@ -30,12 +29,17 @@ from tuner.cli.common import (
     model_from_args,
     training_from_args,
 )
+from perfmodels.specs import Plan
 from tuner.launch import KINDS, all_launches, launch_for
 from tuner.report import recommendation_to_dict, write_candidates_csv
 from tuner.search import MAX_GPUS, recommend
 from tuner.types import Recommendation, SearchOptions
 
-PINNABLE = {f.name for f in fields(SearchOptions)} - {"max_micro_batch_size", "time_budget_s", "examples_per_reason"}
+PINNABLE = {f.name for f in fields(SearchOptions)} - {
+    "max_micro_batch_size",
+    "time_budget_s",
+    "examples_per_reason",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,9 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"restrict a plan field to these values (comma- or '|'-separated); "
                         f"fields: {', '.join(sorted(PINNABLE))}")
     p.add_argument("--max-micro-batch-size", type=int, default=64, help="largest micro-batch searched")
-    p.add_argument("--time-budget", type=float, default=30.0, metavar="S", help="stop searching after S seconds")
+    p.add_argument(
+        "--time-budget", type=float, default=30.0, metavar="S", help="stop searching after S seconds"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--plot", metavar="FILE.png", help="picture of the top layouts: step time, breakdown, memory")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="picture of the top layouts: step time, breakdown, memory"
+    )
     p.add_argument("--csv", metavar="FILE.csv", help="write every ranked candidate as CSV")
     p.add_argument("--emit", choices=KINDS, help="print how to launch the best plan with this stack")
     p.set_defaults(handler=run)
@@ -63,7 +71,9 @@ def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions
         field, text = (x.strip() for x in pin.split("=", 1))
         if field not in PINNABLE:
             raise ValueError(f"--pin: unknown field {field!r}; pinnable: {sorted(PINNABLE)}")
-        values[field] = tuple(coerce(field, v.strip()) for v in text.replace("|", ",").split(",") if v.strip())
+        values[field] = tuple(
+            coerce(field, v.strip()) for v in text.replace("|", ",").split(",") if v.strip()
+        )
     if max_mb < 1:
         raise ValueError(f"--max-micro-batch-size must be >= 1, got {max_mb}")
     if budget <= 0:
@@ -74,8 +84,10 @@ def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions
 def check_gpus(num_gpus: int) -> None:
     """One bound for searches, here and in the service (GRIDTUNE_MAX_GPUS defaults to it)."""
     if num_gpus > MAX_GPUS:
-        raise ValueError(f"cluster.num_gpus={num_gpus:,} is more than a search covers ({MAX_GPUS:,} GPUs at most; "
-                         "`gridtune predict` takes up to 4,194,304)")
+        raise ValueError(
+            f"cluster.num_gpus={num_gpus:,} is more than a search covers ({MAX_GPUS:,} GPUs at most; "
+            "`gridtune predict` takes up to 4,194,304)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print_recommendation(rec, title=f"{title} ({cluster.name}), global batch {training.global_batch_size}")
+        print_recommendation(
+            rec, title=f"{title} ({cluster.name}), global batch {training.global_batch_size}"
+        )
         if args.emit and rec.best is not None:
             launch = launch_for(args.emit, model, cluster, training, rec.best.plan)
             print(f"\n# launch the best plan ({args.emit}):")
@@ -131,28 +145,57 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
     if not console.is_terminal:
         console = Console(width=160)
     if not rec.complete:
-        console.print(f"[bold yellow]PARTIAL SEARCH[/]: the time budget ran out after {rec.num_evaluated:,} plans; "
-                      f"{rec.num_not_evaluated:,} were never scored, so a better layout may exist "
-                      "(raise --time-budget or --pin dimensions)")
-    table = Table(title=("PARTIAL: " if not rec.complete else "") + title,
-                  caption="grid = G_data x G_inter x G_intra_d x G_intra_r x G_intra_c (data x pipeline x depth x "
-                          "row x column); innermost = the axis whose ranks are consecutive (share a node first); "
-                          "+n = n other placements predict the same time (merged)")
-    for col in ("#", "grid", "mb", "schedule", "recomp", "ZeRO", "innermost", "step s", "MFU", "GiB", "bubble s",
-                "exposed comm s"):
+        console.print(
+            f"[bold yellow]PARTIAL SEARCH[/]: the time budget ran out after {rec.num_evaluated:,} plans; "
+            f"{rec.num_not_evaluated:,} were never scored, so a better layout may exist "
+            "(raise --time-budget or --pin dimensions)"
+        )
+    table = Table(
+        title=("PARTIAL: " if not rec.complete else "") + title,
+        caption="grid = G_data x G_inter x G_intra_d x G_intra_r x G_intra_c (data x pipeline x depth x "
+        "row x column); innermost = the axis whose ranks are consecutive (share a node first); "
+        "+n = n other placements predict the same time (merged)",
+    )
+    for col in (
+        "#",
+        "grid",
+        "mb",
+        "schedule",
+        "recomp",
+        "ZeRO",
+        "innermost",
+        "step s",
+        "MFU",
+        "GiB",
+        "bubble s",
+        "exposed comm s",
+    ):
         table.add_column(col, justify="right", no_wrap=True)
     for c in rec.candidates:
         p, pr = c.plan, c.prediction
         b = pr.breakdown
         grid = f"{p.G_data}x{p.G_inter}x{p.G_intra_d}x{p.G_intra_r}x{p.G_intra_c}"
         inner = p.order[0] + (f" +{len(c.equivalent_placements)}" if c.equivalent_placements else "")
-        table.add_row(str(c.rank), grid, str(p.micro_batch_size), plan_label(p), p.recompute, str(p.zero_stage),
-                      inner, f"{pr.iteration_time_s:.3f}", _mfu(pr.mfu), f"{pr.memory.per_gpu_gib:.1f}",
-                      f"{b.pp_bubble_s:.2f}", f"{b.exposed_comm_s:.2f}")
+        table.add_row(
+            str(c.rank),
+            grid,
+            str(p.micro_batch_size),
+            plan_label(p),
+            p.recompute,
+            str(p.zero_stage),
+            inner,
+            f"{pr.iteration_time_s:.3f}",
+            _mfu(pr.mfu),
+            f"{pr.memory.per_gpu_gib:.1f}",
+            f"{b.pp_bubble_s:.2f}",
+            f"{b.exposed_comm_s:.2f}",
+        )
     console.print(table)
     scope = "" if rec.complete else f" (PARTIAL: {rec.num_not_evaluated:,} not evaluated)"
-    console.print(f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid) in {rec.search_time_s:.2f} s"
-                  f"{scope}; constants: {rec.constants_source}")
+    console.print(
+        f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid) in {rec.search_time_s:.2f} s"
+        f"{scope}; constants: {rec.constants_source}"
+    )
     if rec.explanation:
         console.print(rec.explanation)
     if rec.pruned:

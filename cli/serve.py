@@ -29,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0 picks a free one)")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="TCP port (default: %(default)s; 0 picks a free one)"
+    )
     parser.add_argument(
         "--database-url",
         default=None,
@@ -37,8 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "in ~/.local/share/gridtune/)",
     )
     parser.add_argument("--workers", type=int, default=1, help="server processes (default: %(default)s)")
-    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                        help="default: %(default)s")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="default: %(default)s",
+    )
     parser.add_argument("--request-timeout", type=float, default=30.0, metavar="S",
                         help="seconds a request's headers and body may take to arrive (default: %(default)s)")
     parser.add_argument("--limit-concurrency", type=int, default=1024, metavar="N",
@@ -64,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()  # fail here, with one line, on a bad setting
     try:
-        limits = ServerLimits(request_timeout_s=args.request_timeout, limit_concurrency=args.limit_concurrency,
-                              timeout_keep_alive_s=args.timeout_keep_alive)
+        limits = ServerLimits(
+            request_timeout_s=args.request_timeout,
+            limit_concurrency=args.limit_concurrency,
+            timeout_keep_alive_s=args.timeout_keep_alive,
+        )
     except ValueError as exc:
         raise ValueError(f"serve: {exc}") from None
     if args.workers == 1:
@@ -74,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
         app: object = create_app(settings)
     else:
         app = "api.app:create_app"
-    config = uvicorn_config(app, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level,
-                            limits=limits)
+    config = uvicorn_config(
+        app, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level, limits=limits
+    )
     server = uvicorn.Server(config)
     if args.workers == 1:
         server.run()

@@ -14,20 +14,36 @@ import json
 import sys
 
 KIND_COLUMNS = {
-    "models": ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "vocab_size",
-               "num_query_groups", "gated_mlp"),
-    "clusters": ("gpu", "num_gpus", "gpus_per_node", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps",
-                 "backend"),
+    "models": (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "ffn_hidden_size",
+        "seq_length",
+        "vocab_size",
+        "num_query_groups",
+        "gated_mlp",
+    ),
+    "clusters": (
+        "gpu",
+        "num_gpus",
+        "gpus_per_node",
+        "intra_node_bandwidth_GBps",
+        "inter_node_bandwidth_GBps",
+        "backend",
+    ),
     "gpus": ("peak_tflops_bf16", "peak_tflops_fp8", "memory_gib", "hbm_bandwidth_GBps", "vendor"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tuner.cli.common import HelpFormatter
+    from cli.common import HelpFormatter
 
     p = sub.add_parser("presets", help="list model, cluster, GPU (and stack) presets", description=__doc__,
                        formatter_class=HelpFormatter)
-    p.add_argument("--kind", choices=("models", "clusters", "gpus", "stacks"), help="only this kind (default: all)")
+    p.add_argument(
+        "--kind", choices=("models", "clusters", "gpus", "stacks"), help="only this kind (default: all)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 

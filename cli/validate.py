@@ -8,8 +8,8 @@
    one micro-batch size, 1F1B, no recomputation, ZeRO 0, default placement);
 3. run each plan with engine.train (a fresh fork per run, `--warmup` + `--steps` steps, median of
    the steady steps; `--rounds` rounds in alternating plan order, keeping each plan's fastest
-   median, since load from other processes only adds time) and store every measurement (GRIDTUNE_DATABASE_URL or the default SQLite file;
-   `--no-store` keeps nothing);
+   median, since load from other processes only adds time) and store every measurement
+   (GRIDTUNE_DATABASE_URL or the default SQLite file; `--no-store` keeps nothing);
 4. print predicted vs measured, Spearman, MAPE and the measured-best plan's predicted rank;
 5. calibrate from three measured plans (predicted fastest, median and slowest:
    tuner.closed_loop.spread_plans) and report the MAPE on the other plans before and after.
@@ -42,17 +42,31 @@ def register(subparsers: Any) -> None:
     p.add_argument("--global-batch-size", type=int, default=16)
     p.add_argument("--stack", default="gridtune", choices=sorted(STACK_PRESETS),
                    help="the stack the predictions assume (default gridtune: what the engine does)")
-    p.add_argument("--micro-batch-size", type=int, default=4, help="the one micro-batch size searched (default 4)")
+    p.add_argument(
+        "--micro-batch-size", type=int, default=4, help="the one micro-batch size searched (default 4)"
+    )
     p.add_argument("--steps", type=int, default=5, help="timed steady-state steps per plan (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps per plan (default 2)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="measure every plan this many times, in alternating order, and keep the fastest median "
-                        "(other load on the machine only ever adds time; default 2)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="measure every plan this many times, in alternating order, and keep the fastest median "
+        "(other load on the machine only ever adds time; default 2)",
+    )
     p.add_argument("--profile", type=Path, default=None, help="use this profile JSON instead of profiling")
-    p.add_argument("--calibrate-on", type=int, default=3, help="measured plans used for calibration (default 3)")
-    p.add_argument("--database", default=None, help="SQLAlchemy URL of the store (default GRIDTUNE_DATABASE_URL)")
-    p.add_argument("--no-store", action="store_true", help="do not store measurements or the calibrated profile")
-    p.add_argument("--cluster-id", default=None, help="id the measurements are filed under (default name@host/n)")
+    p.add_argument(
+        "--calibrate-on", type=int, default=3, help="measured plans used for calibration (default 3)"
+    )
+    p.add_argument(
+        "--database", default=None, help="SQLAlchemy URL of the store (default GRIDTUNE_DATABASE_URL)"
+    )
+    p.add_argument(
+        "--no-store", action="store_true", help="do not store measurements or the calibrated profile"
+    )
+    p.add_argument(
+        "--cluster-id", default=None, help="id the measurements are filed under (default name@host/n)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--plot", type=Path, default=None, help="write predicted vs measured to this PNG")
     p.set_defaults(handler=handle)
@@ -84,19 +98,64 @@ def _run_plan(rank: int, world: int, cfg: Any, plan: Any, global_batch_size: int
     from engine.train import TokenWindows, train
 
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (global_batch_size * (steps + warmup + 1) * cfg.seq_length + 1,),
-                           generator=g)
+    tokens = torch.randint(
+        0, cfg.vocab_size, (global_batch_size * (steps + warmup + 1) * cfg.seq_length + 1,), generator=g
+    )
     report = train(cfg, TokenWindows(tokens, cfg.seq_length), global_batch_size, steps + warmup, plan=plan,
                    profile=profile, warmup_steps=warmup, record=False, progress=False, use_calibrated=False)
     return report.measured if rank == 0 else None
 
 
+def _measure(args: argparse.Namespace, plans: list[Any], cfg: Any,
+             profile: Any) -> tuple[list[list[dict[str, Any]]], dict[str, str]]:
+    """Every plan's measured steps, over `--rounds` rounds in alternating order (load from other
+    processes only adds time, so each plan keeps its fastest round), and the plans whose ranks failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.launch import RankFailed, launch
+
+    runs: list[list[dict[str, Any]]] = [[] for _ in plans]
+    failed: dict[str, str] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=_console(args.json)) as bar:
+        task = bar.add_task("measuring plans", total=len(plans) * max(1, args.rounds))
+        for r in range(max(1, args.rounds)):
+            order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
+            for i in order:
+                plan = plans[i]
+                bar.update(task, description=f"round {r + 1}: {plan.grid_string()}")
+                try:
+                    runs[i].append(launch(_run_plan, args.nproc, args=(cfg, plan, args.global_batch_size,
+                                                                       args.steps, args.warmup, profile),
+                                          timeout_s=120)[0])
+                except RankFailed as exc:  # report it, keep measuring the others
+                    failed[plan.grid_string()] = str(exc).strip().splitlines()[0][:300]
+                bar.advance(task)
+    return runs, failed
+
+
+def _store(database: str | None, records: list[dict[str, Any]], cluster_id: str, say: Any) -> None:
+    """File the measurements under `cluster_id` and store the calibration they give."""
+    from tuner import closed_loop as cl
+    from tuner.store import Store
+
+    store = Store(database)
+    try:
+        for rec in records:
+            store.add_measurement(cluster_id=cluster_id, **rec)
+        result = cl.calibrate_cluster(store, cluster_id)
+        if result is not None:
+            say(f"stored {len(records)} measurements and profile {cl.calibrated_profile_name(cluster_id)!r} "
+                f"in {store.url}")
+    finally:
+        store.close()
+
+
 def handle(args: argparse.Namespace) -> int:
-    from engine.launch import launch
     from engine.models.gpt import GPTConfig
     from engine.train import engine_problems
     from perfmodels import presets
-    from perfmodels.io import profile_to_dict
+    from perfmodels.io import json_safe, profile_to_dict
     from tuner import closed_loop as cl
     from tuner.profiles import read_profile
 
@@ -127,29 +186,12 @@ def handle(args: argparse.Namespace) -> int:
     if not candidates:
         raise ValueError(f"no plan of {args.nproc} ranks can run {args.model} with global batch "
                          f"{args.global_batch_size} and micro-batch {args.micro_batch_size}")
-    say(f"{len(candidates)} valid plans for {args.nproc} ranks; running each for {args.warmup}+{args.steps} steps")
+    say(
+        f"{len(candidates)} valid plans for {args.nproc} ranks; running each for {args.warmup}+{args.steps} "
+        "steps"
+    )
 
-    from engine.launch import RankFailed
-
-    runs: list[list[dict[str, Any]]] = [[] for _ in candidates]
-    failed: dict[str, str] = {}
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=_console(args.json)) as bar:
-        task = bar.add_task("measuring plans", total=len(candidates) * max(1, args.rounds))
-        for r in range(max(1, args.rounds)):
-            order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
-            for i in order:
-                plan = candidates[i].plan
-                bar.update(task, description=f"round {r + 1}: {plan.grid_string()}")
-                try:
-                    runs[i].append(launch(_run_plan, args.nproc, args=(cfg, plan, args.global_batch_size,
-                                                                       args.steps, args.warmup, profile),
-                                          timeout_s=120)[0])
-                except RankFailed as exc:  # report it, keep measuring the others
-                    failed[plan.grid_string()] = str(exc).strip().splitlines()[0][:300]
-                bar.advance(task)
+    runs, failed = _measure(args, [c.plan for c in candidates], cfg, profile)
     records = [cl.measurement_record(model=spec, cluster=cluster, training=training, plan=c.plan,
                                      measured=min(runs[i], key=lambda m: m["iteration_time_s"]),
                                      prediction=c.prediction)
@@ -159,25 +201,14 @@ def handle(args: argparse.Namespace) -> int:
     summary = cl.summarize(records, base=profile, calibrate_on=args.calibrate_on)
     cluster_id = args.cluster_id or cl.default_cluster_id(cl.local_cluster(args.nproc))
     if not args.no_store:
-        from tuner.store import Store
-
-        store = Store(args.database)
-        try:
-            for rec in records:
-                store.add_measurement(cluster_id=cluster_id, **rec)
-            result = cl.calibrate_cluster(store, cluster_id)
-            if result is not None:
-                say(f"stored {len(records)} measurements and profile {cl.calibrated_profile_name(cluster_id)!r} "
-                    f"in {store.url}")
-        finally:
-            store.close()
+        _store(args.database, records, cluster_id, say)
     if args.plot is not None:
         _plot(summary, args.plot, f"{args.model} on {args.nproc} gloo ranks")
     wall = time.perf_counter() - t0
     if args.json:
         out = cl.summary_json(summary)
         out.update(wall_time_s=wall, failed=failed, nproc=args.nproc, model=args.model, cluster_id=cluster_id,
-                   profile=cl._finite(profile_to_dict(profile)))
+                   profile=json_safe(profile_to_dict(profile)))
         print(json.dumps(out))
     else:
         _print(summary, wall)
@@ -207,15 +238,21 @@ def _print(summary: Any, wall_s: float) -> None:
                       f"{((p.calibrated_s or 0) - p.measured_s) / p.measured_s:+.0%}",
                       "yes" if p.used_for_calibration else "")
     console.print(table)
-    console.print(f"Spearman {summary.spearman:.3f}; measured-best plan is #{summary.measured_best_predicted_rank} "
-                  f"in predicted order; MAPE {summary.mape_uncalibrated:.1%} (all plans)")
-    factors = ", ".join(f"p={k}: x{v:.2f}" for k, v in sorted(summary.collective_factor_by_group_size.items()))
+    console.print(
+        f"Spearman {summary.spearman:.3f}; measured-best plan is #{summary.measured_best_predicted_rank} "
+        f"in predicted order; MAPE {summary.mape_uncalibrated:.1%} (all plans)"
+    )
+    factors = ", ".join(
+        f"p={k}: x{v:.2f}" for k, v in sorted(summary.collective_factor_by_group_size.items())
+    )
     overhead = summary.kernel_overhead_us
-    console.print(f"calibrated from {sum(p.used_for_calibration for p in summary.plans)} plans: kernel overhead "
-                  f"{overhead if overhead is not None else float('nan'):.0f} us, collective cost {factors or '-'}, "
-                  f"corrections {', '.join(f'{k} x{v:.2f}' for k, v in summary.corrections.items())}:\n"
-                  f"MAPE on the other plans {summary.mape_uncalibrated_holdout:.1%} -> {summary.mape_calibrated:.1%}, "
-                  f"Spearman {summary.spearman_calibrated:.3f}")
+    console.print(
+        f"calibrated from {sum(p.used_for_calibration for p in summary.plans)} plans: kernel overhead "
+        f"{overhead if overhead is not None else float('nan'):.0f} us, collective cost {factors or '-'}, "
+        f"corrections {', '.join(f'{k} x{v:.2f}' for k, v in summary.corrections.items())}:\n"
+        f"MAPE on the other plans {summary.mape_uncalibrated_holdout:.1%} -> {summary.mape_calibrated:.1%}, "
+        f"Spearman {summary.spearman_calibrated:.3f}"
+    )
     console.print(f"wall time {wall_s:.0f} s")
 
 

@@ -12,9 +12,7 @@ import argparse
 import json
 import sys
 
-from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
-from perfmodels.steptime import predict
-from tuner.cli.common import (
+from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
@@ -23,6 +21,9 @@ from tuner.cli.common import (
     parse_assignments,
     training_from_args,
 )
+from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
+from perfmodels.steptime import predict
+from tuner.report import MEMORY_PARTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,9 +51,11 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     mem = pred.memory
     if not mem.fits:
-        console.print(f"[bold red]DOES NOT FIT[/]: {mem.per_gpu_gib:.1f} GiB per GPU needed, {mem.capacity_gib:g} GiB "
-                      "available; this layout would run out of memory, so its time and MFU below are hypothetical "
-                      "(try recompute, a higher ZeRO stage, a smaller micro-batch, or `gridtune recommend`)")
+        console.print(
+            f"[bold red]DOES NOT FIT[/]: {mem.per_gpu_gib:.1f} GiB per GPU needed, {mem.capacity_gib:g} GiB "
+            "available; this layout would run out of memory, so its time and MFU below are hypothetical "
+            "(try recompute, a higher ZeRO stage, a smaller micro-batch, or `gridtune recommend`)"
+        )
     console.print(f"[bold]{model.name}[/] on {cluster.num_gpus} x {cluster.gpu.name}: {plan.grid_string()}, "
                   f"micro-batch {plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}, "
                   f"ZeRO {plan.zero_stage}, placement {'/'.join(plan.order)}")
@@ -63,20 +66,25 @@ def run(args: argparse.Namespace) -> int:
         # a fresh profile's constants were never checked against measured steps: no band is known yet
         band = "band unknown until measured steps calibrate it (gridtune validate / engine.train)"
     mfu = f"{pred.mfu:.1%}" if pred.mfu <= 1.0 else f">100% ({pred.mfu:.0%}: the GPU peak is below what runs)"
-    console.print(f"{hypothetical}step {pred.iteration_time_s:.3f} s  |  {pred.tokens_per_s:,.0f} tokens/s  |  "
-                  f"{pred.tflops_per_gpu:.3g} TFLOP/s per GPU  |  MFU {mfu}  |  constants: "
-                  f"{pred.constants_source} ({band})")
+    console.print(
+        f"{hypothetical}step {pred.iteration_time_s:.3f} s  |  {pred.tokens_per_s:,.0f} tokens/s  |  "
+        f"{pred.tflops_per_gpu:.3g} TFLOP/s per GPU  |  MFU {mfu}  |  constants: "
+        f"{pred.constants_source} ({band})"
+    )
     t = Table(title="time (s per step)")
     t.add_column("component")
     t.add_column("seconds", justify="right")
     for name, value in vars(pred.breakdown).items():
         t.add_row(name.removesuffix("_s"), f"{value:.4f}")
     console.print(t)
-    m = Table(title=f"memory per GPU: {pred.memory.per_gpu_gib:.1f} of {pred.memory.capacity_gib:g} GiB "
-                    f"({'fits' if pred.memory.fits else 'DOES NOT FIT'})", title_style="bold" if mem.fits else "bold red")
+    m = Table(
+        title=f"memory per GPU: {pred.memory.per_gpu_gib:.1f} of {pred.memory.capacity_gib:g} GiB "
+        f"({'fits' if pred.memory.fits else 'DOES NOT FIT'})",
+        title_style="bold" if mem.fits else "bold red",
+    )
     m.add_column("part")
     m.add_column("GiB", justify="right")
-    for name in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib", "overhead_gib"):
+    for name in MEMORY_PARTS:
         m.add_row(name.removesuffix("_gib"), f"{getattr(pred.memory, name):.2f}")
     console.print(m)
     g = Table(title="traffic per GPU per step")

@@ -1,0 +1,198 @@
+"""Calibration from stored measurements, in two stages.
+
+Measurements are stored per `cluster_id` (`tuner.store.Store.add_measurement`, or
+POST /v1/measurements). `calibrate_cluster(store, cluster_id)` takes the stored measurements of
+that cluster and calibrates them (`calibrate_records`): `refit_constants` refits the constants
+that the measured step parts pin down (per-kernel overhead from the measured compute time;
+collective cost per group size from the measured per-group waits), then
+`perfmodels.calibration.calibrate` fits non-negative per-component corrections of what remains.
+The result is stored as a profile named `calibrated_profile_name(cluster_id)`
+("calibrated:<cluster_id>"), with source="calibrated" and the leave-one-out uncertainty.
+`latest_calibrated_profile(store, cluster_id)` returns the newest one; `engine.train(auto=True)`
+uses it when it exists, so later predictions for that cluster use the corrections and say so
+(`Prediction.constants_source == "calibrated"`, `uncertainty_rel` from the residuals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfmodels.calibration import CalibrationResult, calibrate
+from perfmodels.io import json_safe, profile_from_dict, profile_to_dict
+from perfmodels.specs import Prediction, Profile
+from perfmodels.steptime import predict
+from tuner.closed_loop.metrics import mape
+from tuner.closed_loop.records import field_of, measured_of, record_specs
+
+CALIBRATED_PREFIX = "calibrated:"
+
+
+def uncorrected(profile: Profile | None) -> Profile | None:
+    """The profile without calibration corrections (what calibration fits against)."""
+    if profile is None:
+        return None
+    return dataclasses.replace(profile, corrections=(), source="profile", uncertainty_rel=None)
+
+
+def calibration_pairs(records: Sequence[Any], base: Profile | None = None) -> list[tuple[Prediction, float]]:
+    """(prediction with the uncorrected profile, measured seconds) for every usable record.
+
+    `base` replaces each record's own profile when given (all records then share the constants)."""
+    pairs = []
+    for rec in records:
+        model, cluster, training, plan = record_specs(rec)
+        measured = measured_of(rec).get("iteration_time_s")
+        if not measured or measured <= 0:
+            continue
+        profile = base if base is not None else uncorrected(cluster.profile)
+        pairs.append(
+            (predict(model, dataclasses.replace(cluster, profile=profile), training, plan), float(measured))
+        )
+    return pairs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refit:
+    """Constants refitted from measured step parts (stage 1 of calibration)."""
+
+    profile: Profile
+    kernel_overhead_us: float | None
+    collective_factor_by_group_size: dict[int, float]
+
+_MEASURED_AXIS_PARTS = {
+    "tp_comm_row_s": "G_intra_r",
+    "tp_comm_col_s": "G_intra_c",
+    "tp_comm_depth_s": "G_intra_d",
+    "dp_comm_s": "G_data",
+}
+
+
+def _predict_with(rec: Any, profile: Profile | None) -> Prediction:
+    model, cluster, training, plan = record_specs(rec)
+    return predict(model, dataclasses.replace(cluster, profile=profile), training, plan)
+
+
+def refit_constants(records: Sequence[Any], base: Profile | None) -> Refit:
+    """Stage 1 of calibration: refit the constants that measured step parts pin down directly.
+
+    - per-kernel overhead (`gemm_overhead_us`, charged per GEMM, attention and element-wise kernel
+      by perfmodels.compute): least squares (relative) of the predicted compute + optimizer time,
+      which is linear in it, against the measured compute time (wall minus communication waits).
+      On CPU ranks this is eager PyTorch's per-operator cost (and sharing cores), which the
+      GEMM microbenchmark does not see;
+    - collectives, per group size p: one factor = measured / predicted communication time summed
+      over the groups of size p (row, col, depth, data) of all records, applied to the alpha and
+      1/bus-bandwidth of every fitted collective of size p (sub-group collectives on oversubscribed
+      cores also wait for descheduled peers, which a collective-only microbenchmark does not see).
+    Records without measured parts leave the constants as they are.
+    """
+    prof = base or Profile()
+    usable = [r for r in records if "compute_s" in measured_of(r)]
+    overhead = None
+    if usable:
+        zero = dataclasses.replace(prof, gemm_overhead_us=0.0)
+        unit = dataclasses.replace(prof, gemm_overhead_us=1000.0)
+        a_list, k_list, y_list = [], [], []
+        for rec in usable:
+            b0, b1 = _predict_with(rec, zero).breakdown, _predict_with(rec, unit).breakdown
+            a = b0.compute_s + b0.optimizer_s
+            a_list.append(a)
+            k_list.append((b1.compute_s + b1.optimizer_s - a) / 1000.0)
+            y_list.append(max(float(measured_of(rec)["compute_s"]), 1e-9))
+        a_arr, k_arr, y_arr = np.array(a_list), np.array(k_list), np.array(y_list)
+        denom = float(np.sum((k_arr / y_arr) ** 2))
+        if denom > 0:
+            overhead = max(0.0, float(np.sum(k_arr / y_arr * (1.0 - a_arr / y_arr)) / denom))
+            prof = dataclasses.replace(prof, gemm_overhead_us=overhead)
+    num: dict[int, float] = {}
+    den: dict[int, float] = {}
+    for rec in usable:
+        plan = field_of(rec, "plan")
+        breakdown = _predict_with(rec, prof).breakdown
+        for key, degree in _MEASURED_AXIS_PARTS.items():
+            size = int(plan.get(degree, 1))
+            if size > 1 and key in measured_of(rec):
+                num[size] = num.get(size, 0.0) + float(measured_of(rec)[key])
+                den[size] = den.get(size, 0.0) + float(getattr(breakdown, key))
+    factors = {size: num[size] / den[size] for size in num if den[size] > 0 and num[size] > 0}
+    if factors and prof.collectives:
+        prof = dataclasses.replace(prof, collectives=tuple(
+            dataclasses.replace(f, alpha_us=f.alpha_us * factors.get(f.group_size, 1.0),
+                                busbw_GBps=f.busbw_GBps / factors.get(f.group_size, 1.0))
+            for f in prof.collectives))
+    return Refit(profile=prof, kernel_overhead_us=overhead, collective_factor_by_group_size=factors)
+
+LOO_MAX = 30  # leave-one-out over at most this many records (each refit costs a few predictions)
+
+
+def calibrate_records(records: Sequence[Any], base: Profile | None = None, *, profile_id: str = "",
+                      prior: float = 0.05) -> CalibrationResult:
+    """Calibrate from measured records in two stages: `refit_constants` (per-kernel overhead and
+    per-group-size collective cost from the measured parts), then `perfmodels.calibration.calibrate`
+    (non-negative per-component corrections of what remains). The result's profile has source
+    "calibrated"; its uncertainty band is the median leave-one-out error of the whole two-stage
+    procedure (each record predicted by a calibration that never saw it), so it is not flattered by
+    the refit having seen the record."""
+    if base is None:
+        for rec in records:
+            _, cluster, _, _ = record_specs(rec)
+            if cluster.profile is not None:
+                base = uncorrected(cluster.profile)
+                break
+    result = _two_stage(records, base, prior)
+    # MAPE before: with the constants the records were predicted with, not the refitted ones
+    before = calibration_pairs(records, base)
+    mape_before = mape([p.iteration_time_s for p, _ in before], [m for _, m in before])
+    uncertainty = result.uncertainty_rel
+    if len(records) >= 3:
+        errors = []
+        for i in range(min(len(records), LOO_MAX)):
+            others = [r for j, r in enumerate(records) if j != i]
+            held_out = _two_stage(others, base, prior)
+            pred, measured = calibration_pairs([records[i]], held_out.profile)[0]
+            errors.append(abs(pred.iteration_time_s - measured) / measured)
+        uncertainty = max(float(np.median(errors)), result.mape_after, 0.01)
+    profile = dataclasses.replace(result.profile, uncertainty_rel=uncertainty)
+    if profile_id:
+        profile = dataclasses.replace(profile, profile_id=profile_id)
+    return dataclasses.replace(result, profile=profile, mape_before=mape_before, uncertainty_rel=uncertainty)
+
+
+def _two_stage(records: Sequence[Any], base: Profile | None, prior: float) -> CalibrationResult:
+    refit = refit_constants(records, base)
+    return calibrate(calibration_pairs(records, refit.profile), base=refit.profile, prior=prior)
+
+
+def calibrated_profile_name(cluster_id: str) -> str:
+    return CALIBRATED_PREFIX + cluster_id
+
+
+def calibrate_cluster(store: Any, cluster_id: str, *, limit: int = 200, save: bool = True,
+                      ) -> CalibrationResult | None:
+    """Calibrate from the newest `limit` measurements of `cluster_id`; store the calibrated
+    profile (name "calibrated:<cluster_id>") unless `save` is False. None if nothing is stored."""
+    records = store.list_measurements(cluster_id=cluster_id, limit=limit)
+    if not records:
+        return None
+    name = calibrated_profile_name(cluster_id)
+    result = calibrate_records(records, profile_id=name)
+    if save:
+        doc = json_safe(profile_to_dict(result.profile))
+        doc["provenance"] = {"calibrated_from": len(records), "cluster_id": cluster_id,
+                             "mape_before": result.mape_before, "mape_after": result.mape_after}
+        store.add_profile(name=name, profile=json_safe(doc), cluster=None)
+    return result
+
+
+def latest_calibrated_profile(store: Any, cluster_id: str) -> Profile | None:
+    """The newest calibrated profile stored for `cluster_id`, else None."""
+    stored = store.get_profile(calibrated_profile_name(cluster_id))
+    if stored is None:
+        return None
+    doc = {k: v for k, v in stored.profile.items() if k in {f.name for f in dataclasses.fields(Profile)}}
+    return profile_from_dict(doc)
