@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     plan = None
     if args.plan:
-        from tuner.cli.train import parse_plan
+        from cli.train import parse_plan
 
         plan = parse_plan(args.plan)
     report = run(nproc=args.nproc, steps=args.steps, global_batch_size=args.global_batch_size, layers=args.layers,

@@ -293,8 +293,9 @@ def _grad_sync_events(ev: _Events, arrays: PlanArrays, training: Training, local
     # ZeRO-3 per unit right before its data reduce-scatter (every micro-batch; engine.zero3)
     u_rep = np.maximum(np.asarray(units, dtype=np.float64), 1.0)
     z3 = arrays.zero_stage == 3
-    ev.add("depth", "all_reduce", "step", "depth_grad", replicated_over_depth * e * np.where(z3, 1.0 / u_rep, 1.0),
-           np.where(z3, m * u_rep * np.where(arrays.G_inter > 1, 1.0 / m, 1.0), 1.0))
+    per_call = replicated_over_depth * e * np.where(z3, 1.0 / u_rep, 1.0)
+    calls = np.where(z3, m * u_rep * np.where(arrays.G_inter > 1, 1.0 / m, 1.0), 1.0)
+    ev.add("depth", "all_reduce", "step", "depth_grad", per_call, calls)
     grads = local_params * e
     # ZeRO shards one flat vector of all local parameters, zero-padded to a multiple of G_data
     G = arrays.G_data
