@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from engine.grads import _OVERLAP_ATTR, STAGE_SPLIT_ATTR, wrap
+from engine.grads import STAGE_SPLIT_ATTR, wrap
 from engine.grid import Grid, GridError, current_grid
-from engine.pipeline import SCHEDULES
+from engine.pipeline import SCHEDULES, run_schedule
 
 
 def split_blocks(n_blocks: int, n_chunks: int) -> list[tuple[int, int]]:
@@ -117,20 +117,4 @@ class BlockPipeline:
             if not isinstance(t, torch.Tensor) or t.shape[0] != self.local_batch_size:
                 raise GridError(f"{name} must have {self.local_batch_size} rows (the local batch), got "
                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        inputs, targets = inputs.to(self.grid.device), targets.to(self.grid.device)
-        losses: list[torch.Tensor] = []
-        kwargs = {"target": targets, "losses": losses} if self.is_last else {}
-        args = (inputs,) if self.is_first else ()
-        reducer = getattr(self.model, _OVERLAP_ATTR, None)
-        if reducer is not None:  # see engine.pipeline.Pipeline.step
-            reducer.expected, reducer.launch_scale = self.n_microbatches, 1.0 / self.n_microbatches
-        self.loss_scale = loss_scale
-        try:
-            self.schedule.step(*args, return_outputs=False, **kwargs)
-        finally:
-            self.loss_scale = 1.0
-            if reducer is not None:
-                reducer.expected, reducer.launch_scale = 1, 1.0
-        if self.is_last:
-            return float(torch.stack([loss.detach() for loss in losses]).mean()) / loss_scale
-        return None
+        return run_schedule(self, inputs, targets, loss_scale)

@@ -17,6 +17,8 @@ votes static here), so traffic is compared with the model from the second step o
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
@@ -85,22 +87,31 @@ class Pipeline:
     def step(self, tokens: torch.Tensor, targets: torch.Tensor, *, loss_scale: float = 1.0) -> float | None:
         """Forward and backward of all micro-batches of this local batch; mean loss on the last stage."""
         self.check_batch(tokens, targets)
-        tokens, targets = tokens.to(self.grid.device), targets.to(self.grid.device)
-        losses: list[torch.Tensor] = []
-        kwargs = {"target": targets, "losses": losses} if self.is_last else {}
-        args = (tokens,) if self.is_first else ()
-        # a parameter's data all-reduce (engine.grads, overlapped) launches after its last
-        # micro-batch's backward, while the schedule drains the rest
-        reducer = getattr(self.model, _OVERLAP_ATTR, None)
-        if reducer is not None:  # the schedule divides the gradients by n after backward (scale_grads)
-            reducer.expected, reducer.launch_scale = self.n_microbatches, 1.0 / self.n_microbatches
-        self.loss_scale = loss_scale
-        try:
-            self.schedule.step(*args, return_outputs=False, **kwargs)
-        finally:
-            self.loss_scale = 1.0
-            if reducer is not None:
-                reducer.expected, reducer.launch_scale = 1, 1.0
-        if self.is_last:
-            return float(torch.stack([loss.detach() for loss in losses]).mean()) / loss_scale
-        return None
+        return run_schedule(self, tokens, targets, loss_scale)
+
+
+def run_schedule(pipe: Any, inputs: torch.Tensor, targets: torch.Tensor, loss_scale: float) -> float | None:
+    """One step of `pipe`'s torch.distributed.pipelining schedule (Pipeline and BlockPipeline alike):
+    the first stage feeds `inputs`, the last scores `targets`; the mean loss on the last stage.
+
+    `pipe` has `grid`, `model` (wrapped), `schedule`, `n_microbatches`, `is_first`, `is_last` and a
+    `loss_scale` its loss function multiplies by (set for this step only)."""
+    inputs, targets = inputs.to(pipe.grid.device), targets.to(pipe.grid.device)
+    losses: list[torch.Tensor] = []
+    kwargs = {"target": targets, "losses": losses} if pipe.is_last else {}
+    args = (inputs,) if pipe.is_first else ()
+    # a parameter's data all-reduce (engine.grads, overlapped) launches after its last
+    # micro-batch's backward, while the schedule drains the rest
+    reducer = getattr(pipe.model, _OVERLAP_ATTR, None)
+    if reducer is not None:  # the schedule divides the gradients by n after backward (scale_grads)
+        reducer.expected, reducer.launch_scale = pipe.n_microbatches, 1.0 / pipe.n_microbatches
+    pipe.loss_scale = loss_scale
+    try:
+        pipe.schedule.step(*args, return_outputs=False, **kwargs)
+    finally:
+        pipe.loss_scale = 1.0
+        if reducer is not None:
+            reducer.expected, reducer.launch_scale = 1, 1.0
+    if pipe.is_last:
+        return float(torch.stack([loss.detach() for loss in losses]).mean()) / loss_scale
+    return None
