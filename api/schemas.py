@@ -172,6 +172,7 @@ class ModelIn(_In):
     num_query_groups: Annotated[int, Field(ge=0, le=1 << 16)] | None = None
     gated_mlp: bool | None = None
     tied_embeddings: bool | None = None
+    dropout: bool | None = None
     attention_span: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
     layers: Annotated[list[LayerIn], Field(min_length=1, max_length=MAX_LAYERS)] | None = None
 

@@ -23,6 +23,7 @@ KIND_COLUMNS = {
         "vocab_size",
         "num_query_groups",
         "gated_mlp",
+        "dropout",
     ),
     "clusters": (
         "gpu",

@@ -6,7 +6,8 @@ Parts:
   G_intra_r*G_intra_c*G_intra_d and, per ZeRO stage, over G_data; plus the transient full
   (row, col) blocks that depth sharding gathers for the layer being computed and the one prefetched;
 - activations (Korthikanti et al. 2022, bytes per layer per micro-batch at 16-bit):
-  34 s b h + 5 a s^2 b without recomputation. Of the 34, 10 sit on the residual stream (split over
+  34 s b h + 5 a s^2 b without recomputation (with dropout; a model trained without it saves
+  32 s b h + 2 a s^2 b: no masks, no dropped-out scores). Of the 34, 10 sit on the residual stream (split over
   G_intra_c here, replicated by Megatron's row-only tensor parallelism) and 24 inside attention/MLP
   (split over G_intra_r); the 5 a s^2 b of attention scores is split over G_intra_r and vanishes
   with flash attention or selective recomputation; full recomputation keeps only each layer's input
@@ -28,6 +29,15 @@ from perfmodels.specs import Cluster, Model, Training
 from perfmodels.traffic import StageShape, padded_vocab
 
 GIB = float(1 << 30)
+RESIDUAL_BYTES_NO_DROPOUT = 8.0
+"""Bytes per token per hidden unit a block saves on its residual stream without dropout
+(Korthikanti et al. 2022, Sec. 4.1: two LayerNorm inputs 4, the QKV and fc1 inputs 4)."""
+DROPOUT_MASK_BYTES = 2.0
+"""Bytes per token per hidden unit of the two 1-byte dropout masks (after attention, after the MLP)."""
+SCORE_BYTES_NO_DROPOUT = 2.0
+"""Bytes per attention score unfused attention keeps without dropout (the 16-bit softmax output)."""
+SCORE_DROPOUT_BYTES = 3.0
+"""Bytes per score attention dropout adds: its 1-byte mask and the 16-bit dropped-out scores."""
 PER_OP_SELECTIVE_KEEP = 0.5
 """Fraction of a block's activations that torchtitan's per-op selective checkpointing keeps (the
 matmul and attention outputs of every second matmul; element-wise outputs are recomputed)."""
@@ -115,7 +125,9 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     resid = np.where(sp, G_r, G_c)
     scale = training.bytes_per_element / 2.0
     f_up = (2.0 if model.gated_mlp else 1.0) * f
-    replicated = 10.0 * s * b * h
+    # of the residual stream's 10 s b h, 2 are the two 1-byte dropout masks (after attention and
+    # after the MLP), which a model trained without dropout never draws
+    replicated = (RESIDUAL_BYTES_NO_DROPOUT + DROPOUT_MASK_BYTES * model.dropout) * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
     if training.dtype == "fp8":
         # Transformer Engine saves each linear layer's input for backward in FP8 (1 byte), not bf16:
@@ -123,7 +135,10 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
         replicated = replicated - 2.0 * s * b * h
         split = split - s * b * (h + f)
     stack = training.effective_stack
-    scores = 0.0 if stack.flash_attention else 5.0 * a * s * float(model.span) * b
+    # unfused attention keeps the softmax output (2 bytes per score), and with dropout also its mask
+    # (1) and the dropped-out scores that multiply V (2)
+    per_score = SCORE_BYTES_NO_DROPOUT + SCORE_DROPOUT_BYTES * model.dropout
+    scores = 0.0 if stack.flash_attention else per_score * a * s * float(model.span) * b
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
     if stack.selective_recompute == "per-op":
         # torchtitan's op-level policy drops the element-wise outputs and every second matmul's

@@ -177,7 +177,8 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> Model:
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> Model:
     return Model(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                 num_query_groups=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, gated_mlp=True)
+                 num_query_groups=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, gated_mlp=True,
+                 dropout=False)
 
 
 _MODELS: dict[str, Model] = {

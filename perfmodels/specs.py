@@ -115,6 +115,10 @@ class Model:
     `attention_span` (defaults to `seq_length`) is how many positions each query attends over; it
     differs only when a sequence is split over ranks (context parallelism): then `seq_length` is
     one rank's chunk and `attention_span` the whole sequence.
+    `dropout`: the model trains with hidden and attention dropout (GPT-2/GPT-3 and Megatron's GPT
+    default, p = 0.1), so every block saves a 1-byte mask after attention and after the MLP (and one
+    over the scores when attention is not fused). Llama-family models, Nemotron-4 and MPT train with
+    p = 0, and PyTorch's dropout then returns its input without drawing a mask, so they save none.
     """
 
     name: str = "custom"
@@ -128,6 +132,7 @@ class Model:
     gated_mlp: bool = False
     tied_embeddings: bool = False
     attention_span: int | None = None
+    dropout: bool = True
     layers: tuple[LayerSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -141,6 +146,9 @@ class Model:
             return
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
             _positive_int("model", name, getattr(self, name))
+        for name in ("gated_mlp", "tied_embeddings", "dropout"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         _positive_int("model", "ffn_hidden_size", self.ffn_hidden_size)

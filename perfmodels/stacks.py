@@ -14,9 +14,10 @@ overlap_grad_reduce=False)`).
 Every field documents the framework behaviour it encodes. Memory per parameter in mixed
 precision (bf16/fp16/fp8 compute), before ZeRO sharding, by stack (d = G_data):
 
-- megatron-lm, megatron-core: weights 2, gradients 4 (fp32 main_grad for bf16; 2 for fp16),
-  fp32 master + Adam 12 (/d with the distributed optimizer); dist-opt (ZeRO-1): 6 + 12/d,
-  Apex DFA (ZeRO-2): 4 + 10/d;
+- megatron-lm, megatron-core: weights 2, gradients 4 (fp32 main_grad for bf16: Megatron-LM turns
+  `accumulate_allreduce_grads_in_fp32` on whenever --bf16 is given; 2 for fp16), fp32 master + Adam
+  12 (/d with the distributed optimizer); dist-opt (ZeRO-1): 6 + 12/d, Apex DFA (ZeRO-2): 4 + 10/d;
+- nemo: as megatron-core with bf16 gradient buffers (2): dist-opt 4 + 12/d; Megatron FSDP (ZeRO-3);
 - megatron-deepspeed, deepspeed: weights 2, gradients 2 (+ 4 fp32 accumulator in bf16), master + Adam
   12; ZeRO-2 keeps only its gradient shard;
 - fsdp, torchtitan: weights 4 (fp32 flat parameter), gradients 4, Adam 8; FULL_SHARD: all /d, bf16
@@ -258,6 +259,21 @@ STACK_PRESETS: dict[str, Stack] = {
             zero2_master_bytes=2.0,
             zero_stages=(0, 1, 2),
             **_MEGATRON,
+        ),
+        Stack(
+            name="nemo",
+            summary="NeMo's performance recipes on Megatron-Core: as megatron-core, with gradients "
+            "accumulated and reduced in bf16 (NeMo 1.x optim.grad_sync_dtype: bf16; NeMo 2 / "
+            "Megatron-Bridge performance overrides grad_reduce_in_fp32=False)",
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            flash_attention=True,
+            zero2_grad_bytes=2.0,
+            zero2_master_bytes=2.0,
+            # ZeRO-3: Megatron FSDP (`use_megatron_fsdp`, sharding strategy optim_grads_params),
+            # which NeMo's 2025 recipes use where it is faster
+            zero_stages=(0, 1, 2, 3),
+            **{**_MEGATRON, "grad_bytes_bf16": 2.0},
         ),
         # host_exposed_fraction stays 0: an additive host cost (0.5) improved vTrain's 3.6B group (10.3% ->
         # 7.3%) but worsened its 39.1B ranking (0.60 -> 0.53) and the single-node runs (+32% on 4 GPUs),

@@ -158,6 +158,22 @@ def _vtrain_case(cid: str, row: Mapping[str, str]) -> Case:
 _LLAMA_STYLE = ("llama", "mistral", "qwen", "gemma", "deepseek", "internlm", "baichuan", "yi-")
 
 
+_NO_DROPOUT = (*_LLAMA_STYLE, "nemotron", "mpt")
+"""Model families whose published training configurations set dropout to 0 (Llama, Mistral, Qwen...
+configs; Nemotron-4's NeMo config; MPT's LLM Foundry configs). GPT-2/GPT-3-style models keep
+Megatron's default of 0.1."""
+
+
+def _dropout(row: Mapping[str, str]) -> bool:
+    """Whether the model trains with dropout: the row's own `dropout` column (true/false) when it has
+    one, else the model family's published configuration. Like `_block_style`, a fact of the model."""
+    stated = parse_bool("dropout", row.get("dropout"))
+    if stated is not None:
+        return stated
+    name = (row.get("model_name") or "").lower()
+    return not any(k in name for k in _NO_DROPOUT)
+
+
 def _block_style(row: Mapping[str, str], heads: int) -> tuple[bool, int]:
     """(gated MLP, query groups): the row's own `gated_mlp` / `num_query_groups` columns when it has
     them, else the model family's published architecture (Llama-style blocks: SwiGLU; Llama 2 70B,
@@ -234,7 +250,7 @@ def _published_case(cid: str, row: Mapping[str, str], *,
         raise ValueError(f"seq_len={s} does not split over cp={cp}")
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
-                  gated_mlp=gated, num_query_groups=groups,
+                  gated_mlp=gated, num_query_groups=groups, dropout=_dropout(row),
                   # GPT-style blocks (Megatron's GPT, MPT) tie the LM head to the word embedding;
                   # Llama-style (gated) models and Nemotron-4 keep their own head (their configs)
                   tied_embeddings=not gated and "nemotron" not in (row.get("model_name") or "").lower())

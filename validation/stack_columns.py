@@ -22,7 +22,7 @@ from perfmodels.specs import GPU, Training
 FRAMEWORK_STACKS: dict[str, str] = {
     "megatron-lm": "megatron-lm",
     "megatron-core": "megatron-core",
-    "nemo": "megatron-core",  # NeMo trains with Megatron-Core underneath
+    "nemo": "nemo",  # Megatron-Core underneath, with NeMo's bf16 gradient buffers
     "megatron-deepspeed": "megatron-deepspeed",
     "deepspeed": "deepspeed",
     "fsdp": "fsdp",

@@ -28,7 +28,7 @@ def test_a_fully_stated_row_is_one_candidate(tmp_path: Path):
 
 
 @pytest.mark.parametrize("framework, stack", [
-    ("megatron-lm", "megatron-lm"), ("megatron-core", "megatron-core"), ("nemo", "megatron-core"),
+    ("megatron-lm", "megatron-lm"), ("megatron-core", "megatron-core"), ("nemo", "nemo"),
     ("megatron-deepspeed", "megatron-deepspeed"), ("deepspeed", "deepspeed"), ("fsdp", "fsdp"),
     ("torchtitan", "torchtitan"), ("oneflow", "oneflow"), ("axonn", "gridtune"), ("other", "gridtune"),
 ])
