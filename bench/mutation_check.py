@@ -59,6 +59,14 @@ MUTATIONS: list[tuple[str, float, float]] = [
     ("stack:deepspeed:fp32_grad_bytes_bf16", 4.0, 0.0),
     ("stack:fsdp:weight_bytes", 4.0, 2.0),
     ("stack:gridtune:optimizer_state_bytes", 8.0, 12.0),
+    ("perfmodels.memory:RESIDUAL_BYTES_NO_DROPOUT", 8.0, 10.0),
+    ("perfmodels.memory:DROPOUT_MASK_BYTES", 2.0, 0.0),
+    ("perfmodels.memory:SCORE_BYTES_NO_DROPOUT", 2.0, 5.0),
+    ("perfmodels.memory:SCORE_DROPOUT_BYTES", 3.0, 0.0),
+    ("stack:nemo:grad_bytes_bf16", 2.0, 4.0),
+    ("stack:torchtitan:elementwise_bytes_scale", 2.8, 1.0),
+    ("stack:torchtitan:loss_bytes_per_logit", 12.0, 6.0),
+    ("gpu:H100-96GB:peak_tflops_bf16", 912.0, 989.0),
 ]
 
 PLUGIN = '''

@@ -212,7 +212,8 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         act_layer = activation_bytes_per_layer(model, training, arrays)
         s, b = model.seq_length, arrays.micro_batch_size.astype(np.float64)
         layer_input = 2.0 * s * b * h / np.where(arrays.sequence_parallel, G_r, G_c) * (e / 2.0)
-        logits = st.has_head * s * b * V / G_r * (e + 4.0)
+        per_logit = stack.loss_bytes_per_logit if stack.loss_bytes_per_logit is not None else e + 4.0
+        logits = st.has_head * s * b * V / G_r * per_logit
     else:
         local = np.zeros(len(arrays))
         for layer in model.layers:

@@ -33,6 +33,12 @@ from typing import Literal
 import numpy as np
 
 GradReduceTiming = Literal["per_step", "per_microbatch"]
+
+TORCHTITAN_EAGER_ELEMENTWISE = 2.8
+"""torchtitan's eager Llama block streams ~2.8x the element-wise bytes of a fused block (see
+`Stack.elementwise_bytes_scale`: fp32 RMSNorm and complex fp32 RoPE; counted per op, not fitted)."""
+EAGER_LOSS_BYTES_PER_LOGIT = 12.0
+"""Bytes per logit when eager cross entropy over fp32-upcast logits starts its backward (2 + 4 + 4 + 2)."""
 SelectiveKind = Literal["attention-core", "per-op"]
 
 
@@ -102,6 +108,16 @@ class Stack:
     - `optimizer_step_bytes`: HBM bytes the Adam step streams per local parameter (a fused Adam: read
       master, moments, gradient, write them and the 16-bit copy: ~30; PyTorch's foreach AdamW runs
       several passes: ~94, measured on an H100).
+    - `elementwise_bytes_scale`: HBM bytes its element-wise ops stream relative to a stack that fuses
+      them (Megatron/Transformer Engine fuse norm+GEMM, bias+dropout+add and SwiGLU: 1). Eager
+      PyTorch modules run each op as its own kernel: torchtitan's Llama (without torch.compile) upcasts
+      RMSNorm to fp32 (x.float(), pow, mean, rsqrt-mul, cast back, weight: ~36 bytes per element where
+      a fused norm moves 4) and rotates q and k as fp32 complex numbers (~20 bytes per element where
+      fused RoPE moves 4): about 2.8x the fused traffic per block.
+    - `loss_bytes_per_logit`: bytes per logit alive when the loss's backward starts (None: the
+      16-bit logits and one fp32 buffer, Megatron's fused vocab-parallel cross entropy, 2 + 4).
+      Eager `F.cross_entropy(logits.float(), ...)` holds the 16-bit logits, the fp32 log-softmax
+      output, its fp32 gradient and the 16-bit gradient together: 2 + 4 + 4 + 2 = 12.
     - `vocab_parallel_embedding`: the word embedding's rows (vocabulary) are split over the
       tensor-parallel ranks (Megatron's VocabParallelEmbedding); the engine splits its hidden
       dimension over the col axis instead.
@@ -141,6 +157,8 @@ class Stack:
     comm_buffer_gib: float = 0.15
     fragmentation: float = 0.05
     optimizer_step_bytes: float = 30.0
+    elementwise_bytes_scale: float = 1.0
+    loss_bytes_per_logit: float | None = None
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     zero_stages: tuple[int, ...] = (0, 1)
     tensor_parallel: bool = True
@@ -187,7 +205,12 @@ class Stack:
             raise ValueError(
                 f"stack.optimizer_step_bytes must be in [0, 1000], got {self.optimizer_step_bytes!r}"
             )
-        for name in ("host_scale", "split_axis_memory_passes"):
+        if self.loss_bytes_per_logit is not None and (
+                isinstance(self.loss_bytes_per_logit, bool) or not isinstance(self.loss_bytes_per_logit, (int, float))
+                or not 0.0 <= self.loss_bytes_per_logit <= 64.0):
+            raise ValueError(f"stack.loss_bytes_per_logit must be null or a number in [0, 64], "
+                             f"got {self.loss_bytes_per_logit!r}")
+        for name in ("host_scale", "split_axis_memory_passes", "elementwise_bytes_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
                 raise ValueError(f"stack.{name} must be a number in [0, 10], got {value!r}")
@@ -320,6 +343,8 @@ STACK_PRESETS: dict[str, Stack] = {
             "activation checkpointing",
             flash_attention=True,
             selective_recompute="per-op",
+            elementwise_bytes_scale=TORCHTITAN_EAGER_ELEMENTWISE,
+            loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT,
             schedules=("gpipe", "1f1b", "interleaved-1f1b"),
             zero_stages=(0, 2, 3),
             **_FSDP,

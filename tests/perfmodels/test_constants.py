@@ -255,3 +255,59 @@ def test_uncertainty_bands():
         assert predict(model, profiled, training, plan).uncertainty_rel == band
     cpu_profiled = dataclasses.replace(cpu, profile=Profile(profile_id="y", source="profile"))
     assert predict(presets.model("tiny-gpt"), cpu_profiled, training, plan).uncertainty_rel == 1.0
+
+
+def test_dropout_masks_and_dropped_scores_by_hand():
+    """A block trained with dropout saves two 1-byte masks per token and hidden unit on its residual
+    stream (2 s b h) and, with unfused attention, a mask and the dropped-out scores (3 a s^2 b);
+    without dropout 8 s b h + 24-part inside, 2 a s^2 b of softmax output."""
+    with_drop = presets.model("gpt3-1.7b")
+    without = dataclasses.replace(with_drop, dropout=False)
+    training = Training(global_batch_size=1, dtype="fp16", stack="megatron-lm")
+    arrays = from_plans([Plan(micro_batch_size=1)])
+    s, h, a = with_drop.seq_length, with_drop.hidden_size, with_drop.num_attention_heads
+    d = activation_bytes_per_layer(with_drop, training, arrays)[0] - activation_bytes_per_layer(
+        without, training, arrays)[0]
+    assert d == pytest.approx(2.0 * s * h + 3.0 * a * s * s)
+    # the whole unfused block by hand (Korthikanti: 34 s b h + 5 a s^2 b with dropout)
+    assert activation_bytes_per_layer(with_drop, training, arrays)[0] == pytest.approx(34.0 * s * h + 5.0 * a * s * s)
+    assert activation_bytes_per_layer(without, training, arrays)[0] == pytest.approx(32.0 * s * h + 2.0 * a * s * s)
+    assert presets.model("llama3-8b").dropout is False and presets.model("gpt3-175b").dropout is True
+
+
+def test_nemo_stack_holds_bf16_gradients_four_plus_twelve_over_d_bytes():
+    """NeMo's recipes reduce gradients in bf16: distributed optimizer (ZeRO-1) = 2 + 2 + 12/d bytes per
+    parameter in bf16 training, where Megatron-LM (fp32 main_grad) holds 2 + 4 + 12/d."""
+    from perfmodels.memory import model_state_bytes
+
+    arrays = from_plans([Plan(G_data=4, micro_batch_size=1, zero_stage=1)])
+    local = np.array([1.0e9])
+    for stack, expected in (("nemo", 2 + 2 + 12 / 4), ("megatron-core", 2 + 4 + 12 / 4)):
+        st = model_state_bytes(Training(global_batch_size=8, stack=stack), local, arrays)
+        assert (st.params + st.grads + st.optimizer)[0] == pytest.approx(expected * 1e9), stack
+
+
+def test_torchtitan_eager_elementwise_traffic_and_loss_memory():
+    """torchtitan's eager Llama block streams 2.8x a fused block's element-wise bytes (kernel overheads
+    unchanged), and its eager cross entropy holds 12 bytes per logit (2 + 4 + 4 + 2) where Megatron's
+    fused one holds 6."""
+    model = presets.model("llama3-8b")
+    plan = Plan(micro_batch_size=1)
+    tt = Training(global_batch_size=8, stack="torchtitan")
+    fused = Training(global_batch_size=8, stack=stacks.preset("torchtitan", elementwise_bytes_scale=1.0,
+                                                              loss_bytes_per_logit=None))
+    kernels = model.num_layers * 8 * 4e-6
+    head = model.seq_length * model.vocab_size * 12.0 / (3350e9 * 0.8)
+    m_tt = _compute(model, H100, tt, plan).memory_fwd_s[0] - kernels - head
+    m_fused = _compute(model, H100, fused, plan).memory_fwd_s[0] - kernels - head
+    assert m_tt / m_fused == pytest.approx(2.8, rel=1e-9)
+    one = presets.cluster("eos", 1)
+    act_tt = predict(model, one, tt, plan).memory.activations_gib
+    act_fused = predict(model, one, fused, plan).memory.activations_gib
+    assert (act_tt - act_fused) * GIB == pytest.approx(model.seq_length * 128256 * (12.0 - 6.0), rel=1e-6)
+
+
+def test_h100_96gb_variant_is_the_power_capped_hbm2e_card():
+    """The 96 GB HBM2e H100 at 500 W: 2.4 TB/s and a bf16 peak midway between SXM (989) and NVL (835)."""
+    g = presets.gpu("H100-96GB")
+    assert (g.memory_gib, g.hbm_bandwidth_GBps, g.peak_tflops_bf16) == (96.0, 2400.0, 912.0)
