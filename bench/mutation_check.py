@@ -67,6 +67,7 @@ MUTATIONS: list[tuple[str, float, float]] = [
     ("stack:torchtitan:elementwise_bytes_scale", 2.8, 1.0),
     ("stack:torchtitan:loss_bytes_per_logit", 12.0, 6.0),
     ("gpu:H100-96GB:peak_tflops_bf16", 912.0, 989.0),
+    ("perfmodels.compute:AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER", (132 / 108) * (1.98 / 1.41), 1.0),
 ]
 
 PLUGIN = '''

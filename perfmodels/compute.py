@@ -38,6 +38,15 @@ HOST_US_PER_BLOCK = {"nvidia": 900.0, "amd": 900.0, "cpu": 0.0}
 full recomputation repeats the forward. On a CPU "device" the host does the work itself, so its op
 overheads are already in the compute time. Checked against vTrain's single-node Megatron-DeepSpeed
 runs (8x A100, 350M-1.3B models), where small shards are host-bound by 3-7x."""
+AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER = (132 / 108) * (1.98 / 1.41)
+"""How much faster an Ampere-generation kernel (mma.sync, no wgmma/TMA) runs on an H100 SXM than on an
+A100: the SM count (132 vs 108) times the boost clock (1.98 vs 1.41 GHz), about 1.72x."""
+AMPERE_FLASH_TFLOPS = (0.45 * 312.0, 0.35 * 312.0)
+"""Forward and backward TFLOP/s of fused attention on an A100 (the A100 preset's flash efficiencies of
+its 312 TFLOP/s). Kernels written for Ampere (the 2023 Triton FlashAttention kernel MPT's
+`attn_impl: triton` runs, FlashAttention-2 before its Hopper port) reach at most these rates times
+`AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER` on newer GPUs: about 241 and 187 TFLOP/s, 0.24 and 0.19 of an
+H100's bf16 peak, where Hopper-native kernels reach about 0.45 and 0.40."""
 SCORE_PASSES = 4.5
 """Element passes over the s x span score matrix of unfused attention per forward: scale+mask+softmax
 reads and writes it (2), dropout reads, writes and stores a one-byte mask (2.5 in 16-bit units)."""
@@ -137,6 +146,18 @@ def block_flops_per_token(*, hidden: int, kv_hidden: int, ffn: float, gated: boo
     return 2 * h * (h + 2 * kv_hidden) + 2 * h * h + (3 if gated else 2) * 2 * h * ffn + 4 * span * h
 
 
+def flash_rates(cluster: Cluster, training: Training, peak_flops: float) -> tuple[float, float]:
+    """FLOP/s of the fused attention kernel forward and backward: the GPU's flash efficiencies of its
+    dtype peak, or, for a stack whose kernels predate Hopper (`Stack.flash_kernel == "pre-hopper"`),
+    at most what those kernels reach there (`AMPERE_FLASH_TFLOPS` x `AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER`)."""
+    gpu = cluster.gpu
+    fwd, bwd = peak_flops * gpu.flash_fwd_efficiency, peak_flops * gpu.flash_bwd_efficiency
+    if training.effective_stack.flash_kernel == "pre-hopper":
+        cap_fwd, cap_bwd = (t * 1e12 * AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER for t in AMPERE_FLASH_TFLOPS)
+        fwd, bwd = min(fwd, cap_fwd), min(bwd, cap_bwd)
+    return fwd, bwd
+
+
 def _attention(model: Model, cluster: Cluster, training: Training, b: np.ndarray,
                heads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | float]:
     """(forward, backward) seconds of one block's attention core over `heads` local heads, and the
@@ -149,8 +170,9 @@ def _attention(model: Model, cluster: Cluster, training: Training, b: np.ndarray
         # (scores recomputed, dQ, dK, dV) at its own, lower efficiency
         attn_flops = 4.0 * b * s * span * d * heads * 0.5
         peak = cluster.gpu.peak_tflops(training.attention_compute_dtype) * 1e12
-        attn = attn_flops / (peak * cluster.gpu.flash_fwd_efficiency) + attn_curve.overhead_s
-        attn_bwd = 2.5 * attn_flops / (peak * cluster.gpu.flash_bwd_efficiency) + attn_curve.overhead_s
+        fwd_rate, bwd_rate = flash_rates(cluster, training, peak)
+        attn = attn_flops / fwd_rate + attn_curve.overhead_s
+        attn_bwd = 2.5 * attn_flops / bwd_rate + attn_curve.overhead_s
         return attn, attn_bwd, 0.0
     bh = b * heads  # batched GEMMs over (micro-batch x local heads)
     attn = bh * (gemm_time_s(s, span, d, attn_curve) - attn_curve.overhead_s) * 2 + 2 * attn_curve.overhead_s

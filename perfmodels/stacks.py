@@ -69,6 +69,11 @@ class Stack:
     Kernels and host:
     - `flash_attention`: fused attention without the s x s score matrix (FlashAttention, cuDNN
       fused attention, PyTorch SDPA).
+    - `flash_kernel`: "native" when the fused attention kernel is tuned for the GPU it runs on (the GPU
+      preset's flash efficiencies: cuDNN / Transformer Engine, PyTorch SDPA as measured), "pre-hopper"
+      when it was written for Ampere and so on Hopper reaches only what its mma.sync instructions
+      allow (`perfmodels.compute.flash_rates`): MPT's Triton FlashAttention as LLM
+      Foundry ran it in 2023.
     - `selective_recompute`: what `recompute="selective"` means: "attention-core" (Megatron:
       recompute the softmax/dropout over the scores; nothing to do once attention is fused) or
       "per-op" (torchtitan's op-level policy: keep matmul and attention outputs, recompute the
@@ -137,6 +142,7 @@ class Stack:
     zero2_grad_reduce: GradReduceTiming = "per_step"
     zero3_gather: Literal["layer", "tensor"] = "layer"
     flash_attention: bool = True
+    flash_kernel: Literal["native", "pre-hopper"] = "native"
     selective_recompute: SelectiveKind = "attention-core"
     host_us_per_block: float | None = None
     host_exposed_fraction: float = 0.0
@@ -182,6 +188,8 @@ class Stack:
         if self.zero2_grad_reduce not in ("per_step", "per_microbatch"):
             raise ValueError(f"stack.zero2_grad_reduce must be 'per_step' or 'per_microbatch', "
                              f"got {self.zero2_grad_reduce!r}")
+        if self.flash_kernel not in ("native", "pre-hopper"):
+            raise ValueError(f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
         if self.zero3_gather not in ("layer", "tensor"):
             raise ValueError(f"stack.zero3_gather must be 'layer' or 'tensor', got {self.zero3_gather!r}")
         if self.selective_recompute not in ("attention-core", "per-op"):
@@ -329,8 +337,10 @@ STACK_PRESETS: dict[str, Stack] = {
         Stack(
             name="fsdp",
             summary="PyTorch FSDP1 as LLM Foundry / Composer run it: fp32 flat parameters "
-            "sharded, bf16 compute, prefetching, gradients reduce-scattered per micro-batch",
+            "sharded, bf16 compute, prefetching, gradients reduce-scattered per micro-batch, MPT's "
+            "Triton flash attention (an Ampere kernel)",
             flash_attention=True,
+            flash_kernel="pre-hopper",
             zero_stages=(0, 2, 3),
             tensor_parallel=False,
             pipeline_parallel=False,

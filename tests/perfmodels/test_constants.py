@@ -311,3 +311,20 @@ def test_h100_96gb_variant_is_the_power_capped_hbm2e_card():
     """The 96 GB HBM2e H100 at 500 W: 2.4 TB/s and a bf16 peak midway between SXM (989) and NVL (835)."""
     g = presets.gpu("H100-96GB")
     assert (g.memory_gib, g.hbm_bandwidth_GBps, g.peak_tflops_bf16) == (96.0, 2400.0, 912.0)
+
+
+def test_pre_hopper_flash_kernels_reach_ampere_rates_times_the_sm_clock_speedup():
+    """A fused attention kernel written for Ampere runs on an H100 at the A100's flash rates (0.45 and
+    0.35 of 312 TFLOP/s) times 132/108 SMs x 1.98/1.41 GHz: 241 and 187 TFLOP/s, below the native
+    0.45 / 0.40 of 989. On an A100 the ceiling is above its own rates, so nothing changes."""
+    from perfmodels.compute import flash_rates
+
+    old = Training(global_batch_size=8, stack="fsdp")
+    native = Training(global_batch_size=8, stack=stacks.preset("fsdp", flash_kernel="native"))
+    speedup = (132 / 108) * (1.98 / 1.41)
+    fwd, bwd = flash_rates(H100, old, 989e12)
+    assert (fwd, bwd) == pytest.approx((0.45 * 312e12 * speedup, 0.35 * 312e12 * speedup))
+    assert flash_rates(H100, native, 989e12) == pytest.approx((0.45 * 989e12, 0.40 * 989e12))
+    assert flash_rates(A100, old, 312e12) == pytest.approx((0.45 * 312e12, 0.35 * 312e12))
+    assert stacks.preset("fsdp").flash_kernel == "pre-hopper"
+    assert stacks.preset("torchtitan").flash_kernel == "native"
