@@ -367,10 +367,12 @@ def replica_copies(p: torch.Tensor, grid: Grid) -> int:
     return copies
 
 
-def reduce_norm_over_model(total: torch.Tensor, model: nn.Module, grid: Grid) -> None:
+def reduce_norm_over_model(total: torch.Tensor, model: nn.Module | None, grid: Grid) -> None:
     """All-reduce a per-rank sum of |g|^p over the tensor axes, and over pipeline stages only when
-    the model is split into stages (otherwise every stage holds the same parameters)."""
-    axes = ("depth", "row", "col", "inter") if is_stage_split(model) else ("depth", "row", "col")
+    the model is split into stages (otherwise every stage holds the same parameters; no model:
+    not split)."""
+    split = model is not None and is_stage_split(model)
+    axes = ("depth", "row", "col", "inter") if split else ("depth", "row", "col")
     for axis in axes:
         group = grid.comm_group(axis)
         if group is not None:
@@ -403,10 +405,49 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
     if zero is not None:
         return zero.grad_norm(norm_type=norm_type, model=model)
     params = [p for p in model.parameters() if p.grad is not None]
-    total = sum_of_powers([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
-                          norm_type, grid.device)
+    return global_norm([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
+                       norm_type, grid, model)
+
+
+def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.Tensor], numels: list[int],
+                      grid: Grid) -> tuple[list[torch.Tensor], list[float]]:
+    """`grad` holds elements [lo, hi) of the flat concatenation of `params` (a ZeRO shard): cut it
+    at parameter boundaries, each piece weighted 1 / (tensor-parallel ranks holding the same values),
+    ready for `global_norm`. `numels` are the parameters' full sizes (engine.Zero3 empties a
+    parameter's data while its unit is not gathered)."""
+    pieces, weights = [], []
+    offset = 0
+    for p, n in zip(params, numels):
+        a, b = max(lo, offset), min(hi, offset + n)
+        if a < b:
+            pieces.append(grad[a - lo:b - lo])
+            weights.append(1.0 / replica_copies(p, grid))
+        offset += n
+    return pieces, weights
+
+
+def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: float, grid: Grid,
+                model: nn.Module | None, *, data_sharded: bool = False) -> torch.Tensor:
+    """The p-norm of the whole model's gradient, on every rank, from this rank's part of it.
+
+    `grads[i]` weighs `weights[i]` (1/k for a tensor k tensor-parallel ranks hold alike, so the sum
+    over the tensor axes counts it once). `data_sharded`: each data rank holds a different shard of
+    the data-reduced gradient (ZeRO 1-3), so the sum runs over data too; otherwise the data replicas
+    hold the same gradient and summing over them would count it G_data times. Pipeline stages are
+    summed only for a `model` split into stages (`reduce_norm_over_model`). The one norm that
+    `grad_norm`, `ZeroOptimizer.grad_norm` and `Zero3.grad_norm` all take.
+    """
+    total = sum_of_powers(grads, weights, norm_type, grid.device)
+    data = grid.comm_group("data") if data_sharded else None
+    if data is not None:
+        dist.all_reduce(total, group=data)
     reduce_norm_over_model(total, model, grid)
     return total.pow(1.0 / norm_type)
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6), never above one."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = None,
@@ -418,7 +459,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
     if zero is not None:
         return zero.clip_grad_norm_(max_norm, norm_type=norm_type, model=model)
     norm = grad_norm(model, grid=grid, norm_type=norm_type)
-    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    coef = clip_coefficient(norm, max_norm)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if grads:
         torch._foreach_mul_(grads, coef.to(dtype=grads[0].dtype))

@@ -41,11 +41,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
-from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies, sum_of_powers
+from engine.grads import ZERO_ATTR, clip_coefficient, flat_slice_pieces, global_norm
 from engine.grid import Grid, current_grid
 
 
@@ -138,19 +137,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """This rank's reduced gradient cut at parameter boundaries, each with 1 / (tensor-parallel
         ranks holding the same values)."""
         pieces, weights = [], []
-        bounds = []
-        offset = 0
-        for p in self.params:
-            bounds.append((offset, offset + p.numel(), 1.0 / replica_copies(p, self.grid)))
-            offset += p.numel()
+        numels = [p.numel() for p in self.params]
         for shard, (_, a, b) in zip(self.shards, self.pieces):
-            if b <= a:
-                continue
-            for p0, p1, w in bounds:
-                lo, hi = max(a, p0), min(b, p1)
-                if lo < hi:
-                    pieces.append(shard.grad[lo - a:hi - a])
-                    weights.append(w)
+            if b > a:
+                more, w = flat_slice_pieces(shard.grad, a, b, self.params, numels, self.grid)
+                pieces += more
+                weights += w
         return pieces, weights
 
     @torch.no_grad()
@@ -158,23 +150,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
         self.reduce_gradients()
         pieces, weights = self._weighted_pieces()
-        total = sum_of_powers(pieces, weights, norm_type, self.grid.device)
-        if self.group is not None:
-            dist.all_reduce(total, group=self.group)
-        if model is not None:
-            reduce_norm_over_model(total, model, self.grid)
-        else:
-            for axis in ("depth", "row", "col"):
-                group = self.grid.comm_group(axis)
-                if group is not None:
-                    dist.all_reduce(total, group=group)
-        return total.pow(1.0 / norm_type)
+        return global_norm(pieces, weights, norm_type, self.grid, model, data_sharded=True)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
                         model: nn.Module | None = None) -> torch.Tensor:
         norm = self.grad_norm(norm_type=norm_type, model=model)
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        coef = clip_coefficient(norm, max_norm)
         for shard in self.shards:
             if shard.grad is not None:
                 shard.grad.mul_(coef.to(device=shard.grad.device, dtype=shard.grad.dtype))

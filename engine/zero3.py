@@ -43,10 +43,10 @@ from torch import nn
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
 from engine.grads import (
     ZERO_ATTR,
-    reduce_norm_over_model,
-    replica_copies,
+    clip_coefficient,
+    flat_slice_pieces,
+    global_norm,
     replicated_over_depth,
-    sum_of_powers,
 )
 from engine.grid import Grid, current_grid
 
@@ -294,13 +294,10 @@ class Zero3(torch.optim.Optimizer):
         pieces, weights = [], []
         for unit in self.units:
             start = group_rank(self.group) * unit.segment
-            offset = 0
-            for p, n in zip(unit.params, unit.numels):
-                lo, hi = max(offset, start), min(offset + n, start + unit.segment)
-                if lo < hi:
-                    pieces.append(unit.shard.grad[lo - start:hi - start])
-                    weights.append(1.0 / replica_copies(p, self.grid))
-                offset += n
+            more, w = flat_slice_pieces(unit.shard.grad, start, start + unit.segment, unit.params, unit.numels,
+                                        self.grid)
+            pieces += more
+            weights += w
         return pieces, weights
 
     @torch.no_grad()
@@ -308,17 +305,14 @@ class Zero3(torch.optim.Optimizer):
         """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
         self.reduce_gradients()
         pieces, weights = self._weighted_pieces()
-        total = sum_of_powers(pieces, weights, norm_type, self.grid.device)
-        if self.group is not None:
-            dist.all_reduce(total, group=self.group)
-        reduce_norm_over_model(total, model if model is not None else self.model, self.grid)
-        return total.pow(1.0 / norm_type)
+        return global_norm(pieces, weights, norm_type, self.grid, model if model is not None else self.model,
+                           data_sharded=True)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
                         model: nn.Module | None = None) -> torch.Tensor:
         norm = self.grad_norm(norm_type=norm_type, model=model)
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        coef = clip_coefficient(norm, max_norm)
         for unit in self.units:
             unit.shard.grad.mul_(coef.to(device=unit.shard.grad.device, dtype=unit.shard.grad.dtype))
         return norm.float()
