@@ -49,7 +49,8 @@ from torch.utils.data import Dataset
 from engine.extract import ModelLike, gpt_config_of, model_spec
 from engine.models.gpt import GPT, GPTConfig
 from engine.timing import CommTimer, StepClock, StepSample
-from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training
+from perfmodels import rules
+from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, plan_problems
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -281,38 +282,47 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
 
 
 def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: bool = True) -> list[str]:
-    """Why engine.train cannot run `plan` (empty when it can): what the engine, not the model, lacks.
+    """Why engine.train cannot run `plan` (empty when it can).
 
+    First every rule of perfmodels.rules that does not involve the cluster, in perfmodels' words
+    (`perfmodels.specs.plan_problems`: batch split, heads, hidden sizes, layers per chunk, interleaving),
+    then what the engine, not the model, lacks (`engine_limits`).
     `splittable=False`: a net passed already built (not as a factory); the automatic search keeps it
     data parallel, an explicit plan with tensor axes splits it with engine.parallelize."""
+    return plan_problems(spec, training, plan) + engine_limits(spec, plan, training)
+
+
+def engine_limits(spec: Model, plan: Plan, training: Training) -> list[str]:
+    """What the engine cannot run yet (not a rule of the model): each message names the field and value."""
     problems = []
     if plan.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 to 3")
     if plan.zero_stage == 3 and plan.G_inter > 1:
-        problems.append("zero_stage=3 runs with G_inter=1 (engine.Zero3)")
+        problems.append(f"zero_stage=3 runs with G_inter=1 (engine.Zero3), got G_inter={plan.G_inter}")
     if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
         problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in GPT "
                         "(recompute='full') or nothing")
     if plan.sequence_parallel:
-        problems.append("sequence parallelism is not in the engine")
-    shards = plan.G_data * plan.G_intra_d
-    if training.global_batch_size % (shards * plan.micro_batch_size):
-        problems.append(f"global_batch_size={training.global_batch_size} is not divisible by "
-                        f"G_data*G_intra_d*micro_batch_size={shards * plan.micro_batch_size}")
-    if spec.is_transformer:
-        from engine.parallel_gpt import gpt_split_problems
+        problems.append("sequence_parallel=True: sequence parallelism is not in the engine")
+    if not spec.is_transformer:
+        if plan.G_inter > 1:
+            problems.append(f"G_inter={plan.G_inter}: nets other than the built-in GPT have no pipeline stages "
+                            "(G_inter must be 1)")
+        return problems
+    from engine.parallel_gpt import gpt_depth_problems
 
-        cfg = GPTConfig(num_layers=spec.num_layers, hidden_size=spec.hidden_size,
-                        num_attention_heads=spec.num_attention_heads, ffn_hidden_size=spec.ffn_hidden_size,
-                        seq_length=spec.seq_length, vocab_size=spec.vocab_size)
-        degrees = {"data": plan.G_data, "inter": plan.G_inter, "depth": plan.G_intra_d, "row": plan.G_intra_r,
-                   "col": plan.G_intra_c}
-        problems += gpt_split_problems(cfg, degrees, plan.virtual_stages)
-        local = training.global_batch_size // shards
-        if plan.G_inter > 1 and plan.schedule != "gpipe" and local // plan.micro_batch_size < plan.G_inter:
-            problems.append(f"{plan.schedule} needs at least G_inter={plan.G_inter} micro-batches per step")
-    elif plan.G_inter > 1:
-        problems.append("nets other than the built-in GPT have no pipeline stages (G_inter must be 1)")
+    cfg = GPTConfig(num_layers=spec.num_layers, hidden_size=spec.hidden_size,
+                    num_attention_heads=spec.num_attention_heads, ffn_hidden_size=spec.ffn_hidden_size,
+                    seq_length=spec.seq_length, vocab_size=spec.vocab_size)
+    degrees = {"data": plan.G_data, "inter": plan.G_inter, "depth": plan.G_intra_d, "row": plan.G_intra_r,
+               "col": plan.G_intra_c}
+    problems += gpt_depth_problems(cfg, degrees)
+    # torch.distributed.pipelining's 1F1B schedules refuse fewer micro-batches than stages
+    microbatches = rules.num_microbatches(training.global_batch_size, plan.G_data, plan.G_intra_d,
+                                          plan.micro_batch_size)
+    if plan.G_inter > 1 and plan.schedule != "gpipe" and not rules.enough_microbatches(microbatches, plan.G_inter):
+        problems.append(f"schedule={plan.schedule!r} needs at least G_inter={plan.G_inter} micro-batches per step, "
+                        f"got {microbatches}")
     return problems
 
 
