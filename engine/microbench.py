@@ -356,15 +356,7 @@ def run_profile(rank: int, world_size: int, config: SweepConfig) -> dict[str, An
     import torch.distributed as dist
 
     backend = dist.get_backend()
-    if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-        if config.pin_cpus and hasattr(os, "sched_setaffinity"):
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cpus[rank % len(cpus)]})  # ranks stop migrating between cores
+    device = _profile_device(rank, backend, config)
     torch_version, nccl_version = _versions(backend)
     load_before = _load_average()
     host = socket.gethostname()
@@ -378,56 +370,17 @@ def run_profile(rank: int, world_size: int, config: SweepConfig) -> dict[str, An
     else:
         node_of_rank = [unique_hosts.index(h) for h in hosts]
     specs = plan_groups(world_size, node_of_rank, config.group_sizes)
-    dtype = torch.float32 if backend != "nccl" else torch.bfloat16
-    elem = torch.tensor([], dtype=dtype).element_size()
     sizes = message_sizes(config.min_bytes, config.max_bytes, config.size_factor)
     jobs = [(spec, op) for spec in specs for op in config.ops if op != "send_recv" or spec.size == 2]
     total = len(jobs) * len(sizes) + len(config.gemm_shapes) + len(config.copy_bytes)
     bar = _Progress(config.progress and rank == 0, total)
     base = {"host": host, "torch_version": torch_version, "backend": backend, "nccl_version": nccl_version}
-    rows: list[dict[str, Any]] = []
     try:
-        groups_of = {}
-        for spec in specs:  # every rank creates every subgroup, in the same order
-            mine, _ = dist.new_subgroups_by_enumeration([list(g) for g in spec.groups])
-            members = next(g for g in spec.groups if rank in g)
-            groups_of[(spec.size, spec.stride)] = (mine, members)
-        for spec, op in jobs:
-            group, members = groups_of[(spec.size, spec.stride)]
-            numels = [max(nbytes // (elem * spec.size), 1) * spec.size for nbytes in sizes]
-            fns = [_collective_fn(op, numel, group, members, rank, device, dtype) for numel in numels]
-            for numel, times in zip(numels, _time_sweep(fns, config, device)):
-                for trial, secs in enumerate(times):
-                    rows.append({"op": op, "bytes": numel * elem, "group_size": spec.size, "level": spec.level,
-                                 "members_per_node": spec.members_per_node, "trial": trial, "seconds": secs,
-                                 **base, "m": "", "n": "", "k": "", "dtype": str(dtype).replace("torch.", "")})
-            bar.step(f"{op} p={spec.size} {spec.level}", len(sizes))
-        gdtype = _torch_dtype(config.gemm_dtype) if backend == "nccl" else torch.float32
-        mats = []
-        for m, n, k in config.gemm_shapes:
-            a = torch.randn(m, k, dtype=gdtype, device=device)
-            b = torch.randn(k, n, dtype=gdtype, device=device)
-            mats.append((a, b, torch.empty(m, n, dtype=gdtype, device=device)))
-        if mats:
-            fns = [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c) for a, b, c in mats]
-            for (m, n, k), (a, _, _), times in zip(config.gemm_shapes, mats, _time_sweep(fns, config, device)):
-                nb = (m * k + k * n + m * n) * a.element_size()
-                for trial, secs in enumerate(times):
-                    rows.append({"op": GEMM_OP, "bytes": nb, "group_size": 1, "level": "device",
-                                 "members_per_node": 1, "trial": trial, "seconds": secs, **base,
-                                 "m": m, "n": n, "k": k, "dtype": str(gdtype).replace("torch.", "")})
-            del mats
-            bar.step("gemm", len(config.gemm_shapes))
-        for nbytes in config.copy_bytes:  # one at a time: the buffers are the largest allocations here
-            src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-            dst = torch.empty_like(src)
-            times = _time_sweep([lambda s=src, d=dst: d.copy_(s)], config, device)[0]
-            for trial, secs in enumerate(times):
-                rows.append({"op": COPY_OP, "bytes": 2 * nbytes, "group_size": 1, "level": "device",
-                             "members_per_node": 1, "trial": trial, "seconds": secs, **base,
-                             "m": "", "n": "", "k": "", "dtype": "float32"})
-            del src, dst
-            bar.step(f"copy {nbytes} B")
+        dtype = torch.float32 if backend != "nccl" else torch.bfloat16
+        rows = _collective_rows(rank, specs, jobs, sizes, config, device, dtype, base, bar)
+        gemm_dtype = _torch_dtype(config.gemm_dtype) if backend == "nccl" else torch.float32
+        rows += _gemm_rows(config, device, gemm_dtype, base, bar)
+        rows += _copy_rows(config, device, base, bar)
     finally:
         bar.close()
     if rank != 0:
@@ -441,6 +394,93 @@ def run_profile(rank: int, world_size: int, config: SweepConfig) -> dict[str, An
         "load_average_1m": [load_before, _load_average()],  # a busy machine explains noisy fits
     }
     return {"rows": rows, "provenance": provenance}
+
+
+def _profile_device(rank: int, backend: str, config: SweepConfig) -> Any:
+    """This rank's device: its GPU on NCCL; on gloo the CPU, pinned to one core when asked."""
+    import torch
+
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    if config.pin_cpus and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})  # ranks stop migrating between cores
+    return torch.device("cpu")
+
+
+def _row(op: str, nbytes: int, trial: int, seconds: float, base: dict[str, Any], *, group_size: int = 1,
+         level: str = "device", members_per_node: int = 1, m: Any = "", n: Any = "", k: Any = "",
+         dtype: Any = "float32") -> dict[str, Any]:
+    """One measurement row of the profile (the columns `gridtune profile` writes)."""
+    return {"op": op, "bytes": nbytes, "group_size": group_size, "level": level,
+            "members_per_node": members_per_node, "trial": trial, "seconds": seconds, **base,
+            "m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", "")}
+
+
+def _collective_rows(rank: int, specs: list[GroupSpec], jobs: list[tuple[GroupSpec, str]], sizes: list[int],
+                     config: SweepConfig, device: Any, dtype: Any, base: dict[str, Any],
+                     bar: _Progress) -> list[dict[str, Any]]:
+    """Every collective of `jobs` over every message size, in its group of the plan."""
+    import torch
+    import torch.distributed as dist
+
+    elem = torch.tensor([], dtype=dtype).element_size()
+    rows: list[dict[str, Any]] = []
+    groups_of = {}
+    for spec in specs:  # every rank creates every subgroup, in the same order
+        mine, _ = dist.new_subgroups_by_enumeration([list(g) for g in spec.groups])
+        members = next(g for g in spec.groups if rank in g)
+        groups_of[(spec.size, spec.stride)] = (mine, members)
+    for spec, op in jobs:
+        group, members = groups_of[(spec.size, spec.stride)]
+        numels = [max(nbytes // (elem * spec.size), 1) * spec.size for nbytes in sizes]
+        fns = [_collective_fn(op, numel, group, members, rank, device, dtype) for numel in numels]
+        for numel, times in zip(numels, _time_sweep(fns, config, device)):
+            rows += [_row(op, numel * elem, trial, secs, base, group_size=spec.size, level=spec.level,
+                          members_per_node=spec.members_per_node, dtype=dtype)
+                     for trial, secs in enumerate(times)]
+        bar.step(f"{op} p={spec.size} {spec.level}", len(sizes))
+    return rows
+
+
+def _gemm_rows(config: SweepConfig, device: Any, dtype: Any, base: dict[str, Any],
+               bar: _Progress) -> list[dict[str, Any]]:
+    """One matmul per shape of `config.gemm_shapes` (bytes: both inputs and the output)."""
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    mats = []
+    for m, n, k in config.gemm_shapes:
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        b = torch.randn(k, n, dtype=dtype, device=device)
+        mats.append((a, b, torch.empty(m, n, dtype=dtype, device=device)))
+    if not mats:
+        return rows
+    fns = [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c) for a, b, c in mats]
+    for (m, n, k), (a, _, _), times in zip(config.gemm_shapes, mats, _time_sweep(fns, config, device)):
+        nb = (m * k + k * n + m * n) * a.element_size()
+        rows += [_row(GEMM_OP, nb, trial, secs, base, m=m, n=n, k=k, dtype=dtype)
+                 for trial, secs in enumerate(times)]
+    del mats
+    bar.step("gemm", len(config.gemm_shapes))
+    return rows
+
+
+def _copy_rows(config: SweepConfig, device: Any, base: dict[str, Any], bar: _Progress) -> list[dict[str, Any]]:
+    """Device-memory copies of `config.copy_bytes` (bytes: read plus write)."""
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    for nbytes in config.copy_bytes:  # one at a time: the buffers are the largest allocations here
+        src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        times = _time_sweep([lambda s=src, d=dst: d.copy_(s)], config, device)[0]
+        rows += [_row(COPY_OP, 2 * nbytes, trial, secs, base) for trial, secs in enumerate(times)]
+        del src, dst
+        bar.step(f"copy {nbytes} B")
+    return rows
 
 
 # --------------------------------------------------------------------------------------------
