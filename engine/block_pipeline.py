@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from engine.grads import STAGE_SPLIT_ATTR, wrap
-from engine.grid import Grid, GridError, current_grid
+from engine.grid import Grid, GridError, grid_of
 from engine.pipeline import SCHEDULES, run_schedule
 
 
@@ -59,8 +59,8 @@ class BlockPipeline:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], schedule: str = "1f1b",
                  micro_batch_size: int, local_batch_size: int, example_input: torch.Tensor,
                  virtual_stages: int = 1) -> None:
-        grid = current_grid(grid)
         blocks = list(blocks)
+        grid = grid_of(blocks, grid)
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         for name, value in (("micro_batch_size", micro_batch_size), ("local_batch_size", local_batch_size),

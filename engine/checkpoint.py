@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.grid import Grid, current_grid
+from engine.grid import Grid, grid_of
 from engine.shard import ShardSpec, spec_of
 from engine.zero import ZeroOptimizer
 from perfmodels.layout import rank_coords
@@ -80,7 +80,7 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
     """Unsharded parameters and buffers (CPU tensors) on every rank.
 
     A collective over col, row, depth and pipeline stages (each data replica assembles its own)."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     state, specs = _named_tensors(model)
     mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
                     for name, t in state.items() if _owner(specs[name], grid)}
@@ -99,7 +99,7 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
 
 def save_consolidated(file: str, model: nn.Module, *, grid: Grid | None = None) -> None:
     """One single-process state_dict file (rank 0 writes it); a collective like full_state_dict."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     full = full_state_dict(model, grid=grid)
     if grid.rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
@@ -153,7 +153,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     """Every rank writes its own file (data replica 0 with the model and optimizer pieces), rank 0
     the index; every rank returns after a barrier. `consolidated=True` also writes
     `dir/consolidated.pt` (the single-process state_dict)."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     # every rank takes part (ZeRO-1 gathers its state over data); data replica 0 writes the pieces
     states = _optimizer_state_by_name(model, optimizer) if optimizer is not None else {}
     os.makedirs(path, exist_ok=True)
@@ -267,7 +267,7 @@ def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch
 def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, scheduler: Any = None,
                     grid: Grid | None = None, restore_rng: bool = True) -> int:
     """Load pieces saved under any grid into this rank's shards; returns the saved step."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     index_path = os.path.join(path, INDEX)
     if not os.path.exists(index_path):
         raise FileNotFoundError(f"no checkpoint index {index_path} (written by engine.save_checkpoint)")

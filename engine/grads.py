@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from engine.grid import Grid, current_grid
+from engine.grid import GRID_ATTR, Grid, grid_of
 from engine.shard import spec_of
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -321,7 +321,7 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
     """
     if getattr(model, _NO_SYNC_ATTR, False):
         return
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     reducer = getattr(model, _OVERLAP_ATTR, None)
     params = _params_with_grads(model)
     guarded = [p for p in params if getattr(p, _GUARDED_ATTR, False)]
@@ -400,7 +400,7 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
     model split into stages). Under an engine.ZeroOptimizer the data-parallel reduce-scatter runs
     first and the norm is taken over the reduced shards (summed over data).
     """
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.grad_norm(norm_type=norm_type, model=model)
@@ -454,7 +454,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
                     norm_type: float = 2.0) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over the whole grid: same total norm and scaling as one process
     (under ZeRO-1 too: the norm of the data-reduced gradient, and its shards are scaled)."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.clip_grad_norm_(max_norm, norm_type=norm_type, model=model)
@@ -529,7 +529,8 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
     split into pipeline stages on a grid with G_inter > 1 gets a warning: every stage would hold
     and compute all of it.
     """
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
+    setattr(model, GRID_ATTR, grid)  # what sync_gradients, step and checkpoints use when not given grid=
     _check_tied_embeddings(model, grid)
     if grid.size("inter") > 1 and not is_stage_split(model):
         warnings.warn(f"{type(model).__name__} is not split into pipeline stages but the grid has "
@@ -550,7 +551,7 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, *, max_grad_norm: f
     (returning the norm before clipping), then `optimizer.step()`."""
     if max_grad_norm is not None and not max_grad_norm > 0:
         raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     sync_gradients(model, grid=grid)
     norm = clip_grad_norm_(model, max_grad_norm, grid=grid) if max_grad_norm is not None else None
     optimizer.step()

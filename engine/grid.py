@@ -25,8 +25,19 @@ model agree on which ranks talk to which. The mesh dims are always named MESH_OR
 first); a non-default placement permutes which world ranks sit at which mesh coordinates.
 
 Validation happens before any collective: a grid whose product differs from the world size fails
-on every rank with a message naming every factor. There are no process-group globals; `init`
-remembers the grid it returns as the default for functions that are called without `grid=`.
+on every rank with a message naming every factor.
+
+The one piece of module state, on purpose: `init` remembers the grid it returns (`_CURRENT`), as
+AxoNN's `ax.init` does, because that is the documented public model: `engine.init(...)`, then
+layers and loaders find the grid (`engine.Linear(k, n)`, `with engine.auto_parallelize(): ...`,
+`engine.create_dataloader(...)` without `grid=`). Only the public entry points that build
+something from nothing read it (`current_grid`): Linear/ShardedLinear, auto_parallelize,
+parallelize, ParallelGPT, create_dataloader. Functions given a model or blocks (wrap,
+sync_gradients, step, grad_norm, clip_grad_norm_, the checkpoint functions, ZeroOptimizer, Zero3,
+BlockPipeline) take the grid the model was wrapped or built on (`grid_of`: `engine.wrap` records
+it, every engine layer holds one) and fall back to `init`'s only for a model without engine parts.
+Code inside the engine passes the grid it holds (`grid=`) and never reads the global itself.
+There are no process-group globals: every group lives on a Grid.
 """
 
 from __future__ import annotations
@@ -38,12 +49,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from perfmodels.layout import MESH_ORDER, rank_coords, rank_of
 from perfmodels.specs import AXES, AXIS_FIELDS
 
-_CURRENT: list[Grid] = []
+_CURRENT: list[Grid] = []  # the grid the last engine.init returned (see the module docstring)
+GRID_ATTR = "_gridtune_grid"  # engine.wrap records the model's grid here (read by grid_of)
 
 
 class GridError(ValueError):
@@ -254,10 +267,28 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
 
 
 def current_grid(grid: Grid | None = None) -> Grid:
-    """`grid` if given, else the one the last `engine.init` returned."""
+    """`grid` if given, else the one the last `engine.init` returned: for the public entry points
+    that build something from nothing (engine.Linear, auto_parallelize, create_dataloader, ...)."""
     if grid is not None:
         return grid
     if not _CURRENT:
         raise RuntimeError("no grid: call engine.init(...) first or pass grid=")
     return _CURRENT[0]
 
+
+
+def grid_of(model: nn.Module | Any, grid: Grid | None = None) -> Grid:
+    """`grid` if given, else the grid `model` was wrapped on (engine.wrap) or built on (the first
+    engine layer in it), else the last `engine.init`'s. `model`: a module, or a list of modules
+    (BlockPipeline's blocks); anything else (an iterable of parameters) has no grid of its own."""
+    if grid is not None:
+        return grid
+    roots = [model] if isinstance(model, nn.Module) else list(model) if isinstance(model, (list, tuple)) else []
+    for root in roots:
+        if not isinstance(root, nn.Module):
+            continue
+        for m in root.modules():
+            found = getattr(m, GRID_ATTR, None) or getattr(m, "grid", None)
+            if isinstance(found, Grid):
+                return found
+    return current_grid()

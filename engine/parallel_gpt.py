@@ -210,7 +210,7 @@ class ParallelGPT(nn.Module):
                     recompute: bool = False) -> ParallelGPT:
         """Shard an existing GPT. `recompute=True`: full activation recomputation (each block
         checkpointed; its forward, collectives included, runs again in backward)."""
-        return cls(serial, current_grid(grid), virtual_stages=virtual_stages, recompute=recompute)
+        return cls(serial, grid, virtual_stages=virtual_stages, recompute=recompute)
 
     def run_block(self, i: int, x: torch.Tensor) -> torch.Tensor:
         block = self.blocks[str(i)]

@@ -45,7 +45,7 @@ from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
 from engine.grads import ZERO_ATTR, clip_coefficient, flat_slice_pieces, global_norm
-from engine.grid import Grid, current_grid
+from engine.grid import Grid, grid_of
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -57,7 +57,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
         self.stage, self.offload = stage, offload
-        self.grid = current_grid(grid)
+        self.grid = grid_of(params, grid)
         self.state_device = torch.device("cpu") if offload else self.grid.device
         self.group = self.grid.comm_group("data")
         if isinstance(params, nn.Module):

@@ -48,7 +48,7 @@ from engine.grads import (
     global_norm,
     replicated_over_depth,
 )
-from engine.grid import Grid, current_grid
+from engine.grid import Grid, grid_of
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -164,7 +164,7 @@ class Zero3(torch.optim.Optimizer):
             raise ValueError(f"model must be an nn.Module (ZeRO-3 hooks its modules), got {type(model).__name__}")
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
-        self.grid = current_grid(grid)
+        self.grid = grid_of(model, grid)
         if self.grid.size("inter") != 1:
             raise ValueError(f"ZeRO-3 runs with G_inter=1 (got G_inter={self.grid.size('inter')}); use "
                              "zero_stage 1 or 2 on this grid")
