@@ -94,7 +94,8 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
         gathered = [item for part in box for item in part]
     full = _place_all(gathered)
     order = list(state)
-    return {name: full[name] for name in order if name in full} | {k: v for k, v in full.items() if k not in state}
+    extra = {k: v for k, v in full.items() if k not in state}
+    return {name: full[name] for name in order if name in full} | extra
 
 
 def save_consolidated(file: str, model: nn.Module, *, grid: Grid | None = None) -> None:
@@ -162,7 +163,8 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     optim: dict[str, Pieces] = {}
     scalars: dict[str, dict[str, Any]] = {}
     if grid.coord("data") == 0:
-        model_pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone()) for name, t in state.items()}
+        model_pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
+                        for name, t in state.items()}
         params = dict(model.named_parameters())
         for name, st in states.items():
             for key, value in st.items():
@@ -170,8 +172,10 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
                     optim.setdefault(key, {})[name] = (spec_of(params[name]), dict(grid.coords),
                                                         value.detach().cpu().clone())
                 else:
-                    scalars.setdefault(name, {})[key] = value.clone() if isinstance(value, torch.Tensor) else value
-    payload = {"degrees": dict(grid.degrees), "coords": dict(grid.coords), "step": int(step), "model": model_pieces,
+                    copy = value.clone() if isinstance(value, torch.Tensor) else value
+                    scalars.setdefault(name, {})[key] = copy
+    payload = {"degrees": dict(grid.degrees), "coords": dict(grid.coords), "step": int(step),
+               "model": model_pieces,
                "optim": optim, "scalars": scalars, "rng": _rng_state(grid),
                "param_groups": _hyperparameters(optimizer) if optimizer is not None else None,
                "scheduler": scheduler.state_dict() if scheduler is not None else None}
@@ -184,7 +188,8 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     else:
         entries = [entry]
     if grid.rank == 0:
-        torch.save({"degrees": dict(grid.degrees), "placement": tuple(grid.placement), "world_size": grid.world_size,
+        torch.save({"degrees": dict(grid.degrees), "placement": tuple(grid.placement),
+                    "world_size": grid.world_size,
                     "step": int(step), "files": {r: e for r, e in enumerate(entries) if e}},
                    os.path.join(path, INDEX))
     if consolidated:
@@ -236,7 +241,8 @@ def _needed_files(index: dict[str, Any], specs: dict[str, ShardSpec | None], gri
                 continue
             if any(coords[a] != 0 for a in saved_spec.replicated_axes()):
                 continue  # a copy of what the first member of that axis saved
-            if _overlaps(_bounds(saved_spec, coords, saved_degrees), _bounds(spec, grid.coords, grid.degrees)):
+            mine = _bounds(spec, grid.coords, grid.degrees)
+            if _overlaps(_bounds(saved_spec, coords, saved_degrees), mine):
                 needed.append(rank)
                 break
     return needed
@@ -247,8 +253,8 @@ def _shard_for(full: torch.Tensor, t: torch.Tensor, spec: ShardSpec | None, grid
     return local.to(device=t.device, dtype=t.dtype).view_as(t)
 
 
-def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch.Tensor, spec: ShardSpec | None,
-                   grid: Grid, optim_key: str | None = None) -> torch.Tensor | None:
+def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch.Tensor,
+                   spec: ShardSpec | None, grid: Grid, optim_key: str | None = None) -> torch.Tensor | None:
     """This rank's piece of tensor `name` from the loaded files (one full tensor at a time)."""
     parts = []
     for pl in payloads:

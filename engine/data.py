@@ -61,8 +61,8 @@ def create_dataloader(dataset: Dataset, global_batch_size: int, micro_batch_size
     except TypeError:
         size = None
     if size is not None and size < global_batch_size:
-        raise ValueError(f"global_batch_size={global_batch_size} is larger than the dataset ({size} samples): "
-                         "the loader would yield no batch")
+        raise ValueError(f"global_batch_size={global_batch_size} is larger than the dataset "
+                         f"({size} samples): the loader would yield no batch")
     sampler = DistributedSampler(dataset, num_replicas=grid.batch_shards, rank=grid.batch_shard_index,
                                  shuffle=shuffle, seed=seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=local, sampler=sampler, drop_last=True, num_workers=num_workers,

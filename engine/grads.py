@@ -22,8 +22,9 @@ left (parameters without a gradient this step), waits, copies the sums back, the
 depth and scales; the sum over data and depth commutes, so the result is the synchronous one.
 Inside `no_sync(model)` (and for every micro-batch but the last in `forward_backward`) nothing
 launches; in a pipeline a parameter counts as ready after its last micro-batch's backward (so
-1F1B's buckets go out while the remaining micro-batches drain); a second backward without a sync in between discards the
-in-flight sums and reduces synchronously. `overlap_grad_reduce(model, False)` turns it off.
+1F1B's buckets go out while the remaining micro-batches drain); a second backward without a sync
+in between discards the in-flight sums and reduces synchronously. `overlap_grad_reduce(model,
+False)` turns it off.
 
 Replicas never drift silently: `wrap(model)` (called by ParallelGPT and engine.train) broadcasts
 parameters and buffers over their replica groups, and every engine layer's parameters (all of a
@@ -250,7 +251,8 @@ def install_overlap(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BU
 
 def reduce_depth_replicated(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
     params = _params_with_grads(model)
-    all_reduce_bucketed([p.grad for p in params if replicated_over_depth(p)], grid.comm_group("depth"), bucket_bytes)
+    all_reduce_bucketed([p.grad for p in params if replicated_over_depth(p)], grid.comm_group("depth"),
+                        bucket_bytes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,8 +272,8 @@ def _check_synced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> N
             if getattr(p, _DIRTY_ATTR, False):
                 raise RuntimeError(
                     "gradients were not synchronized across the G_data*G_intra_d replicas before "
-                    f"{type(optimizer).__name__}.step(): call engine.sync_gradients(model) after backward, or "
-                    "engine.step(model, optimizer), which syncs and steps")
+                    f"{type(optimizer).__name__}.step(): call engine.sync_gradients(model) after backward, "
+                    "or engine.step(model, optimizer), which syncs and steps")
 
 
 def install_sync_guard(module: nn.Module, grid: Grid) -> None:
@@ -513,8 +515,8 @@ def _check_tied_embeddings(model: nn.Module, grid: Grid) -> None:
     tables = {id(m.weight) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
     for name, m in model.named_modules():
         if not isinstance(m, VocabParallelEmbedding) and id(getattr(m, "weight", None)) in tables:
-            raise ValueError(f"{name}.weight is tied to a vocabulary-parallel embedding, which only works with "
-                             f"G_intra_c=1 and G_intra_d=1 (got G_intra_c={grid.size('col')}, "
+            raise ValueError(f"{name}.weight is tied to a vocabulary-parallel embedding, which only works "
+                             f"with G_intra_c=1 and G_intra_d=1 (got G_intra_c={grid.size('col')}, "
                              f"G_intra_d={grid.size('depth')})")
 
 

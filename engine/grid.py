@@ -2,7 +2,8 @@
 
     import engine
     grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)
-    grid = engine.init(1, 2, 2, 1, 2)        # positional, AxoNN's order: G_inter, G_data, G_intra_r, G_intra_c, G_intra_d
+    grid = engine.init(1, 2, 2, 1, 2)        # positional, AxoNN's order:
+                                             #   G_inter, G_data, G_intra_r, G_intra_c, G_intra_d
     grid.size("row"), grid.coord("depth"), grid.group("col")   # a real ProcessGroup, also for size-1 axes
 
 `grid.group(axis)` always returns a real group holding this rank (a single-rank group for an axis
@@ -109,7 +110,8 @@ class Grid:
         return self.coords[axis]
 
     def group(self, axis: str) -> Any:
-        """The ProcessGroup along `axis` containing this rank (a one-rank group when the axis has size one)."""
+        """The ProcessGroup along `axis` containing this rank (a one-rank group when the axis has
+        size one)."""
         if axis not in self.degrees:
             raise ValueError(f"axis must be one of {list(self.degrees)}, got {axis!r}")
         return self.groups[axis]
@@ -189,7 +191,8 @@ def _init_default_group(backend: str | None, timeout_s: float, gpus_per_node: in
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if _uses_cuda(backend):
         torch.cuda.set_device(local_device_index(rank, gpus_per_node))
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _env_world_size() -> int:
@@ -283,7 +286,9 @@ def grid_of(model: nn.Module | Any, grid: Grid | None = None) -> Grid:
     (BlockPipeline's blocks); anything else (an iterable of parameters) has no grid of its own."""
     if grid is not None:
         return grid
-    roots = [model] if isinstance(model, nn.Module) else list(model) if isinstance(model, (list, tuple)) else []
+    roots = [model] if isinstance(model, nn.Module) else []
+    if isinstance(model, (list, tuple)):
+        roots = list(model)
     for root in roots:
         if not isinstance(root, nn.Module):
             continue

@@ -79,8 +79,9 @@ class ParallelLayerNorm(nn.Module):
         n = hidden_size // p
         spec = ShardSpec(full_shape=(hidden_size,), col_dim=0 if split_axis == "col" else None,
                          row_dim=0 if split_axis == "row" else None)
-        w = torch.ones(n, device=device) if weight is None else weight.detach()[r * n:(r + 1) * n].clone().to(device)
-        b = torch.zeros(n, device=device) if bias is None else bias.detach()[r * n:(r + 1) * n].clone().to(device)
+        mine = slice(r * n, (r + 1) * n)
+        w = torch.ones(n, device=device) if weight is None else weight.detach()[mine].clone().to(device)
+        b = torch.zeros(n, device=device) if bias is None else bias.detach()[mine].clone().to(device)
         self.weight = mark(nn.Parameter(w), spec)
         self.bias = mark(nn.Parameter(b), spec)
 
@@ -93,7 +94,8 @@ class ParallelLayerNorm(nn.Module):
 class SplitEmbedding(nn.Module):
     """Embedding(num, hidden) with the hidden dim split over a group (col): returns [*, hidden/G]."""
 
-    def __init__(self, num_embeddings: int, hidden_size: int, group: Any, *, weight: torch.Tensor | None = None,
+    def __init__(self, num_embeddings: int, hidden_size: int, group: Any, *,
+                 weight: torch.Tensor | None = None,
                  split_axis: str = "col", chunks: Iterable[tuple[int, torch.Tensor]] | None = None,
                  device: Any = None) -> None:
         """Values from `weight` (a full table), from `chunks` (row chunks of the full table, see

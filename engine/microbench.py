@@ -109,7 +109,8 @@ class SweepConfig:
         if gpu:
             cfg = SweepConfig(min_bytes=8 << 10, max_bytes=(256 << 20) if quick else (1 << 30),
                               gemm_shapes=default_gemm_shapes(8, quick), gemm_dtype="bfloat16",
-                              copy_bytes=(256 << 20, 1 << 30), trials=5 if quick else 10, target_trial_s=0.005)
+                              copy_bytes=(256 << 20, 1 << 30), trials=5 if quick else 10,
+                              target_trial_s=0.005)
         elif quick:
             cfg = SweepConfig(max_bytes=4 << 20, trials=7, warmup=2, gemm_shapes=default_gemm_shapes(1, True),
                               copy_bytes=(4 << 20, 16 << 20), target_trial_s=0.01, max_iters=32)
@@ -159,7 +160,8 @@ def group_level(members: Sequence[int], node_of_rank: Sequence[int]) -> tuple[st
     return "inter", min(counts.values())
 
 
-def plan_groups(world: int, node_of_rank: Sequence[int], group_sizes: Sequence[int] | None = None) -> list[GroupSpec]:
+def plan_groups(world: int, node_of_rank: Sequence[int],
+                group_sizes: Sequence[int] | None = None) -> list[GroupSpec]:
     """One spec per distinct (size, level, members per node), smallest stride first.
 
     Sizes default to every divisor of the world above 1. For each size, strides 1, 2, ... (that
@@ -180,7 +182,8 @@ def plan_groups(world: int, node_of_rank: Sequence[int], group_sizes: Sequence[i
             if key in seen:
                 continue
             seen.add(key)
-            specs.append(GroupSpec(size=p, stride=s, level=key[0], members_per_node=key[1], groups=tuple(groups)))
+            specs.append(GroupSpec(size=p, stride=s, level=key[0], members_per_node=key[1],
+                                   groups=tuple(groups)))
     return specs
 
 
@@ -265,7 +268,8 @@ def _time_sweep(fns: Sequence[Callable[[], None]], config: SweepConfig, device: 
             fn()
             _sync(device)
             warm.append(time.perf_counter() - t0)
-        iters.append(max(1, min(config.max_iters, int(config.target_trial_s / max(statistics.median(warm), 1e-7)))))
+        per_call = max(statistics.median(warm), 1e-7)
+        iters.append(max(1, min(config.max_iters, int(config.target_trial_s / per_call))))
     agreed = torch.tensor(iters, dtype=torch.int64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank must run the same number of ops
     iters = [int(v) for v in agreed.cpu().tolist()]
@@ -387,7 +391,8 @@ def run_profile(rank: int, world_size: int, config: SweepConfig) -> dict[str, An
         return None
     provenance = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hosts": unique_hosts, "torch_version": torch_version, "nccl_version": nccl_version, "backend": backend,
+        "hosts": unique_hosts, "torch_version": torch_version, "nccl_version": nccl_version,
+        "backend": backend,
         "world_size": world_size, "device": _device_name(device),
         "gpus_per_node": config.gpus_per_node or max(hosts.count(h) for h in unique_hosts),
         "emulated_nodes": emulated, "source": "gridtune profile",
@@ -468,7 +473,8 @@ def _gemm_rows(config: SweepConfig, device: Any, dtype: Any, base: dict[str, Any
     return rows
 
 
-def _copy_rows(config: SweepConfig, device: Any, base: dict[str, Any], bar: _Progress) -> list[dict[str, Any]]:
+def _copy_rows(config: SweepConfig, device: Any, base: dict[str, Any],
+               bar: _Progress) -> list[dict[str, Any]]:
     """Device-memory copies of `config.copy_bytes` (bytes: read plus write)."""
     import torch
 
@@ -529,7 +535,8 @@ def run_in_place(config: SweepConfig, *, timeout_s: float = 600.0) -> dict[str, 
             env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
             env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
         if "MASTER_ADDR" not in env:
-            raise ValueError("MASTER_ADDR is not set: export MASTER_ADDR=<first node> and MASTER_PORT under srun")
+            raise ValueError("MASTER_ADDR is not set: export MASTER_ADDR=<first node> and MASTER_PORT "
+                             "under srun")
         env.setdefault("MASTER_PORT", "29500")
         dist.init_process_group(default_backend(), timeout=datetime.timedelta(seconds=timeout_s))
     try:

@@ -1,9 +1,9 @@
 """The 4D-parallel version of engine.models.gpt.GPT (AxoNN pattern), built from a serial one.
 
     grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=2)
-    model = ParallelGPT(cfg, grid)                            # same values as GPT(cfg), only this rank's shards
-    model = ParallelGPT.from_serial(GPT(cfg), grid)          # or shard an existing serial GPT
-    loss = model(tokens_local, targets_local)                 # G_inter == 1
+    model = ParallelGPT(cfg, grid)                   # same values as GPT(cfg), only this rank's shards
+    model = ParallelGPT.from_serial(GPT(cfg), grid)  # or shard an existing serial GPT
+    loss = model(tokens_local, targets_local)        # G_inter == 1
 
 Layout: the residual stream is [b, s, hidden/G_c] (features split over col, replicated over row);
 QKV is a normal 3D Linear (heads split over row), out-proj transposed; fc1 normal, fc2 transposed,
@@ -56,7 +56,8 @@ def gpt_split_problems(cfg: GPTConfig, degrees: dict[str, int], virtual_stages: 
     if not problems:
         problems += gpt_depth_problems(cfg, degrees)
     if not rules.enough_layers(cfg.num_layers, S, virtual_stages):
-        problems.append(f"num_layers={cfg.num_layers} is fewer than G_inter*virtual_stages={S}*{virtual_stages}")
+        problems.append(f"num_layers={cfg.num_layers} is fewer than "
+                        f"G_inter*virtual_stages={S}*{virtual_stages}")
     return problems
 
 
@@ -103,7 +104,8 @@ class _Source:
 def _linear(source: _Source, serial: nn.Linear | None, k: int, n: int, bias: bool, grid: Grid, *,
             transpose: bool = False, padded_out_features: int | None = None) -> ShardedLinear:
     if serial is not None:
-        return ShardedLinear.from_dense(serial, transpose=transpose, grid=grid, padded_out_features=padded_out_features)
+        return ShardedLinear.from_dense(serial, transpose=transpose, grid=grid,
+                                        padded_out_features=padded_out_features)
     return ShardedLinear(k, n, bias, transpose=transpose, grid=grid, padded_out_features=padded_out_features,
                          init=source.init)
 
@@ -181,8 +183,10 @@ class ParallelGPT(nn.Module):
         tok = source.embedding(cfg.vocab_size, cfg.hidden_size, serial and serial.tok_emb)
         pos = source.embedding(cfg.seq_length, cfg.hidden_size, serial and serial.pos_emb)
         if self.has_embedding:
-            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, chunks=tok, device=grid.device)
-            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, chunks=pos, device=grid.device)
+            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, chunks=tok,
+                                          device=grid.device)
+            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, chunks=pos,
+                                          device=grid.device)
         else:
             for chunks in (tok, pos):
                 for _ in chunks or ():

@@ -44,7 +44,8 @@ class MixedPrecision:
                 raise ValueError(f"{name} must be one of {sorted(DTYPES)}, got {value!r}")
 
     def autocast(self, device: torch.device) -> Any:
-        return torch.autocast(device.type, dtype=DTYPES[self.compute_dtype], enabled=self.compute_dtype != "fp32")
+        return torch.autocast(device.type, dtype=DTYPES[self.compute_dtype],
+                              enabled=self.compute_dtype != "fp32")
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Make engine.sync_gradients (and the overlapped reducer) reduce `model`'s gradients in

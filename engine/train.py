@@ -83,8 +83,10 @@ def peak_rss_bytes() -> int:
 
 def memory_stats(rank: int, device: torch.device) -> MemoryStats:
     if device.type == "cuda":
-        return MemoryStats(rank=rank, device=str(device), peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
-                           peak_reserved_bytes=torch.cuda.max_memory_reserved(device), peak_rss_bytes=peak_rss_bytes())
+        return MemoryStats(rank=rank, device=str(device),
+                           peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+                           peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
+                           peak_rss_bytes=peak_rss_bytes())
     return MemoryStats(rank=rank, device=str(device), peak_rss_bytes=peak_rss_bytes())
 
 
@@ -143,7 +145,8 @@ class TokenWindows(Dataset):
 
     def __init__(self, tokens: torch.Tensor, seq_length: int, stride: int | None = None) -> None:
         if tokens.dim() != 1 or len(tokens) <= seq_length:
-            raise ValueError(f"need a 1-D token tensor longer than seq_length={seq_length}, got {tuple(tokens.shape)}")
+            raise ValueError(f"need a 1-D token tensor longer than seq_length={seq_length}, "
+                             f"got {tuple(tokens.shape)}")
         self.tokens, self.seq_length = tokens.long(), seq_length
         self.stride = stride or seq_length
         self.n = (len(tokens) - seq_length - 1) // self.stride + 1
@@ -266,8 +269,8 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
     if plan is None:
         if not auto:
             raise ValueError("engine.train needs plan=Plan(...) or auto=True")
-        options = cl.engine_search_options(micro_batch_size=micro_batch_size, data_parallel_only=not splittable,
-                                           pipeline=spec.is_transformer)
+        options = cl.engine_search_options(micro_batch_size=micro_batch_size,
+                                           data_parallel_only=not splittable, pipeline=spec.is_transformer)
         if url is not None:
             plan = cl.service_recommend(url, spec, cluster, training, options)
         else:
@@ -278,7 +281,8 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
                 raise ValueError(f"no layout of {cluster.num_gpus} ranks can train this model with "
                                  f"global_batch_size={training.global_batch_size}")
     prediction = predict(spec, cluster, training, plan)
-    return _Decision(plan=plan, cluster=cluster, training=training, spec=spec, prediction=prediction, cluster_id=cid)
+    return _Decision(plan=plan, cluster=cluster, training=training, spec=spec, prediction=prediction,
+                     cluster_id=cid)
 
 
 def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: bool = True) -> list[str]:
@@ -300,14 +304,14 @@ def engine_limits(spec: Model, plan: Plan, training: Training) -> list[str]:
     if plan.zero_stage == 3 and plan.G_inter > 1:
         problems.append(f"zero_stage=3 runs with G_inter=1 (engine.Zero3), got G_inter={plan.G_inter}")
     if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
-        problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in GPT "
-                        "(recompute='full') or nothing")
+        problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in "
+                        "GPT (recompute='full') or nothing")
     if plan.sequence_parallel:
         problems.append("sequence_parallel=True: sequence parallelism is not in the engine")
     if not spec.is_transformer:
         if plan.G_inter > 1:
-            problems.append(f"G_inter={plan.G_inter}: nets other than the built-in GPT have no pipeline stages "
-                            "(G_inter must be 1)")
+            problems.append(f"G_inter={plan.G_inter}: nets other than the built-in GPT have no pipeline "
+                            "stages (G_inter must be 1)")
         return problems
     from engine.parallel_gpt import gpt_depth_problems
 
@@ -320,9 +324,10 @@ def engine_limits(spec: Model, plan: Plan, training: Training) -> list[str]:
     # torch.distributed.pipelining's 1F1B schedules refuse fewer micro-batches than stages
     microbatches = rules.num_microbatches(training.global_batch_size, plan.G_data, plan.G_intra_d,
                                           plan.micro_batch_size)
-    if plan.G_inter > 1 and plan.schedule != "gpipe" and not rules.enough_microbatches(microbatches, plan.G_inter):
-        problems.append(f"schedule={plan.schedule!r} needs at least G_inter={plan.G_inter} micro-batches per step, "
-                        f"got {microbatches}")
+    one_f_one_b = plan.G_inter > 1 and plan.schedule != "gpipe"
+    if one_f_one_b and not rules.enough_microbatches(microbatches, plan.G_inter):
+        problems.append(f"schedule={plan.schedule!r} needs at least G_inter={plan.G_inter} micro-batches "
+                        f"per step, got {microbatches}")
     return problems
 
 
@@ -406,10 +411,10 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           profile: Profile | str | os.PathLike[str] | None = None, service_url: str | None = None,
           cluster: Cluster | None = None, cluster_id: str | None = None, database_url: str | None = None,
           micro_batch_size: int | None = None, warmup_steps: int = 2,
-          loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
-          progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
-          dtype: str = "fp32", init: str = "serial", offload: bool = False,
-          reduce_dtype: str = "fp32") -> TrainReport:
+          loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True,
+          use_calibrated: bool = True, progress: bool = True, seed: int = 0,
+          max_grad_norm: float | None = None, dtype: str = "fp32", init: str = "serial",
+          offload: bool = False, reduce_dtype: str = "fp32") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module (e.g. a Hugging Face transformers model: its
@@ -463,8 +468,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     # windows would walk the corpus file by file and the loss would follow the files, not training
     loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid,
                                       shuffle=True)
-    run = _Run(net=net, opt=opt, pipe=pipe, grid=grid, plan=chosen, policy=policy, max_grad_norm=max_grad_norm,
-               tokens_per_step=global_batch_size * tokens_per_sample)
+    run = _Run(net=net, opt=opt, pipe=pipe, grid=grid, plan=chosen, policy=policy,
+               max_grad_norm=max_grad_norm, tokens_per_step=global_batch_size * tokens_per_sample)
     bar = _progress(progress and rank == 0, steps, f"train {chosen.grid_string()}")
     try:
         samples, losses = run.steps(_cycle(loader), steps, warmup_steps, progress=progress, bar=bar)
@@ -493,7 +498,8 @@ def _check_arguments(*, steps: int, warmup_steps: int, dtype: str, reduce_dtype:
 
     policy = MixedPrecision(compute_dtype=dtype, reduce_dtype=reduce_dtype)  # ValueError naming the field
     if dtype == "fp16" and plan is not None and plan.zero_stage:
-        raise ValueError(f"dtype='fp16' (loss scaling) runs with zero_stage=0, got zero_stage={plan.zero_stage}")
+        raise ValueError(f"dtype='fp16' (loss scaling) runs with zero_stage=0, "
+                         f"got zero_stage={plan.zero_stage}")
     return policy
 
 
@@ -553,10 +559,12 @@ def _build_net(model: ModelLike, cfg: GPTConfig | None, plan: Plan, grid: Any, g
         return net, None, 1
     recompute = plan.recompute == "full"
     if isinstance(model, GPTConfig):  # only this rank's shards are ever allocated
-        net = engine.ParallelGPT(cfg, grid, virtual_stages=plan.virtual_stages, recompute=recompute, init=init)
+        net = engine.ParallelGPT(cfg, grid, virtual_stages=plan.virtual_stages, recompute=recompute,
+                                 init=init)
     else:
         serial = model if isinstance(model, GPT) else model()
-        net = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=plan.virtual_stages, recompute=recompute)
+        net = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=plan.virtual_stages,
+                                             recompute=recompute)
         del serial
     pipe = None
     if plan.G_inter > 1:
@@ -614,8 +622,9 @@ class _Run:
 
         self.opt.zero_grad(set_to_none=True)
         with self.policy.autocast(self.grid.device):
-            loss = engine.forward_backward(self.net, tokens, targets, micro_batch_size=self.plan.micro_batch_size,
-                                           pipeline=self.pipe, loss_scale=scaler.scale if scaler else 1.0)
+            loss = engine.forward_backward(self.net, tokens, targets,
+                                           micro_batch_size=self.plan.micro_batch_size, pipeline=self.pipe,
+                                           loss_scale=scaler.scale if scaler else 1.0)
         if scaler is None:
             engine.step(self.net, self.opt, max_grad_norm=self.max_grad_norm, grid=self.grid)
         else:  # fp16: unscale after the reduction; skip the step on inf/nan anywhere
@@ -631,8 +640,8 @@ def _global_loss(loss: float | None, device: torch.device) -> float | None:
     """The step's loss as the summary reports it: the mean over every rank that computed one (the
     last pipeline stage of every replica), not rank 0's own. One scalar all-reduce over the world,
     after the step's clock has stopped."""
-    stat = torch.tensor([loss if loss is not None else 0.0, 0.0 if loss is None else 1.0], dtype=torch.float64,
-                        device=device)
+    stat = torch.tensor([loss if loss is not None else 0.0, 0.0 if loss is None else 1.0],
+                        dtype=torch.float64, device=device)
     dist.all_reduce(stat)
     return float(stat[0] / stat[1]) if stat[1] > 0 else None
 
@@ -676,8 +685,9 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
     measurement_id: int | None = None
     stored_in: str | None = None
     if record:
-        body = cl.measurement_record(model=decision.spec, cluster=decision.cluster, training=decision.training,
-                                     plan=decision.plan, measured=measured, prediction=pred)
+        body = cl.measurement_record(model=decision.spec, cluster=decision.cluster,
+                                     training=decision.training, plan=decision.plan, measured=measured,
+                                     prediction=pred)
         if url is not None:
             out = cl.post_measurement(url, body, cluster_id=decision.cluster_id)
             measurement_id, stored_in = out.get("id"), url
@@ -689,10 +699,12 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
                 store.close()
             measurement_id, stored_in = m.id, store.url
     return TrainReport(
-        plan=decision.plan, world_size=len(gathered), steps=steps, warmup_steps=warmup_steps, losses=tuple(losses),
-        step_times_s=tuple(wall), median_step_time_s=median_step, tokens_per_s=measured["tokens_per_s"],
-        measured=measured, prediction=pred, predicted_step_time_s=predicted,
+        plan=decision.plan, world_size=len(gathered), steps=steps, warmup_steps=warmup_steps,
+        losses=tuple(losses), step_times_s=tuple(wall), median_step_time_s=median_step,
+        tokens_per_s=measured["tokens_per_s"], measured=measured, prediction=pred,
+        predicted_step_time_s=predicted,
         relative_error=(predicted - median_step) / median_step if predicted and median_step > 0 else None,
-        constants_source=pred.constants_source if pred is not None else "preset", cluster_id=decision.cluster_id,
-        measurement_id=measurement_id, stored_in=stored_in, memory=tuple(g[2] for g in gathered), dtype=dtype,
+        constants_source=pred.constants_source if pred is not None else "preset",
+        cluster_id=decision.cluster_id, measurement_id=measurement_id, stored_in=stored_in,
+        memory=tuple(g[2] for g in gathered), dtype=dtype,
     )

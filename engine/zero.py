@@ -87,7 +87,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not inner_groups:  # a rank whose whole segment is padding still needs an optimizer
             gi = len(self.param_groups) - 1
             self.pieces.append((gi, end, end))
-            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [nn.Parameter(flat[:0].clone().to(self.state_device))]})
+            empty = nn.Parameter(flat[:0].clone().to(self.state_device))
+            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [empty]})
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
         # every hyperparameter the wrapped optimizer has (its defaults too: lr, betas, ...) is visible
         # in opt.param_groups, where LR schedulers and user code read and write them
@@ -195,12 +196,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         zero = state_dict.get("zero", {})
-        if zero and (zero["start"], zero["segment"], zero["padded"]) != (self.start, self.segment, self.padded):
-            raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns start={self.start}, "
-                             f"segment={self.segment}, padded={self.padded}; use engine.load_checkpoint to reshard")
+        mine = (self.start, self.segment, self.padded)
+        if zero and (zero["start"], zero["segment"], zero["padded"]) != mine:
+            raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns "
+                             f"start={self.start}, segment={self.segment}, padded={self.padded}; use "
+                             "engine.load_checkpoint to reshard")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(groups)} parameter groups, the optimizer {len(self.param_groups)}")
+            raise ValueError(f"state_dict has {len(groups)} parameter groups, "
+                             f"the optimizer {len(self.param_groups)}")
         for g, saved in zip(self.param_groups, groups):
             g.update(saved)
         self.inner.load_state_dict(state_dict["inner"])

@@ -158,10 +158,11 @@ class Zero3(torch.optim.Optimizer):
     `engine.full_state_dict`, evaluation, checkpoints); the next forward frees them again.
     """
 
-    def __init__(self, model: nn.Module, optimizer_class: Any = torch.optim.AdamW, *, grid: Grid | None = None,
-                 offload: bool = False, **optimizer_kwargs: Any) -> None:
+    def __init__(self, model: nn.Module, optimizer_class: Any = torch.optim.AdamW, *,
+                 grid: Grid | None = None, offload: bool = False, **optimizer_kwargs: Any) -> None:
         if not isinstance(model, nn.Module):
-            raise ValueError(f"model must be an nn.Module (ZeRO-3 hooks its modules), got {type(model).__name__}")
+            raise ValueError("model must be an nn.Module (ZeRO-3 hooks its modules), "
+                             f"got {type(model).__name__}")
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
         self.grid = grid_of(model, grid)
@@ -192,7 +193,8 @@ class Zero3(torch.optim.Optimizer):
                     self.unit_of[id(p)] = unit
         missing = [p for p in params if id(p) not in seen]
         if missing:
-            raise ValueError(f"{len(missing)} trainable parameters of {type(model).__name__} belong to no module")
+            raise ValueError(f"{len(missing)} trainable parameters of {type(model).__name__} "
+                             "belong to no module")
         self.inner = optimizer_class([{"params": [u.shard for u in self.units]}], **optimizer_kwargs)
         for key, value in self.inner.defaults.items():
             self.defaults.setdefault(key, value)
@@ -294,8 +296,8 @@ class Zero3(torch.optim.Optimizer):
         pieces, weights = [], []
         for unit in self.units:
             start = group_rank(self.group) * unit.segment
-            more, w = flat_slice_pieces(unit.shard.grad, start, start + unit.segment, unit.params, unit.numels,
-                                        self.grid)
+            more, w = flat_slice_pieces(unit.shard.grad, start, start + unit.segment, unit.params,
+                                        unit.numels, self.grid)
             pieces += more
             weights += w
         return pieces, weights
@@ -340,8 +342,8 @@ class Zero3(torch.optim.Optimizer):
             unit.gather()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "param_groups": [{k: v for k, v in self.param_groups[0].items()
-                                                                    if k != "params"}]}
+        hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        return {"inner": self.inner.state_dict(), "param_groups": [hyper]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.param_groups[0].update(state_dict["param_groups"][0])
