@@ -46,7 +46,8 @@ def _env_rank(i: int, n: int, port: int, style: str, queue: Any) -> None:
 def test_init_from_launcher_variables(style):
     ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_env_rank, args=(2, free_port(), style, queue), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_env_rank, args=(2, free_port(), style, queue), nprocs=2, join=True,
+                       start_method="fork")
     got = sorted(queue.get() for _ in range(2))
     assert got == [(0, 0, 2.0), (1, 1, 2.0)]
 

@@ -26,7 +26,8 @@ CFG = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("train_gpt_stdlib", ROOT / "examples" / "train_gpt_stdlib.py")
+    spec = importlib.util.spec_from_file_location("train_gpt_stdlib",
+                                                  ROOT / "examples" / "train_gpt_stdlib.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
