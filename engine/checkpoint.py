@@ -85,6 +85,8 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
     mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
                     for name, t in state.items() if _owner(specs[name], grid)}
     gathered: list[tuple[dict[str, int], Pieces]] = [(dict(grid.degrees), mine)]
+    # axis by axis, each gather carrying what the previous axes collected: never over data
+    # (replicas hold the same pieces) and never a world-sized gather
     for axis in ("col", "row", "depth", "inter"):
         group = grid.comm_group(axis)
         if group is None:

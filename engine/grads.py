@@ -195,6 +195,8 @@ class _OverlappedReducer:
             self._launch(self.next)
 
     def _launch(self, i: int) -> None:
+        # only ever bucket `self.next`: NCCL matches collectives by issue order, and hooks fire in
+        # a different order on different ranks, so every rank must launch bucket 0, 1, 2, ...
         for p in self.buckets[i]:  # parameters without a gradient in backward: their value now
             if id(p) not in self.copied[i]:
                 self._copy_in(i, p, 1.0)
@@ -283,6 +285,8 @@ def install_sync_guard(module: nn.Module, grid: Grid) -> None:
         return
     from torch.optim import optimizer as optimizer_module
 
+    # one global optimizer pre-hook (registered once) sees every optimizer, including ones built
+    # before wrap and user optimizers the engine never wraps
     hooks = getattr(optimizer_module, "_global_optimizer_pre_hooks", {})
     if not any(h is _check_synced for h in hooks.values()):
         optimizer_module.register_optimizer_step_pre_hook(_check_synced)
@@ -491,7 +495,7 @@ def broadcast_replicas(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT
             group = grid.comm_group(axis)
             if group is None:
                 continue
-            src = dist.get_global_rank(group, 0)
+            src = dist.get_global_rank(group, 0)  # broadcast takes a world rank, not a group rank
             chosen = [t.data for t, is_param in tensors
                       if _replicated_over(t, axis, is_param) and t.numel() and t.is_floating_point()]
             others = [t.data for t, is_param in tensors

@@ -71,6 +71,8 @@ class _DepthShardedLinearFn(torch.autograd.Function):
         grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
+            # each depth rank saw other samples: sum the block's gradient over depth and keep the
+            # shard this rank owns (the inverse of the forward all-gather)
             n, k = ctx.block_shape
             full = g.reshape(-1, n).t().matmul(xc.reshape(-1, k))
             grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard).to(w_shard.dtype)

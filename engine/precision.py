@@ -79,6 +79,7 @@ class LossScaler:
                 bad += 1
                 break
         if dist.is_initialized() and dist.get_world_size() > 1:
+            # over the world: one rank skipping the step while others take it would split replicas
             dist.all_reduce(bad)
         if bad.item() > 0:
             self.scale /= 2.0

@@ -51,6 +51,8 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(ids, self.weight)
         local = ids - self.start
         mine = (local >= 0) & (local < self.rows)
+        # every id is looked up on every row rank (clamped), zeroed where another rank owns it;
+        # the sum over row then gives each token its one real row
         out = F.embedding(local.clamp(0, self.rows - 1), self.weight)
         out = out * mine.unsqueeze(-1).to(self.weight.dtype)
         return reduce_from(out, self.group)

@@ -226,6 +226,11 @@ class Zero3(torch.optim.Optimizer):
     # ---- hooks -------------------------------------------------------------------------------
 
     def _install_hooks(self) -> None:
+        # While the model runs forward, autograd would keep the gathered parameters alive through
+        # the tensors it saves; _pack replaces a view of a gathered unit by its coordinates, and
+        # _unpack gathers the unit again in backward. Per unit: gather before its forward, free
+        # after it (re-gathered by a hook on its output's gradient, before its backward), and
+        # reduce-scatter once autograd has accumulated every parameter's gradient.
         saved = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self.model.register_forward_pre_hook(lambda *_: saved.__enter__())
         self.model.register_forward_hook(lambda *_: saved.__exit__(None, None, None))
