@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from engine.grads import restore_hyperparameters
 from engine.grid import Grid, grid_of
 from engine.shard import ShardSpec, spec_of
 from engine.zero import ZeroOptimizer
@@ -301,12 +302,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
     if optimizer is not None:
         _load_optimizer(payloads, model, optimizer, grid)
         if meta.get("param_groups") is not None:
-            groups = meta["param_groups"]
-            if len(groups) != len(optimizer.param_groups):
-                raise ValueError(f"checkpoint {path} has {len(groups)} optimizer parameter groups, "
-                                 f"the optimizer {len(optimizer.param_groups)}")
-            for g, saved in zip(optimizer.param_groups, groups):
-                g.update(saved)
+            restore_hyperparameters(optimizer.param_groups, meta["param_groups"], f"checkpoint {path}")
     if scheduler is not None:
         if meta.get("scheduler") is None:
             raise ValueError(f"checkpoint {path} holds no LR scheduler state (saved without scheduler=)")

@@ -456,6 +456,46 @@ def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     return (max_norm / (norm + 1e-6)).clamp(max=1.0)
 
 
+class ShardedGradNorm:
+    """`grad_norm` and `clip_grad_norm_` of an optimizer whose gradient lives in data-reduced shards
+    (engine.ZeroOptimizer, engine.Zero3). The optimizer supplies `grid`, `reduce_gradients()`,
+    `_weighted_pieces()` (its shard's gradient cut at parameter boundaries, see flat_slice_pieces)
+    and `_grad_shards()` (the tensors whose gradients clipping scales)."""
+
+    grid: Grid
+
+    def _norm_model(self, model: nn.Module | None) -> nn.Module | None:
+        """The model whose stage split decides whether the norm sums over pipeline stages."""
+        return model
+
+    @torch.no_grad()
+    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
+        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
+        self.reduce_gradients()  # type: ignore[attr-defined]
+        pieces, weights = self._weighted_pieces()  # type: ignore[attr-defined]
+        return global_norm(pieces, weights, norm_type, self.grid, self._norm_model(model), data_sharded=True)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
+                        model: nn.Module | None = None) -> torch.Tensor:
+        norm = self.grad_norm(norm_type=norm_type, model=model)
+        coef = clip_coefficient(norm, max_norm)
+        for shard in self._grad_shards():  # type: ignore[attr-defined]
+            if shard.grad is not None:
+                shard.grad.mul_(coef.to(device=shard.grad.device, dtype=shard.grad.dtype))
+        return norm.float()
+
+
+def restore_hyperparameters(param_groups: list[dict[str, Any]], saved: list[dict[str, Any]],
+                            source: str) -> None:
+    """Write saved per-group hyperparameters (lr, betas, ...) into an optimizer's `param_groups`."""
+    if len(saved) != len(param_groups):
+        raise ValueError(f"{source} has {len(saved)} optimizer parameter groups, "
+                         f"the optimizer {len(param_groups)}")
+    for group, values in zip(param_groups, saved):
+        group.update(values)
+
+
 def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = None,
                     norm_type: float = 2.0) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over the whole grid: same total norm and scaling as one process

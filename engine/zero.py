@@ -44,11 +44,11 @@ import torch
 from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
-from engine.grads import ZERO_ATTR, clip_coefficient, flat_slice_pieces, global_norm
+from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, restore_hyperparameters
 from engine.grid import Grid, grid_of
 
 
-class ZeroOptimizer(torch.optim.Optimizer):
+class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
     def __init__(self, params: nn.Module | Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *,
                  grid: Grid | None = None, stage: int = 1, offload: bool = False,
                  **optimizer_kwargs: Any) -> None:
@@ -146,22 +146,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 weights += w
         return pieces, weights
 
-    @torch.no_grad()
-    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
-        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
-        self.reduce_gradients()
-        pieces, weights = self._weighted_pieces()
-        return global_norm(pieces, weights, norm_type, self.grid, model, data_sharded=True)
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
-                        model: nn.Module | None = None) -> torch.Tensor:
-        norm = self.grad_norm(norm_type=norm_type, model=model)
-        coef = clip_coefficient(norm, max_norm)
-        for shard in self.shards:
-            if shard.grad is not None:
-                shard.grad.mul_(coef.to(device=shard.grad.device, dtype=shard.grad.dtype))
-        return norm.float()
+    def _grad_shards(self) -> list[torch.Tensor]:
+        return self.shards
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -201,12 +187,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns "
                              f"start={self.start}, segment={self.segment}, padded={self.padded}; use "
                              "engine.load_checkpoint to reshard")
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(groups)} parameter groups, "
-                             f"the optimizer {len(self.param_groups)}")
-        for g, saved in zip(self.param_groups, groups):
-            g.update(saved)
+        restore_hyperparameters(self.param_groups, state_dict["param_groups"], "state_dict")
         self.inner.load_state_dict(state_dict["inner"])
 
     def per_parameter_state(self) -> list[dict[str, Any]]:

@@ -43,9 +43,8 @@ from torch import nn
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
 from engine.grads import (
     ZERO_ATTR,
-    clip_coefficient,
+    ShardedGradNorm,
     flat_slice_pieces,
-    global_norm,
     replicated_over_depth,
 )
 from engine.grid import Grid, grid_of
@@ -150,7 +149,7 @@ def _units_of(model: nn.Module) -> list[list[nn.Module]]:
     return [[m] for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
 
 
-class Zero3(torch.optim.Optimizer):
+class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     """ZeRO-3 as a `torch.optim.Optimizer` over `model` (see the module docstring).
 
     One parameter group (the optimizer keywords apply to all parameters); LR schedulers read and
@@ -307,22 +306,11 @@ class Zero3(torch.optim.Optimizer):
             weights += w
         return pieces, weights
 
-    @torch.no_grad()
-    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
-        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
-        self.reduce_gradients()
-        pieces, weights = self._weighted_pieces()
-        return global_norm(pieces, weights, norm_type, self.grid, model if model is not None else self.model,
-                           data_sharded=True)
+    def _norm_model(self, model: nn.Module | None) -> nn.Module | None:
+        return model if model is not None else self.model
 
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
-                        model: nn.Module | None = None) -> torch.Tensor:
-        norm = self.grad_norm(norm_type=norm_type, model=model)
-        coef = clip_coefficient(norm, max_norm)
-        for unit in self.units:
-            unit.shard.grad.mul_(coef.to(device=unit.shard.grad.device, dtype=unit.shard.grad.dtype))
-        return norm.float()
+    def _grad_shards(self) -> list[torch.Tensor]:
+        return [unit.shard for unit in self.units]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
