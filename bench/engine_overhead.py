@@ -9,9 +9,10 @@
    swings with the machine's load (see docs/engine.md).
 
 A step is zero_grad + forward + backward + gradient sync + AdamW step. Both sides of a ratio run in
-the same processes, alternating step by step (and which goes first) so that load from other work on the machine hits them
-alike; each figure is the ratio of medians over the timed steps (after warm-up). The one-process figure is
-also given in process CPU time, which other jobs on a shared machine disturb far less than wall time.
+the same processes, alternating step by step (and which goes first) so that load from other work
+on the machine hits them alike; each figure is the ratio of medians over the timed steps (after
+warm-up). The one-process figure is also given in process CPU time, which other jobs on a shared
+machine disturb far less than wall time.
 Run:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/engine_overhead.py [--steps 30]
@@ -181,8 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     one = launch(_single, world_size=1, args=(args.steps, args.warmup), timeout_s=600)[0]
-    print(f"1 process, GPT {SINGLE.num_layers}x{SINGLE.hidden_size} seq {SINGLE.seq_length} batch {SINGLE_BATCH}: "
-          f"plain {one['plain_s'] * 1e3:.1f} ms, engine {one['engine_s'] * 1e3:.1f} ms, "
+    print(f"1 process, GPT {SINGLE.num_layers}x{SINGLE.hidden_size} seq {SINGLE.seq_length} "
+          f"batch {SINGLE_BATCH}: plain {one['plain_s'] * 1e3:.1f} ms, "
+          f"engine {one['engine_s'] * 1e3:.1f} ms, "
           f"engine/plain = {one['engine_s'] / one['plain_s']:.3f} (target <= 1.05); process CPU time: plain "
           f"{one['cpu_plain_s'] * 1e3:.1f} ms, engine {one['cpu_engine_s'] * 1e3:.1f} ms, "
           f"engine/plain = {one['cpu_engine_s'] / one['cpu_plain_s']:.3f}")
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     over = launch(_overlap4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
     ratios = [r["overlap_s"] / r["after_s"] for r in over]
     r0 = over[0]
-    print(f"4 ranks G_data=4, GPT {OVERLAP4.num_layers}x{OVERLAP4.hidden_size} seq {OVERLAP4.seq_length} global "
-          f"batch {DATA4_BATCH}, {OVERLAP_BUCKET_BYTES >> 20} MiB buckets: reduce after backward "
+    print(f"4 ranks G_data=4, GPT {OVERLAP4.num_layers}x{OVERLAP4.hidden_size} seq {OVERLAP4.seq_length} "
+          f"global batch {DATA4_BATCH}, {OVERLAP_BUCKET_BYTES >> 20} MiB buckets: reduce after backward "
           f"{r0['after_s'] * 1e3:.1f} ms, overlapped {r0['overlap_s'] * 1e3:.1f} ms (rank 0), "
           f"overlapped/after = {statistics.median(ratios):.3f} (median over ranks; target <= 1.0)")
 

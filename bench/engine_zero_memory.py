@@ -58,8 +58,9 @@ def main() -> None:
     results = launch(measure, 4, timeout_s=600)
     ratios = [r[3] / r[0] for r in results]
     r0 = results[0]
-    print(f"GPT {CFG.num_layers}x{CFG.hidden_size} ({r0['params']:,} parameters), 4 ranks G_data=4, AdamW fp32: "
-          f"model states per rank ZeRO-0 {r0[0] / 2**20:.2f} MiB, ZeRO-3 peak {r0[3] / 2**20:.2f} MiB, "
+    print(f"GPT {CFG.num_layers}x{CFG.hidden_size} ({r0['params']:,} parameters), 4 ranks G_data=4, "
+          f"AdamW fp32: model states per rank ZeRO-0 {r0[0] / 2**20:.2f} MiB, "
+          f"ZeRO-3 peak {r0[3] / 2**20:.2f} MiB, "
           f"ZeRO-3/ZeRO-0 = {max(ratios):.3f} (worst rank; target <= 0.35)")
 
 

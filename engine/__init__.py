@@ -1,9 +1,9 @@
 """gridtune's training engine: AxoNN-style 3D tensor x pipeline x data parallelism on torch.distributed.
 
     import engine
-    grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)   # or AxoNN's positional order
+    grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)  # or AxoNN's order
     loader = engine.create_dataloader(dataset, global_batch_size=64, micro_batch_size=4)
-    model = engine.ParallelGPT(cfg, grid)          # only this rank's shards; or: with engine.auto_parallelize(): ...
+    model = engine.ParallelGPT(cfg, grid)  # only this rank's shards; or: with engine.auto_parallelize(): ...
     loss = engine.forward_backward(model, tokens, targets, micro_batch_size=4)
     engine.step(model, optimizer, max_grad_norm=1.0)    # sync gradients, clip, optimizer.step()
 

@@ -50,17 +50,19 @@ def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False, pipel
     an engine.mha.HeadParallelMultiheadAttention (heads split over G_intra_r) where they divide."""
     grid = current_grid(grid)
     if grid.size("inter") > 1 and not pipeline:
-        raise GridError(f"auto_parallelize splits Linears over G_intra_r/G_intra_c/G_intra_d, but the grid has "
-                        f"G_inter={grid.size('inter')}: a model built this way has no pipeline stages, so every "
-                        f"stage would hold and compute the whole model; use G_inter=1, engine.ParallelGPT, or "
-                        f"auto_parallelize(pipeline=True) with engine.BlockPipeline")
+        raise GridError(
+            f"auto_parallelize splits Linears over G_intra_r/G_intra_c/G_intra_d, but the grid has "
+            f"G_inter={grid.size('inter')}: a model built this way has no pipeline stages, so every "
+            f"stage would hold and compute the whole model; use G_inter=1, engine.ParallelGPT, or "
+            f"auto_parallelize(pipeline=True) with engine.BlockPipeline")
     original = nn.Linear
 
     def linear(in_features: int, out_features: int, bias: bool = True, device: Any = None,
                dtype: Any = None) -> nn.Module:
         if split_problems(in_features, out_features, transpose, grid.degrees):
             return original(in_features, out_features, bias, device=device, dtype=dtype)
-        return Linear(in_features, out_features, bias, device=device, dtype=dtype, transpose=transpose, grid=grid)
+        return Linear(in_features, out_features, bias, device=device, dtype=dtype, transpose=transpose,
+                      grid=grid)
 
     original_embedding = nn.Embedding
 
@@ -68,8 +70,8 @@ def auto_parallelize(grid: Grid | None = None, *, transpose: bool = False, pipel
                        *args: Any, device: Any = None, dtype: Any = None, **kwargs: Any) -> nn.Module:
         if (padding_idx is not None or max_norm is not None or args or kwargs.get("sparse")
                 or kwargs.get("_weight") is not None or grid.size("row") == 1):
-            return original_embedding(num_embeddings, embedding_dim, padding_idx, max_norm, *args, device=device,
-                                      dtype=dtype, **kwargs)
+            return original_embedding(num_embeddings, embedding_dim, padding_idx, max_norm, *args,
+                                      device=device, dtype=dtype, **kwargs)
         from engine.vocab_embedding import VocabParallelEmbedding
 
         return VocabParallelEmbedding(num_embeddings, embedding_dim, grid=grid, device=device, dtype=dtype)

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from engine.grads import STAGE_SPLIT_ATTR, wrap
-from engine.grid import Grid, GridError, current_grid
+from engine.grid import Grid, GridError, grid_of
 from engine.pipeline import SCHEDULES, run_schedule
 
 
@@ -59,8 +59,8 @@ class BlockPipeline:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], schedule: str = "1f1b",
                  micro_batch_size: int, local_batch_size: int, example_input: torch.Tensor,
                  virtual_stages: int = 1) -> None:
-        grid = current_grid(grid)
         blocks = list(blocks)
+        grid = grid_of(blocks, grid)
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         for name, value in (("micro_batch_size", micro_batch_size), ("local_batch_size", local_batch_size),
@@ -71,11 +71,13 @@ class BlockPipeline:
             raise ValueError(f"local_batch_size={local_batch_size} is not divisible by "
                              f"micro_batch_size={micro_batch_size}")
         if virtual_stages > 1 and schedule != "interleaved-1f1b":
-            raise ValueError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b', got {schedule!r}")
+            raise ValueError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b', "
+                             f"got {schedule!r}")
         S, s = grid.size("inter"), grid.coord("inter")
         n_chunks = S * virtual_stages
         if len(blocks) < n_chunks:
-            raise ValueError(f"blocks: {len(blocks)} blocks cannot fill G_inter*virtual_stages={n_chunks} chunks")
+            raise ValueError(f"blocks: {len(blocks)} blocks cannot fill "
+                             f"G_inter*virtual_stages={n_chunks} chunks")
         n_mb = local_batch_size // micro_batch_size
         if schedule != "gpipe" and n_mb < S:
             raise ValueError(f"{schedule} needs at least G_inter={S} micro-batches per step, got {n_mb}")
@@ -104,10 +106,12 @@ class BlockPipeline:
             inp_arg = torch.empty_like(inp, requires_grad=k > 0 and inp.is_floating_point())
             out_arg = torch.empty_like(out, requires_grad=True)
             self.stages.append(PipelineStage(chunk, stage_index=k, num_stages=n_chunks, device=grid.device,
-                                             input_args=inp_arg, output_args=out_arg, group=grid.group("inter")))
+                                             input_args=inp_arg, output_args=out_arg,
+                                             group=grid.group("inter")))
         self.loss_scale = 1.0
         first = self.stages if schedule == "interleaved-1f1b" else self.stages[0]
-        self.schedule = SCHEDULES[schedule](first, n_mb, loss_fn=lambda o, t: self.loss_fn(o, t) * self.loss_scale)
+        self.schedule = SCHEDULES[schedule](first, n_mb,
+                                            loss_fn=lambda o, t: self.loss_fn(o, t) * self.loss_scale)
         self.is_first = any(st.is_first for st in self.stages)
         self.is_last = any(st.is_last for st in self.stages)
 

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.grid import Grid, current_grid
+from engine.grads import restore_hyperparameters
+from engine.grid import Grid, grid_of
 from engine.shard import ShardSpec, spec_of
 from engine.zero import ZeroOptimizer
 from perfmodels.layout import rank_coords
@@ -80,11 +81,13 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
     """Unsharded parameters and buffers (CPU tensors) on every rank.
 
     A collective over col, row, depth and pipeline stages (each data replica assembles its own)."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     state, specs = _named_tensors(model)
     mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
                     for name, t in state.items() if _owner(specs[name], grid)}
     gathered: list[tuple[dict[str, int], Pieces]] = [(dict(grid.degrees), mine)]
+    # axis by axis, each gather carrying what the previous axes collected: never over data
+    # (replicas hold the same pieces) and never a world-sized gather
     for axis in ("col", "row", "depth", "inter"):
         group = grid.comm_group(axis)
         if group is None:
@@ -94,12 +97,13 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
         gathered = [item for part in box for item in part]
     full = _place_all(gathered)
     order = list(state)
-    return {name: full[name] for name in order if name in full} | {k: v for k, v in full.items() if k not in state}
+    extra = {k: v for k, v in full.items() if k not in state}
+    return {name: full[name] for name in order if name in full} | extra
 
 
 def save_consolidated(file: str, model: nn.Module, *, grid: Grid | None = None) -> None:
     """One single-process state_dict file (rank 0 writes it); a collective like full_state_dict."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     full = full_state_dict(model, grid=grid)
     if grid.rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
@@ -153,7 +157,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     """Every rank writes its own file (data replica 0 with the model and optimizer pieces), rank 0
     the index; every rank returns after a barrier. `consolidated=True` also writes
     `dir/consolidated.pt` (the single-process state_dict)."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     # every rank takes part (ZeRO-1 gathers its state over data); data replica 0 writes the pieces
     states = _optimizer_state_by_name(model, optimizer) if optimizer is not None else {}
     os.makedirs(path, exist_ok=True)
@@ -162,7 +166,8 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     optim: dict[str, Pieces] = {}
     scalars: dict[str, dict[str, Any]] = {}
     if grid.coord("data") == 0:
-        model_pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone()) for name, t in state.items()}
+        model_pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
+                        for name, t in state.items()}
         params = dict(model.named_parameters())
         for name, st in states.items():
             for key, value in st.items():
@@ -170,8 +175,10 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
                     optim.setdefault(key, {})[name] = (spec_of(params[name]), dict(grid.coords),
                                                         value.detach().cpu().clone())
                 else:
-                    scalars.setdefault(name, {})[key] = value.clone() if isinstance(value, torch.Tensor) else value
-    payload = {"degrees": dict(grid.degrees), "coords": dict(grid.coords), "step": int(step), "model": model_pieces,
+                    copy = value.clone() if isinstance(value, torch.Tensor) else value
+                    scalars.setdefault(name, {})[key] = copy
+    payload = {"degrees": dict(grid.degrees), "coords": dict(grid.coords), "step": int(step),
+               "model": model_pieces,
                "optim": optim, "scalars": scalars, "rng": _rng_state(grid),
                "param_groups": _hyperparameters(optimizer) if optimizer is not None else None,
                "scheduler": scheduler.state_dict() if scheduler is not None else None}
@@ -184,7 +191,8 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     else:
         entries = [entry]
     if grid.rank == 0:
-        torch.save({"degrees": dict(grid.degrees), "placement": tuple(grid.placement), "world_size": grid.world_size,
+        torch.save({"degrees": dict(grid.degrees), "placement": tuple(grid.placement),
+                    "world_size": grid.world_size,
                     "step": int(step), "files": {r: e for r, e in enumerate(entries) if e}},
                    os.path.join(path, INDEX))
     if consolidated:
@@ -236,7 +244,8 @@ def _needed_files(index: dict[str, Any], specs: dict[str, ShardSpec | None], gri
                 continue
             if any(coords[a] != 0 for a in saved_spec.replicated_axes()):
                 continue  # a copy of what the first member of that axis saved
-            if _overlaps(_bounds(saved_spec, coords, saved_degrees), _bounds(spec, grid.coords, grid.degrees)):
+            mine = _bounds(spec, grid.coords, grid.degrees)
+            if _overlaps(_bounds(saved_spec, coords, saved_degrees), mine):
                 needed.append(rank)
                 break
     return needed
@@ -247,8 +256,8 @@ def _shard_for(full: torch.Tensor, t: torch.Tensor, spec: ShardSpec | None, grid
     return local.to(device=t.device, dtype=t.dtype).view_as(t)
 
 
-def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch.Tensor, spec: ShardSpec | None,
-                   grid: Grid, optim_key: str | None = None) -> torch.Tensor | None:
+def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch.Tensor,
+                   spec: ShardSpec | None, grid: Grid, optim_key: str | None = None) -> torch.Tensor | None:
     """This rank's piece of tensor `name` from the loaded files (one full tensor at a time)."""
     parts = []
     for pl in payloads:
@@ -267,7 +276,7 @@ def _local_tensors(payloads: list[dict[str, Any]], key: str, name: str, t: torch
 def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, scheduler: Any = None,
                     grid: Grid | None = None, restore_rng: bool = True) -> int:
     """Load pieces saved under any grid into this rank's shards; returns the saved step."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     index_path = os.path.join(path, INDEX)
     if not os.path.exists(index_path):
         raise FileNotFoundError(f"no checkpoint index {index_path} (written by engine.save_checkpoint)")
@@ -293,12 +302,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
     if optimizer is not None:
         _load_optimizer(payloads, model, optimizer, grid)
         if meta.get("param_groups") is not None:
-            groups = meta["param_groups"]
-            if len(groups) != len(optimizer.param_groups):
-                raise ValueError(f"checkpoint {path} has {len(groups)} optimizer parameter groups, "
-                                 f"the optimizer {len(optimizer.param_groups)}")
-            for g, saved in zip(optimizer.param_groups, groups):
-                g.update(saved)
+            restore_hyperparameters(optimizer.param_groups, meta["param_groups"], f"checkpoint {path}")
     if scheduler is not None:
         if meta.get("scheduler") is None:
             raise ValueError(f"checkpoint {path} holds no LR scheduler state (saved without scheduler=)")

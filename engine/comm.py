@@ -96,6 +96,8 @@ class _CopyTo(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # each member multiplied the same input by its own weight slice, so the input's gradient is
+        # the sum of theirs; a copy because autograd may hand the same `g` to other consumers
         g = g.clone()
         dist.all_reduce(g, group=ctx.group)
         return g, None
@@ -109,6 +111,8 @@ class _GatherLast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # every member computed the same loss from the same gathered tensor, so each already holds
+        # the full gradient: its own slice is its input's gradient, no reduction needed
         return _slice_last_dim(g, ctx.group), None
 
 
@@ -120,6 +124,8 @@ class _ScatterLast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # the input was replicated and each member used only its slice: the input's gradient is the
+        # sum of the members' contributions, each nonzero only on its own slice, i.e. their concat
         return _gather_last_dim(g, ctx.group), None
 
 

@@ -35,7 +35,8 @@ class ChannelParallelConv2d(nn.Module):
         self.stride, self.padding, self.dilation = full.stride, full.padding, full.dilation
         self.kernel_size = full.kernel_size
         w = full.weight.detach()[r * n:(r + 1) * n].clone()
-        self.weight = mark(nn.Parameter(w.to(grid.device)), ShardSpec(full_shape=tuple(full.weight.shape), row_dim=0))
+        self.weight = mark(nn.Parameter(w.to(grid.device)),
+                           ShardSpec(full_shape=tuple(full.weight.shape), row_dim=0))
         if full.bias is not None:
             b = full.bias.detach()[r * n:(r + 1) * n].clone()
             self.bias = mark(nn.Parameter(b.to(grid.device)), ShardSpec(full_shape=(c_out,), row_dim=0))
@@ -50,7 +51,8 @@ class ChannelParallelConv2d(nn.Module):
         return gather_last(out.movedim(1, -1).contiguous(), self.group).movedim(-1, 1)
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, channel-split over row"
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                "channel-split over row")
 
 
 def make_conv2d(original: Any, grid: Grid) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from engine.grid import Grid, GridError, current_grid
+from perfmodels import rules
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -28,11 +29,12 @@ def local_batch_size(global_batch_size: int, grid: Grid, micro_batch_size: int |
         _positive_int("micro_batch_size", micro_batch_size)
     G_data, G_d = grid.size("data"), grid.size("depth")
     shards = G_data * G_d
-    if global_batch_size % shards:
+    if not rules.batch_split(global_batch_size, G_data, G_d):
         raise GridError(f"global_batch_size={global_batch_size} is not divisible by "
                         f"G_data*G_intra_d = {G_data}*{G_d} = {shards}")
     local = global_batch_size // shards
-    if micro_batch_size is not None and local % micro_batch_size:
+    if micro_batch_size is not None and not rules.microbatch_split(global_batch_size, G_data, G_d,
+                                                                   micro_batch_size):
         raise GridError(f"the per-replica batch global_batch_size/(G_data*G_intra_d) = {global_batch_size}/"
                         f"({G_data}*{G_d}) = {local} is not divisible by micro_batch_size={micro_batch_size}")
     return local
@@ -59,8 +61,8 @@ def create_dataloader(dataset: Dataset, global_batch_size: int, micro_batch_size
     except TypeError:
         size = None
     if size is not None and size < global_batch_size:
-        raise ValueError(f"global_batch_size={global_batch_size} is larger than the dataset ({size} samples): "
-                         "the loader would yield no batch")
+        raise ValueError(f"global_batch_size={global_batch_size} is larger than the dataset "
+                         f"({size} samples): the loader would yield no batch")
     sampler = DistributedSampler(dataset, num_replicas=grid.batch_shards, rank=grid.batch_shard_index,
                                  shuffle=shuffle, seed=seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=local, sampler=sampler, drop_last=True, num_workers=num_workers,

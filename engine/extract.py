@@ -77,4 +77,5 @@ def model_spec(model: ModelLike, *, rows_per_sample: int = 1, name: str | None =
     if cfg is not None:
         return cfg.to_spec(name or "gpt")
     module: Any = model if isinstance(model, nn.Module) else build_on_meta(model)
-    return Model(name=name or type(module).__name__, layers=layer_specs(module, rows_per_sample=rows_per_sample))
+    return Model(name=name or type(module).__name__,
+                 layers=layer_specs(module, rows_per_sample=rows_per_sample))

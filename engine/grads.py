@@ -22,8 +22,9 @@ left (parameters without a gradient this step), waits, copies the sums back, the
 depth and scales; the sum over data and depth commutes, so the result is the synchronous one.
 Inside `no_sync(model)` (and for every micro-batch but the last in `forward_backward`) nothing
 launches; in a pipeline a parameter counts as ready after its last micro-batch's backward (so
-1F1B's buckets go out while the remaining micro-batches drain); a second backward without a sync in between discards the
-in-flight sums and reduces synchronously. `overlap_grad_reduce(model, False)` turns it off.
+1F1B's buckets go out while the remaining micro-batches drain); a second backward without a sync
+in between discards the in-flight sums and reduces synchronously. `overlap_grad_reduce(model,
+False)` turns it off.
 
 Replicas never drift silently: `wrap(model)` (called by ParallelGPT and engine.train) broadcasts
 parameters and buffers over their replica groups, and every engine layer's parameters (all of a
@@ -43,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from engine.grid import Grid, current_grid
+from engine.grid import GRID_ATTR, Grid, grid_of
 from engine.shard import spec_of
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -194,6 +195,8 @@ class _OverlappedReducer:
             self._launch(self.next)
 
     def _launch(self, i: int) -> None:
+        # only ever bucket `self.next`: NCCL matches collectives by issue order, and hooks fire in
+        # a different order on different ranks, so every rank must launch bucket 0, 1, 2, ...
         for p in self.buckets[i]:  # parameters without a gradient in backward: their value now
             if id(p) not in self.copied[i]:
                 self._copy_in(i, p, 1.0)
@@ -250,7 +253,8 @@ def install_overlap(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BU
 
 def reduce_depth_replicated(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
     params = _params_with_grads(model)
-    all_reduce_bucketed([p.grad for p in params if replicated_over_depth(p)], grid.comm_group("depth"), bucket_bytes)
+    all_reduce_bucketed([p.grad for p in params if replicated_over_depth(p)], grid.comm_group("depth"),
+                        bucket_bytes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,8 +274,8 @@ def _check_synced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> N
             if getattr(p, _DIRTY_ATTR, False):
                 raise RuntimeError(
                     "gradients were not synchronized across the G_data*G_intra_d replicas before "
-                    f"{type(optimizer).__name__}.step(): call engine.sync_gradients(model) after backward, or "
-                    "engine.step(model, optimizer), which syncs and steps")
+                    f"{type(optimizer).__name__}.step(): call engine.sync_gradients(model) after backward, "
+                    "or engine.step(model, optimizer), which syncs and steps")
 
 
 def install_sync_guard(module: nn.Module, grid: Grid) -> None:
@@ -281,6 +285,8 @@ def install_sync_guard(module: nn.Module, grid: Grid) -> None:
         return
     from torch.optim import optimizer as optimizer_module
 
+    # one global optimizer pre-hook (registered once) sees every optimizer, including ones built
+    # before wrap and user optimizers the engine never wraps
     hooks = getattr(optimizer_module, "_global_optimizer_pre_hooks", {})
     if not any(h is _check_synced for h in hooks.values()):
         optimizer_module.register_optimizer_step_pre_hook(_check_synced)
@@ -321,7 +327,7 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
     """
     if getattr(model, _NO_SYNC_ATTR, False):
         return
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     reducer = getattr(model, _OVERLAP_ATTR, None)
     params = _params_with_grads(model)
     guarded = [p for p in params if getattr(p, _GUARDED_ATTR, False)]
@@ -367,10 +373,12 @@ def replica_copies(p: torch.Tensor, grid: Grid) -> int:
     return copies
 
 
-def reduce_norm_over_model(total: torch.Tensor, model: nn.Module, grid: Grid) -> None:
+def reduce_norm_over_model(total: torch.Tensor, model: nn.Module | None, grid: Grid) -> None:
     """All-reduce a per-rank sum of |g|^p over the tensor axes, and over pipeline stages only when
-    the model is split into stages (otherwise every stage holds the same parameters)."""
-    axes = ("depth", "row", "col", "inter") if is_stage_split(model) else ("depth", "row", "col")
+    the model is split into stages (otherwise every stage holds the same parameters; no model:
+    not split)."""
+    split = model is not None and is_stage_split(model)
+    axes = ("depth", "row", "col", "inter") if split else ("depth", "row", "col")
     for axis in axes:
         group = grid.comm_group(axis)
         if group is not None:
@@ -398,27 +406,106 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
     model split into stages). Under an engine.ZeroOptimizer the data-parallel reduce-scatter runs
     first and the norm is taken over the reduced shards (summed over data).
     """
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.grad_norm(norm_type=norm_type, model=model)
     params = [p for p in model.parameters() if p.grad is not None]
-    total = sum_of_powers([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
-                          norm_type, grid.device)
+    return global_norm([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
+                       norm_type, grid, model)
+
+
+def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.Tensor], numels: list[int],
+                      grid: Grid) -> tuple[list[torch.Tensor], list[float]]:
+    """`grad` holds elements [lo, hi) of the flat concatenation of `params` (a ZeRO shard): cut it
+    at parameter boundaries, each piece weighted 1 / (tensor-parallel ranks holding the same values),
+    ready for `global_norm`. `numels` are the parameters' full sizes (engine.Zero3 empties a
+    parameter's data while its unit is not gathered)."""
+    pieces, weights = [], []
+    offset = 0
+    for p, n in zip(params, numels):
+        a, b = max(lo, offset), min(hi, offset + n)
+        if a < b:
+            pieces.append(grad[a - lo:b - lo])
+            weights.append(1.0 / replica_copies(p, grid))
+        offset += n
+    return pieces, weights
+
+
+def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: float, grid: Grid,
+                model: nn.Module | None, *, data_sharded: bool = False) -> torch.Tensor:
+    """The p-norm of the whole model's gradient, on every rank, from this rank's part of it.
+
+    `grads[i]` weighs `weights[i]` (1/k for a tensor k tensor-parallel ranks hold alike, so the sum
+    over the tensor axes counts it once). `data_sharded`: each data rank holds a different shard of
+    the data-reduced gradient (ZeRO 1-3), so the sum runs over data too; otherwise the data replicas
+    hold the same gradient and summing over them would count it G_data times. Pipeline stages are
+    summed only for a `model` split into stages (`reduce_norm_over_model`). The one norm that
+    `grad_norm`, `ZeroOptimizer.grad_norm` and `Zero3.grad_norm` all take.
+    """
+    total = sum_of_powers(grads, weights, norm_type, grid.device)
+    data = grid.comm_group("data") if data_sharded else None
+    if data is not None:
+        dist.all_reduce(total, group=data)
     reduce_norm_over_model(total, model, grid)
     return total.pow(1.0 / norm_type)
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6), never above one."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+class ShardedGradNorm:
+    """`grad_norm` and `clip_grad_norm_` of an optimizer whose gradient lives in data-reduced shards
+    (engine.ZeroOptimizer, engine.Zero3). The optimizer supplies `grid`, `reduce_gradients()`,
+    `_weighted_pieces()` (its shard's gradient cut at parameter boundaries, see flat_slice_pieces)
+    and `_grad_shards()` (the tensors whose gradients clipping scales)."""
+
+    grid: Grid
+
+    def _norm_model(self, model: nn.Module | None) -> nn.Module | None:
+        """The model whose stage split decides whether the norm sums over pipeline stages."""
+        return model
+
+    @torch.no_grad()
+    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
+        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
+        self.reduce_gradients()  # type: ignore[attr-defined]
+        pieces, weights = self._weighted_pieces()  # type: ignore[attr-defined]
+        return global_norm(pieces, weights, norm_type, self.grid, self._norm_model(model), data_sharded=True)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
+                        model: nn.Module | None = None) -> torch.Tensor:
+        norm = self.grad_norm(norm_type=norm_type, model=model)
+        coef = clip_coefficient(norm, max_norm)
+        for shard in self._grad_shards():  # type: ignore[attr-defined]
+            if shard.grad is not None:
+                shard.grad.mul_(coef.to(device=shard.grad.device, dtype=shard.grad.dtype))
+        return norm.float()
+
+
+def restore_hyperparameters(param_groups: list[dict[str, Any]], saved: list[dict[str, Any]],
+                            source: str) -> None:
+    """Write saved per-group hyperparameters (lr, betas, ...) into an optimizer's `param_groups`."""
+    if len(saved) != len(param_groups):
+        raise ValueError(f"{source} has {len(saved)} optimizer parameter groups, "
+                         f"the optimizer {len(param_groups)}")
+    for group, values in zip(param_groups, saved):
+        group.update(values)
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = None,
                     norm_type: float = 2.0) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over the whole grid: same total norm and scaling as one process
     (under ZeRO-1 too: the norm of the data-reduced gradient, and its shards are scaled)."""
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.clip_grad_norm_(max_norm, norm_type=norm_type, model=model)
     norm = grad_norm(model, grid=grid, norm_type=norm_type)
-    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    coef = clip_coefficient(norm, max_norm)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if grads:
         torch._foreach_mul_(grads, coef.to(dtype=grads[0].dtype))
@@ -448,7 +535,7 @@ def broadcast_replicas(model: nn.Module, grid: Grid, bucket_bytes: int = DEFAULT
             group = grid.comm_group(axis)
             if group is None:
                 continue
-            src = dist.get_global_rank(group, 0)
+            src = dist.get_global_rank(group, 0)  # broadcast takes a world rank, not a group rank
             chosen = [t.data for t, is_param in tensors
                       if _replicated_over(t, axis, is_param) and t.numel() and t.is_floating_point()]
             others = [t.data for t, is_param in tensors
@@ -472,8 +559,8 @@ def _check_tied_embeddings(model: nn.Module, grid: Grid) -> None:
     tables = {id(m.weight) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
     for name, m in model.named_modules():
         if not isinstance(m, VocabParallelEmbedding) and id(getattr(m, "weight", None)) in tables:
-            raise ValueError(f"{name}.weight is tied to a vocabulary-parallel embedding, which only works with "
-                             f"G_intra_c=1 and G_intra_d=1 (got G_intra_c={grid.size('col')}, "
+            raise ValueError(f"{name}.weight is tied to a vocabulary-parallel embedding, which only works "
+                             f"with G_intra_c=1 and G_intra_d=1 (got G_intra_c={grid.size('col')}, "
                              f"G_intra_d={grid.size('depth')})")
 
 
@@ -488,7 +575,8 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
     split into pipeline stages on a grid with G_inter > 1 gets a warning: every stage would hold
     and compute all of it.
     """
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
+    setattr(model, GRID_ATTR, grid)  # what sync_gradients, step and checkpoints use when not given grid=
     _check_tied_embeddings(model, grid)
     if grid.size("inter") > 1 and not is_stage_split(model):
         warnings.warn(f"{type(model).__name__} is not split into pipeline stages but the grid has "
@@ -509,7 +597,7 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, *, max_grad_norm: f
     (returning the norm before clipping), then `optimizer.step()`."""
     if max_grad_norm is not None and not max_grad_norm > 0:
         raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
-    grid = current_grid(grid)
+    grid = grid_of(model, grid)
     sync_gradients(model, grid=grid)
     norm = clip_grad_norm_(model, max_grad_norm, grid=grid) if max_grad_norm is not None else None
     optimizer.step()

@@ -2,7 +2,8 @@
 
     import engine
     grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=1, G_intra_d=2, G_inter=1)
-    grid = engine.init(1, 2, 2, 1, 2)        # positional, AxoNN's order: G_inter, G_data, G_intra_r, G_intra_c, G_intra_d
+    grid = engine.init(1, 2, 2, 1, 2)        # positional, AxoNN's order:
+                                             #   G_inter, G_data, G_intra_r, G_intra_c, G_intra_d
     grid.size("row"), grid.coord("depth"), grid.group("col")   # a real ProcessGroup, also for size-1 axes
 
 `grid.group(axis)` always returns a real group holding this rank (a single-rank group for an axis
@@ -25,8 +26,19 @@ model agree on which ranks talk to which. The mesh dims are always named MESH_OR
 first); a non-default placement permutes which world ranks sit at which mesh coordinates.
 
 Validation happens before any collective: a grid whose product differs from the world size fails
-on every rank with a message naming every factor. There are no process-group globals; `init`
-remembers the grid it returns as the default for functions that are called without `grid=`.
+on every rank with a message naming every factor.
+
+The one piece of module state, on purpose: `init` remembers the grid it returns (`_CURRENT`), as
+AxoNN's `ax.init` does, because that is the documented public model: `engine.init(...)`, then
+layers and loaders find the grid (`engine.Linear(k, n)`, `with engine.auto_parallelize(): ...`,
+`engine.create_dataloader(...)` without `grid=`). Only the public entry points that build
+something from nothing read it (`current_grid`): Linear/ShardedLinear, auto_parallelize,
+parallelize, ParallelGPT, create_dataloader. Functions given a model or blocks (wrap,
+sync_gradients, step, grad_norm, clip_grad_norm_, the checkpoint functions, ZeroOptimizer, Zero3,
+BlockPipeline) take the grid the model was wrapped or built on (`grid_of`: `engine.wrap` records
+it, every engine layer holds one) and fall back to `init`'s only for a model without engine parts.
+Code inside the engine passes the grid it holds (`grid=`) and never reads the global itself.
+There are no process-group globals: every group lives on a Grid.
 """
 
 from __future__ import annotations
@@ -38,12 +50,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from perfmodels.layout import MESH_ORDER, rank_coords, rank_of
 from perfmodels.specs import AXES, AXIS_FIELDS
 
-_CURRENT: list[Grid] = []
+_CURRENT: list[Grid] = []  # the grid the last engine.init returned (see the module docstring)
+GRID_ATTR = "_gridtune_grid"  # engine.wrap records the model's grid here (read by grid_of)
 
 
 class GridError(ValueError):
@@ -96,7 +110,8 @@ class Grid:
         return self.coords[axis]
 
     def group(self, axis: str) -> Any:
-        """The ProcessGroup along `axis` containing this rank (a one-rank group when the axis has size one)."""
+        """The ProcessGroup along `axis` containing this rank (a one-rank group when the axis has
+        size one)."""
         if axis not in self.degrees:
             raise ValueError(f"axis must be one of {list(self.degrees)}, got {axis!r}")
         return self.groups[axis]
@@ -176,7 +191,8 @@ def _init_default_group(backend: str | None, timeout_s: float, gpus_per_node: in
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if _uses_cuda(backend):
         torch.cuda.set_device(local_device_index(rank, gpus_per_node))
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _env_world_size() -> int:
@@ -254,10 +270,30 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
 
 
 def current_grid(grid: Grid | None = None) -> Grid:
-    """`grid` if given, else the one the last `engine.init` returned."""
+    """`grid` if given, else the one the last `engine.init` returned: for the public entry points
+    that build something from nothing (engine.Linear, auto_parallelize, create_dataloader, ...)."""
     if grid is not None:
         return grid
     if not _CURRENT:
         raise RuntimeError("no grid: call engine.init(...) first or pass grid=")
     return _CURRENT[0]
 
+
+
+def grid_of(model: nn.Module | Any, grid: Grid | None = None) -> Grid:
+    """`grid` if given, else the grid `model` was wrapped on (engine.wrap) or built on (the first
+    engine layer in it), else the last `engine.init`'s. `model`: a module, or a list of modules
+    (BlockPipeline's blocks); anything else (an iterable of parameters) has no grid of its own."""
+    if grid is not None:
+        return grid
+    roots = [model] if isinstance(model, nn.Module) else []
+    if isinstance(model, (list, tuple)):
+        roots = list(model)
+    for root in roots:
+        if not isinstance(root, nn.Module):
+            continue
+        for m in root.modules():
+            found = getattr(m, GRID_ATTR, None) or getattr(m, "grid", None)
+            if isinstance(found, Grid):
+                return found
+    return current_grid()

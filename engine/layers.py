@@ -21,14 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from engine.comm import all_reduce_ as _all_reduce
 from engine.comm import group_rank, group_size
 from engine.shard import ShardSpec, mark, tensor_chunks
-
-
-def _all_reduce(t: torch.Tensor, group: Any, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
-    if group is not None:
-        dist.all_reduce(t, op=op, group=group)
-    return t
 
 
 class _SplitLayerNormFn(torch.autograd.Function):
@@ -56,6 +51,8 @@ class _SplitLayerNormFn(torch.autograd.Function):
         xhat, rstd, weight = ctx.saved_tensors
         gf = g.float()
         gx = gf * weight
+        # dx needs mean(g*gamma) and mean(g*gamma*xhat) over all features, which are spread over
+        # the group: one all-reduce of the two local sums instead of gathering g and xhat
         sums = torch.stack([gx.sum(-1), (gx * xhat).sum(-1)], dim=-1)
         _all_reduce(sums, ctx.group)
         sums = sums / ctx.n
@@ -79,8 +76,9 @@ class ParallelLayerNorm(nn.Module):
         n = hidden_size // p
         spec = ShardSpec(full_shape=(hidden_size,), col_dim=0 if split_axis == "col" else None,
                          row_dim=0 if split_axis == "row" else None)
-        w = torch.ones(n, device=device) if weight is None else weight.detach()[r * n:(r + 1) * n].clone().to(device)
-        b = torch.zeros(n, device=device) if bias is None else bias.detach()[r * n:(r + 1) * n].clone().to(device)
+        mine = slice(r * n, (r + 1) * n)
+        w = torch.ones(n, device=device) if weight is None else weight.detach()[mine].clone().to(device)
+        b = torch.zeros(n, device=device) if bias is None else bias.detach()[mine].clone().to(device)
         self.weight = mark(nn.Parameter(w), spec)
         self.bias = mark(nn.Parameter(b), spec)
 
@@ -93,7 +91,8 @@ class ParallelLayerNorm(nn.Module):
 class SplitEmbedding(nn.Module):
     """Embedding(num, hidden) with the hidden dim split over a group (col): returns [*, hidden/G]."""
 
-    def __init__(self, num_embeddings: int, hidden_size: int, group: Any, *, weight: torch.Tensor | None = None,
+    def __init__(self, num_embeddings: int, hidden_size: int, group: Any, *,
+                 weight: torch.Tensor | None = None,
                  split_axis: str = "col", chunks: Iterable[tuple[int, torch.Tensor]] | None = None,
                  device: Any = None) -> None:
         """Values from `weight` (a full table), from `chunks` (row chunks of the full table, see
@@ -133,6 +132,8 @@ class _VocabParallelCEFn(torch.autograd.Function):
         if vocab_start + local_v > vocab_size:  # padded vocabulary rows never win
             lf[:, max(0, vocab_size - vocab_start):] = float("-inf")
         mx = lf.max(dim=-1).values
+        # the global max keeps exp() finite on every member; the target logit lives on one member
+        # only (the others contribute 0), and the softmax denominator sums over the whole vocabulary
         _all_reduce(mx, group, dist.ReduceOp.MAX)
         lf.sub_(mx.unsqueeze(-1))
         local_t = t - vocab_start

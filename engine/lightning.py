@@ -38,7 +38,8 @@ class GridtuneStrategy(ParallelStrategy):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if G_inter != 1:
-            raise ValueError(f"G_inter must be 1 with Lightning (a LightningModule has no pipeline stages), got {G_inter}")
+            raise ValueError("G_inter must be 1 with Lightning (a LightningModule has no pipeline stages), "
+                             f"got {G_inter}")
         super().__init__(**kwargs)
         self.degrees = {"G_inter": G_inter, "G_data": G_data, "G_intra_r": G_intra_r, "G_intra_c": G_intra_c,
                         "G_intra_d": G_intra_d}
@@ -96,7 +97,8 @@ class GridtuneStrategy(ParallelStrategy):
 
         if self.lightning_module is not None and self.lightning_module.trainer is not None \
                 and self.lightning_module.trainer.accumulate_grad_batches != 1:
-            raise ValueError("GridtuneStrategy needs accumulate_grad_batches=1 (gradients sync after each backward)")
+            raise ValueError("GridtuneStrategy needs accumulate_grad_batches=1 "
+                             "(gradients sync after each backward)")
         engine.parallelize(model, self.grid)
         return engine.wrap(model, grid=self.grid)
 

@@ -63,13 +63,16 @@ class _DepthShardedLinearFn(torch.autograd.Function):
             return F.linear(xc, w)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+    def backward(ctx: Any,
+                 g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         xc, w_shard = ctx.saved_tensors
         g = g.to(ctx.dtype)
         w = all_gather_flat(w_shard.to(ctx.dtype), ctx.depth_group).view(ctx.block_shape)
         grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
+            # each depth rank saw other samples: sum the block's gradient over depth and keep the
+            # shard this rank owns (the inverse of the forward all-gather)
             n, k = ctx.block_shape
             full = g.reshape(-1, n).t().matmul(xc.reshape(-1, k))
             grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard).to(w_shard.dtype)
@@ -110,7 +113,8 @@ def split_problems(in_features: int, out_features: int, transpose: bool, degrees
 
 
 def _kaiming_bound(fan_in: int) -> float:
-    """torch.nn.Linear's weight init: kaiming_uniform_(a=sqrt(5)) == uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    """torch.nn.Linear's weight init: kaiming_uniform_(a=sqrt(5)) ==
+    uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     gain = math.sqrt(2.0 / (1 + 5.0))
     return math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
@@ -147,15 +151,17 @@ class ShardedLinear(nn.Module):
         self.grid = current_grid(grid)
         self.in_features, self.out_features = in_features, out_features
         self.transpose = transpose
-        problems = split_problems(in_features, out_features, transpose, self.grid.degrees, padded_out_features)
+        problems = split_problems(in_features, out_features, transpose, self.grid.degrees,
+                                  padded_out_features)
         if problems:
-            raise GridError(f"engine.{type(self).__name__}({in_features}, {out_features}, transpose={transpose}) "
-                            f"on grid {self.grid.describe()}: " + "; ".join(problems))
+            raise GridError(f"engine.{type(self).__name__}({in_features}, {out_features}, "
+                            f"transpose={transpose}) on grid {self.grid.describe()}: " + "; ".join(problems))
         if init not in ("serial", "local"):
             raise ValueError(f"init must be 'serial' or 'local', got {init!r}")
         g = self.grid
         device = torch.device(device) if device is not None else g.device
-        self.w_spec, self.b_spec = linear_specs(in_features, out_features, bias, transpose, padded_out_features)
+        self.w_spec, self.b_spec = linear_specs(in_features, out_features, bias, transpose,
+                                                padded_out_features)
         self.block_shape = self.w_spec.block_shape(g.degrees)
         if _full_weight is not None:
             w_chunks, b_chunks = tensor_chunks(_full_weight), (tensor_chunks(_full_bias) if bias else None)
@@ -167,7 +173,8 @@ class ShardedLinear(nn.Module):
             weight = materialize(self.w_spec, w_chunks, g.coords, g.degrees, dtype=dtype, device=device)
         else:
             wb = _kaiming_bound(in_features)
-            weight = torch.empty(self.w_spec.local_shape(g.degrees), dtype=dtype, device=device).uniform_(-wb, wb)
+            weight = torch.empty(self.w_spec.local_shape(g.degrees), dtype=dtype, device=device)
+            weight.uniform_(-wb, wb)
         self.weight = mark(nn.Parameter(weight), self.w_spec)
         if bias:
             assert self.b_spec is not None
@@ -175,7 +182,8 @@ class ShardedLinear(nn.Module):
                 b = materialize(self.b_spec, b_chunks, g.coords, g.degrees, dtype=dtype, device=device)
             else:
                 bb = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
-                b = torch.empty(self.b_spec.local_shape(g.degrees), dtype=dtype, device=device).uniform_(-bb, bb)
+                b = torch.empty(self.b_spec.local_shape(g.degrees), dtype=dtype, device=device)
+                b.uniform_(-bb, bb)
             self.bias = mark(nn.Parameter(b), self.b_spec)
         else:
             self.register_parameter("bias", None)
@@ -187,8 +195,8 @@ class ShardedLinear(nn.Module):
     def from_dense(cls, dense: nn.Linear, *, transpose: bool = False, grid: Grid | None = None,
                    padded_out_features: int | None = None) -> ShardedLinear:
         """Shard an existing torch.nn.Linear (same values, this rank's slice)."""
-        return cls(dense.in_features, dense.out_features, dense.bias is not None, transpose=transpose, grid=grid,
-                   padded_out_features=padded_out_features, _full_weight=dense.weight.detach(),
+        return cls(dense.in_features, dense.out_features, dense.bias is not None, transpose=transpose,
+                   grid=grid, padded_out_features=padded_out_features, _full_weight=dense.weight.detach(),
                    _full_bias=None if dense.bias is None else dense.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +208,8 @@ class ShardedLinear(nn.Module):
             if self.out_group is None:
                 return y
         else:
-            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, autocast_dtype(x.device.type))
+            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth,
+                                            autocast_dtype(x.device.type))
         y = reduce_from(y, self.out_group)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)  # as nn.Linear under autocast: the output keeps the GEMM's dtype

@@ -4,9 +4,10 @@
     loss = forward_backward(model, tokens, targets, pipeline=pipe)            # G_inter > 1
     engine.step(model, optimizer)          # sync_gradients + (clip) + optimizer.step()
 
-Inputs are moved to the model's device (the data loader yields CPU tensors). Without a pipeline, the local batch is split into micro-batches whose losses are scaled by
-1/n_microbatches (gradient accumulation, no gradient sync in between), which matches the mean loss
-over the local batch. Returns the mean local loss (None on pipeline ranks without the loss).
+Inputs are moved to the model's device (the data loader yields CPU tensors). Without a pipeline,
+the local batch is split into micro-batches whose losses are scaled by 1/n_microbatches (gradient
+accumulation, no gradient sync in between), which matches the mean loss over the local batch.
+Returns the mean local loss (None on pipeline ranks without the loss).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def forward_backward(model: nn.Module, tokens: torch.Tensor, targets: torch.Tens
         raise ValueError(f"loss_scale must be a positive number, got {loss_scale!r}")
     if pipeline is not None:
         return pipeline.step(tokens, targets, loss_scale=float(loss_scale))
-    if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int)
-                                         or micro_batch_size < 1):
+    if micro_batch_size is not None and (isinstance(micro_batch_size, bool)
+                                         or not isinstance(micro_batch_size, int) or micro_batch_size < 1):
         raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
     mb = micro_batch_size or tokens.shape[0]
     if tokens.shape[0] % mb:

@@ -38,16 +38,17 @@ class HeadParallelMultiheadAttention(nn.Module):
         dev = grid.device
         # nn.MultiheadAttention's (3E, E) in_proj_weight is held as (3, E, E) (q, k, v), split over row
         # on dim 1: engine.full_state_dict returns it in that shape (reshape(3 * E, E) for nn's)
-        self.in_proj_weight = mark(nn.Parameter(full.in_proj_weight.detach()[rows].clone().view(3, n, E).to(dev)),
-                                   ShardSpec(full_shape=(3, E, E), row_dim=1))
+        in_proj = full.in_proj_weight.detach()[rows].clone().view(3, n, E).to(dev)
+        self.in_proj_weight = mark(nn.Parameter(in_proj), ShardSpec(full_shape=(3, E, E), row_dim=1))
         self.in_proj_bias = mark(nn.Parameter(full.in_proj_bias.detach()[rows].clone().view(3, n).to(dev)),
                                  ShardSpec(full_shape=(3, E), row_dim=1))
         self.out_proj = nn.Module()
-        self.out_proj.weight = mark(nn.Parameter(full.out_proj.weight.detach()[:, r * n:(r + 1) * n].clone().to(dev)),
-                                    ShardSpec(full_shape=(E, E), row_dim=1))
+        out_proj = full.out_proj.weight.detach()[:, r * n:(r + 1) * n].clone().to(dev)
+        self.out_proj.weight = mark(nn.Parameter(out_proj), ShardSpec(full_shape=(E, E), row_dim=1))
         self.out_proj.bias = nn.Parameter(full.out_proj.bias.detach().clone().to(dev))
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: Any = None,
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: Any = None,
                 need_weights: bool = True, attn_mask: Any = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[torch.Tensor, None]:
         if not self.batch_first:
@@ -63,7 +64,8 @@ class HeadParallelMultiheadAttention(nn.Module):
         if attn_mask is not None:
             mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
             if mask.dtype == torch.bool:
-                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask,
+                                                                                         float("-inf"))
         if key_padding_mask is not None:
             kp = key_padding_mask.view(B, 1, 1, S)
             kp = torch.zeros(kp.shape, dtype=q.dtype, device=q.device).masked_fill(kp.bool(), float("-inf")) \
@@ -81,11 +83,11 @@ class HeadParallelMultiheadAttention(nn.Module):
 
 
 def make_mha(original: Any, grid: Grid) -> Any:
-    def mha(embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, add_bias_kv: bool = False,
-            add_zero_attn: bool = False, kdim: Any = None, vdim: Any = None, batch_first: bool = False,
-            device: Any = None, dtype: Any = None) -> nn.Module:
-        full = original(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim, batch_first,
-                        device=device, dtype=dtype)
+    def mha(embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+            add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: Any = None, vdim: Any = None,
+            batch_first: bool = False, device: Any = None, dtype: Any = None) -> nn.Module:
+        full = original(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
+                        batch_first, device=device, dtype=dtype)
         p = grid.size("row")
         if (p == 1 or num_heads % p or dropout or not bias or add_bias_kv or add_zero_attn
                 or not full._qkv_same_embed_dim):

@@ -109,7 +109,8 @@ class SweepConfig:
         if gpu:
             cfg = SweepConfig(min_bytes=8 << 10, max_bytes=(256 << 20) if quick else (1 << 30),
                               gemm_shapes=default_gemm_shapes(8, quick), gemm_dtype="bfloat16",
-                              copy_bytes=(256 << 20, 1 << 30), trials=5 if quick else 10, target_trial_s=0.005)
+                              copy_bytes=(256 << 20, 1 << 30), trials=5 if quick else 10,
+                              target_trial_s=0.005)
         elif quick:
             cfg = SweepConfig(max_bytes=4 << 20, trials=7, warmup=2, gemm_shapes=default_gemm_shapes(1, True),
                               copy_bytes=(4 << 20, 16 << 20), target_trial_s=0.01, max_iters=32)
@@ -159,7 +160,8 @@ def group_level(members: Sequence[int], node_of_rank: Sequence[int]) -> tuple[st
     return "inter", min(counts.values())
 
 
-def plan_groups(world: int, node_of_rank: Sequence[int], group_sizes: Sequence[int] | None = None) -> list[GroupSpec]:
+def plan_groups(world: int, node_of_rank: Sequence[int],
+                group_sizes: Sequence[int] | None = None) -> list[GroupSpec]:
     """One spec per distinct (size, level, members per node), smallest stride first.
 
     Sizes default to every divisor of the world above 1. For each size, strides 1, 2, ... (that
@@ -180,7 +182,8 @@ def plan_groups(world: int, node_of_rank: Sequence[int], group_sizes: Sequence[i
             if key in seen:
                 continue
             seen.add(key)
-            specs.append(GroupSpec(size=p, stride=s, level=key[0], members_per_node=key[1], groups=tuple(groups)))
+            specs.append(GroupSpec(size=p, stride=s, level=key[0], members_per_node=key[1],
+                                   groups=tuple(groups)))
     return specs
 
 
@@ -265,7 +268,8 @@ def _time_sweep(fns: Sequence[Callable[[], None]], config: SweepConfig, device: 
             fn()
             _sync(device)
             warm.append(time.perf_counter() - t0)
-        iters.append(max(1, min(config.max_iters, int(config.target_trial_s / max(statistics.median(warm), 1e-7)))))
+        per_call = max(statistics.median(warm), 1e-7)
+        iters.append(max(1, min(config.max_iters, int(config.target_trial_s / per_call))))
     agreed = torch.tensor(iters, dtype=torch.int64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank must run the same number of ops
     iters = [int(v) for v in agreed.cpu().tolist()]
@@ -356,15 +360,7 @@ def run_profile(rank: int, world_size: int, config: SweepConfig) -> dict[str, An
     import torch.distributed as dist
 
     backend = dist.get_backend()
-    if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-        if config.pin_cpus and hasattr(os, "sched_setaffinity"):
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cpus[rank % len(cpus)]})  # ranks stop migrating between cores
+    device = _profile_device(rank, backend, config)
     torch_version, nccl_version = _versions(backend)
     load_before = _load_average()
     host = socket.gethostname()
@@ -378,69 +374,119 @@ def run_profile(rank: int, world_size: int, config: SweepConfig) -> dict[str, An
     else:
         node_of_rank = [unique_hosts.index(h) for h in hosts]
     specs = plan_groups(world_size, node_of_rank, config.group_sizes)
-    dtype = torch.float32 if backend != "nccl" else torch.bfloat16
-    elem = torch.tensor([], dtype=dtype).element_size()
     sizes = message_sizes(config.min_bytes, config.max_bytes, config.size_factor)
     jobs = [(spec, op) for spec in specs for op in config.ops if op != "send_recv" or spec.size == 2]
     total = len(jobs) * len(sizes) + len(config.gemm_shapes) + len(config.copy_bytes)
     bar = _Progress(config.progress and rank == 0, total)
     base = {"host": host, "torch_version": torch_version, "backend": backend, "nccl_version": nccl_version}
-    rows: list[dict[str, Any]] = []
     try:
-        groups_of = {}
-        for spec in specs:  # every rank creates every subgroup, in the same order
-            mine, _ = dist.new_subgroups_by_enumeration([list(g) for g in spec.groups])
-            members = next(g for g in spec.groups if rank in g)
-            groups_of[(spec.size, spec.stride)] = (mine, members)
-        for spec, op in jobs:
-            group, members = groups_of[(spec.size, spec.stride)]
-            numels = [max(nbytes // (elem * spec.size), 1) * spec.size for nbytes in sizes]
-            fns = [_collective_fn(op, numel, group, members, rank, device, dtype) for numel in numels]
-            for numel, times in zip(numels, _time_sweep(fns, config, device)):
-                for trial, secs in enumerate(times):
-                    rows.append({"op": op, "bytes": numel * elem, "group_size": spec.size, "level": spec.level,
-                                 "members_per_node": spec.members_per_node, "trial": trial, "seconds": secs,
-                                 **base, "m": "", "n": "", "k": "", "dtype": str(dtype).replace("torch.", "")})
-            bar.step(f"{op} p={spec.size} {spec.level}", len(sizes))
-        gdtype = _torch_dtype(config.gemm_dtype) if backend == "nccl" else torch.float32
-        mats = []
-        for m, n, k in config.gemm_shapes:
-            a = torch.randn(m, k, dtype=gdtype, device=device)
-            b = torch.randn(k, n, dtype=gdtype, device=device)
-            mats.append((a, b, torch.empty(m, n, dtype=gdtype, device=device)))
-        if mats:
-            fns = [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c) for a, b, c in mats]
-            for (m, n, k), (a, _, _), times in zip(config.gemm_shapes, mats, _time_sweep(fns, config, device)):
-                nb = (m * k + k * n + m * n) * a.element_size()
-                for trial, secs in enumerate(times):
-                    rows.append({"op": GEMM_OP, "bytes": nb, "group_size": 1, "level": "device",
-                                 "members_per_node": 1, "trial": trial, "seconds": secs, **base,
-                                 "m": m, "n": n, "k": k, "dtype": str(gdtype).replace("torch.", "")})
-            del mats
-            bar.step("gemm", len(config.gemm_shapes))
-        for nbytes in config.copy_bytes:  # one at a time: the buffers are the largest allocations here
-            src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-            dst = torch.empty_like(src)
-            times = _time_sweep([lambda s=src, d=dst: d.copy_(s)], config, device)[0]
-            for trial, secs in enumerate(times):
-                rows.append({"op": COPY_OP, "bytes": 2 * nbytes, "group_size": 1, "level": "device",
-                             "members_per_node": 1, "trial": trial, "seconds": secs, **base,
-                             "m": "", "n": "", "k": "", "dtype": "float32"})
-            del src, dst
-            bar.step(f"copy {nbytes} B")
+        dtype = torch.float32 if backend != "nccl" else torch.bfloat16
+        rows = _collective_rows(rank, specs, jobs, sizes, config, device, dtype, base, bar)
+        gemm_dtype = _torch_dtype(config.gemm_dtype) if backend == "nccl" else torch.float32
+        rows += _gemm_rows(config, device, gemm_dtype, base, bar)
+        rows += _copy_rows(config, device, base, bar)
     finally:
         bar.close()
     if rank != 0:
         return None
     provenance = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hosts": unique_hosts, "torch_version": torch_version, "nccl_version": nccl_version, "backend": backend,
+        "hosts": unique_hosts, "torch_version": torch_version, "nccl_version": nccl_version,
+        "backend": backend,
         "world_size": world_size, "device": _device_name(device),
         "gpus_per_node": config.gpus_per_node or max(hosts.count(h) for h in unique_hosts),
         "emulated_nodes": emulated, "source": "gridtune profile",
         "load_average_1m": [load_before, _load_average()],  # a busy machine explains noisy fits
     }
     return {"rows": rows, "provenance": provenance}
+
+
+def _profile_device(rank: int, backend: str, config: SweepConfig) -> Any:
+    """This rank's device: its GPU on NCCL; on gloo the CPU, pinned to one core when asked."""
+    import torch
+
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    if config.pin_cpus and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})  # ranks stop migrating between cores
+    return torch.device("cpu")
+
+
+def _row(op: str, nbytes: int, trial: int, seconds: float, base: dict[str, Any], *, group_size: int = 1,
+         level: str = "device", members_per_node: int = 1, m: Any = "", n: Any = "", k: Any = "",
+         dtype: Any = "float32") -> dict[str, Any]:
+    """One measurement row of the profile (the columns `gridtune profile` writes)."""
+    return {"op": op, "bytes": nbytes, "group_size": group_size, "level": level,
+            "members_per_node": members_per_node, "trial": trial, "seconds": seconds, **base,
+            "m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", "")}
+
+
+def _collective_rows(rank: int, specs: list[GroupSpec], jobs: list[tuple[GroupSpec, str]], sizes: list[int],
+                     config: SweepConfig, device: Any, dtype: Any, base: dict[str, Any],
+                     bar: _Progress) -> list[dict[str, Any]]:
+    """Every collective of `jobs` over every message size, in its group of the plan."""
+    import torch
+    import torch.distributed as dist
+
+    elem = torch.tensor([], dtype=dtype).element_size()
+    rows: list[dict[str, Any]] = []
+    groups_of = {}
+    for spec in specs:  # every rank creates every subgroup, in the same order
+        mine, _ = dist.new_subgroups_by_enumeration([list(g) for g in spec.groups])
+        members = next(g for g in spec.groups if rank in g)
+        groups_of[(spec.size, spec.stride)] = (mine, members)
+    for spec, op in jobs:
+        group, members = groups_of[(spec.size, spec.stride)]
+        numels = [max(nbytes // (elem * spec.size), 1) * spec.size for nbytes in sizes]
+        fns = [_collective_fn(op, numel, group, members, rank, device, dtype) for numel in numels]
+        for numel, times in zip(numels, _time_sweep(fns, config, device)):
+            rows += [_row(op, numel * elem, trial, secs, base, group_size=spec.size, level=spec.level,
+                          members_per_node=spec.members_per_node, dtype=dtype)
+                     for trial, secs in enumerate(times)]
+        bar.step(f"{op} p={spec.size} {spec.level}", len(sizes))
+    return rows
+
+
+def _gemm_rows(config: SweepConfig, device: Any, dtype: Any, base: dict[str, Any],
+               bar: _Progress) -> list[dict[str, Any]]:
+    """One matmul per shape of `config.gemm_shapes` (bytes: both inputs and the output)."""
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    mats = []
+    for m, n, k in config.gemm_shapes:
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        b = torch.randn(k, n, dtype=dtype, device=device)
+        mats.append((a, b, torch.empty(m, n, dtype=dtype, device=device)))
+    if not mats:
+        return rows
+    fns = [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c) for a, b, c in mats]
+    for (m, n, k), (a, _, _), times in zip(config.gemm_shapes, mats, _time_sweep(fns, config, device)):
+        nb = (m * k + k * n + m * n) * a.element_size()
+        rows += [_row(GEMM_OP, nb, trial, secs, base, m=m, n=n, k=k, dtype=dtype)
+                 for trial, secs in enumerate(times)]
+    del mats
+    bar.step("gemm", len(config.gemm_shapes))
+    return rows
+
+
+def _copy_rows(config: SweepConfig, device: Any, base: dict[str, Any],
+               bar: _Progress) -> list[dict[str, Any]]:
+    """Device-memory copies of `config.copy_bytes` (bytes: read plus write)."""
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    for nbytes in config.copy_bytes:  # one at a time: the buffers are the largest allocations here
+        src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        times = _time_sweep([lambda s=src, d=dst: d.copy_(s)], config, device)[0]
+        rows += [_row(COPY_OP, 2 * nbytes, trial, secs, base) for trial, secs in enumerate(times)]
+        del src, dst
+        bar.step(f"copy {nbytes} B")
+    return rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,7 +535,8 @@ def run_in_place(config: SweepConfig, *, timeout_s: float = 600.0) -> dict[str, 
             env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
             env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
         if "MASTER_ADDR" not in env:
-            raise ValueError("MASTER_ADDR is not set: export MASTER_ADDR=<first node> and MASTER_PORT under srun")
+            raise ValueError("MASTER_ADDR is not set: export MASTER_ADDR=<first node> and MASTER_PORT "
+                             "under srun")
         env.setdefault("MASTER_PORT", "29500")
         dist.init_process_group(default_backend(), timeout=datetime.timedelta(seconds=timeout_s))
     try:

@@ -1,9 +1,9 @@
 """The 4D-parallel version of engine.models.gpt.GPT (AxoNN pattern), built from a serial one.
 
     grid = engine.init(G_data=2, G_intra_r=2, G_intra_c=2)
-    model = ParallelGPT(cfg, grid)                            # same values as GPT(cfg), only this rank's shards
-    model = ParallelGPT.from_serial(GPT(cfg), grid)          # or shard an existing serial GPT
-    loss = model(tokens_local, targets_local)                 # G_inter == 1
+    model = ParallelGPT(cfg, grid)                   # same values as GPT(cfg), only this rank's shards
+    model = ParallelGPT.from_serial(GPT(cfg), grid)  # or shard an existing serial GPT
+    loss = model(tokens_local, targets_local)        # G_inter == 1
 
 Layout: the residual stream is [b, s, hidden/G_c] (features split over col, replicated over row);
 QKV is a normal 3D Linear (heads split over row), out-proj transposed; fc1 normal, fc2 transposed,
@@ -33,6 +33,7 @@ from engine.layers import ParallelLayerNorm, SplitEmbedding, vocab_parallel_cros
 from engine.linear import ShardedLinear, linear_init_chunks
 from engine.models.gpt import GPT, GPTConfig, causal_attention
 from engine.shard import drawn_chunks, tensor_chunks
+from perfmodels import rules
 from perfmodels.layout import partition_chunks
 
 
@@ -43,25 +44,33 @@ def padded_vocab_size(vocab_size: int, degrees: dict[str, int]) -> int:
 
 
 def gpt_split_problems(cfg: GPTConfig, degrees: dict[str, int], virtual_stages: int = 1) -> list[str]:
-    """Why this GPT cannot be split on this grid, each message naming the factors."""
-    G_r, G_c, G_d, S = degrees["row"], degrees["col"], degrees["depth"], degrees["inter"]
+    """Why this GPT cannot be split on this grid, each message naming the factors: perfmodels.rules'
+    head, hidden and layer-count rules, then the engine's own depth rule (`gpt_depth_problems`)."""
+    G_r, G_c, S = degrees["row"], degrees["col"], degrees["inter"]
     problems = []
-    if cfg.num_attention_heads % G_r:
+    if not rules.heads_split(cfg.num_attention_heads, G_r):
         problems.append(f"G_intra_r={G_r} does not divide num_attention_heads={cfg.num_attention_heads}")
-    if cfg.hidden_size % (G_r * G_c):
-        problems.append(f"G_intra_r*G_intra_c={G_r}*{G_c}={G_r * G_c} does not divide hidden_size={cfg.hidden_size}")
-    if cfg.ffn % (G_r * G_c):
-        problems.append(f"G_intra_r*G_intra_c={G_r}*{G_c}={G_r * G_c} does not divide ffn_hidden_size={cfg.ffn}")
+    for name, size in (("hidden_size", cfg.hidden_size), ("ffn_hidden_size", cfg.ffn)):
+        if not rules.hidden_split(size, G_r, G_c):
+            problems.append(f"G_intra_r*G_intra_c={G_r}*{G_c}={G_r * G_c} does not divide {name}={size}")
     if not problems:
-        for k, n in ((cfg.hidden_size, 3 * cfg.hidden_size), (cfg.hidden_size, cfg.hidden_size),
-                     (cfg.hidden_size, cfg.ffn), (cfg.ffn, cfg.hidden_size)):
-            if (n * k // (G_r * G_c)) % G_d:
-                problems.append(f"G_intra_d={G_d} does not divide the {n}x{k} weight block of "
-                                f"{n * k // (G_r * G_c)} elements (G_intra_r*G_intra_c={G_r * G_c})")
-                break
-    if cfg.num_layers < S * virtual_stages:
-        problems.append(f"num_layers={cfg.num_layers} is fewer than G_inter*virtual_stages={S}*{virtual_stages}")
+        problems += gpt_depth_problems(cfg, degrees)
+    if not rules.enough_layers(cfg.num_layers, S, virtual_stages):
+        problems.append(f"num_layers={cfg.num_layers} is fewer than "
+                        f"G_inter*virtual_stages={S}*{virtual_stages}")
     return problems
+
+
+def gpt_depth_problems(cfg: GPTConfig, degrees: dict[str, int]) -> list[str]:
+    """The engine's own rule (not in perfmodels.rules): every rank's row x col block of each weight
+    is split once more over depth (engine.Linear's flat depth shard), so G_intra_d must divide it."""
+    G_r, G_c, G_d = degrees["row"], degrees["col"], degrees["depth"]
+    for k, n in ((cfg.hidden_size, 3 * cfg.hidden_size), (cfg.hidden_size, cfg.hidden_size),
+                 (cfg.hidden_size, cfg.ffn), (cfg.ffn, cfg.hidden_size)):
+        if (n * k // (G_r * G_c)) % G_d:
+            return [f"G_intra_d={G_d} does not divide the {n}x{k} weight block of "
+                    f"{n * k // (G_r * G_c)} elements (G_intra_r*G_intra_c={G_r * G_c})"]
+    return []
 
 
 class _Source:
@@ -95,7 +104,8 @@ class _Source:
 def _linear(source: _Source, serial: nn.Linear | None, k: int, n: int, bias: bool, grid: Grid, *,
             transpose: bool = False, padded_out_features: int | None = None) -> ShardedLinear:
     if serial is not None:
-        return ShardedLinear.from_dense(serial, transpose=transpose, grid=grid, padded_out_features=padded_out_features)
+        return ShardedLinear.from_dense(serial, transpose=transpose, grid=grid,
+                                        padded_out_features=padded_out_features)
     return ShardedLinear(k, n, bias, transpose=transpose, grid=grid, padded_out_features=padded_out_features,
                          init=source.init)
 
@@ -173,8 +183,10 @@ class ParallelGPT(nn.Module):
         tok = source.embedding(cfg.vocab_size, cfg.hidden_size, serial and serial.tok_emb)
         pos = source.embedding(cfg.seq_length, cfg.hidden_size, serial and serial.pos_emb)
         if self.has_embedding:
-            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, chunks=tok, device=grid.device)
-            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, chunks=pos, device=grid.device)
+            self.tok_emb = SplitEmbedding(cfg.vocab_size, cfg.hidden_size, col, chunks=tok,
+                                          device=grid.device)
+            self.pos_emb = SplitEmbedding(cfg.seq_length, cfg.hidden_size, col, chunks=pos,
+                                          device=grid.device)
         else:
             for chunks in (tok, pos):
                 for _ in chunks or ():
@@ -202,7 +214,7 @@ class ParallelGPT(nn.Module):
                     recompute: bool = False) -> ParallelGPT:
         """Shard an existing GPT. `recompute=True`: full activation recomputation (each block
         checkpointed; its forward, collectives included, runs again in backward)."""
-        return cls(serial, current_grid(grid), virtual_stages=virtual_stages, recompute=recompute)
+        return cls(serial, grid, virtual_stages=virtual_stages, recompute=recompute)
 
     def run_block(self, i: int, x: torch.Tensor) -> torch.Tensor:
         block = self.blocks[str(i)]

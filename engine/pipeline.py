@@ -35,7 +35,8 @@ class Pipeline:
         if schedule not in SCHEDULES:
             raise GridError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         if local_batch_size % micro_batch_size:
-            raise GridError(f"local batch {local_batch_size} is not divisible by micro_batch_size={micro_batch_size}")
+            raise GridError(f"local batch {local_batch_size} is not divisible by "
+                            f"micro_batch_size={micro_batch_size}")
         S = grid.size("inter")
         v = model.virtual_stages
         if v > 1 and schedule != "interleaved-1f1b":
@@ -81,8 +82,9 @@ class Pipeline:
                 raise ValueError(
                     f"{name} has shape {got} but this pipeline was built for the local batch "
                     f"[local_batch_size={self.local_batch_size}, seq_length={want[1]}] "
-                    f"(global batch / (G_data*G_intra_d) samples of micro_batch_size={self.micro_batch_size}); "
-                    "pass the batch engine.create_dataloader yields, or build the Pipeline with this local batch")
+                    f"(global batch / (G_data*G_intra_d) samples of "
+                    f"micro_batch_size={self.micro_batch_size}); pass the batch engine.create_dataloader "
+                    "yields, or build the Pipeline with this local batch")
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor, *, loss_scale: float = 1.0) -> float | None:
         """Forward and backward of all micro-batches of this local batch; mean loss on the last stage."""

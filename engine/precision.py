@@ -44,7 +44,8 @@ class MixedPrecision:
                 raise ValueError(f"{name} must be one of {sorted(DTYPES)}, got {value!r}")
 
     def autocast(self, device: torch.device) -> Any:
-        return torch.autocast(device.type, dtype=DTYPES[self.compute_dtype], enabled=self.compute_dtype != "fp32")
+        return torch.autocast(device.type, dtype=DTYPES[self.compute_dtype],
+                              enabled=self.compute_dtype != "fp32")
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Make engine.sync_gradients (and the overlapped reducer) reduce `model`'s gradients in
@@ -78,6 +79,7 @@ class LossScaler:
                 bad += 1
                 break
         if dist.is_initialized() and dist.get_world_size() > 1:
+            # over the world: one rank skipping the step while others take it would split replicas
             dist.all_reduce(bad)
         if bad.item() > 0:
             self.scale /= 2.0

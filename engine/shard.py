@@ -90,7 +90,8 @@ class ShardSpec:
             return flat[coords["depth"] * size:(coords["depth"] + 1) * size].clone()
         return block.clone().contiguous()
 
-    def place(self, buf: torch.Tensor, local: torch.Tensor, coords: dict[str, int], degrees: dict[str, int]) -> None:
+    def place(self, buf: torch.Tensor, local: torch.Tensor, coords: dict[str, int],
+              degrees: dict[str, int]) -> None:
         """Write a local piece into a padded full buffer (the inverse of `shard`)."""
         sl = self.block_slices(coords, degrees)
         if self.depth_flat:
@@ -134,7 +135,8 @@ def rows_per_chunk(shape: tuple[int, ...]) -> int:
     return rows
 
 
-def drawn_chunks(shape: tuple[int, ...], draw: Callable[[torch.Tensor], object]) -> Iterator[tuple[int, torch.Tensor]]:
+def drawn_chunks(shape: tuple[int, ...],
+                 draw: Callable[[torch.Tensor], object]) -> Iterator[tuple[int, torch.Tensor]]:
     """(first row, rows) of a full CPU tensor of `shape` drawn chunk by chunk with `draw(t)` (an
     in-place init such as `t.uniform_(-b, b)` on the default generator), in the order one call over
     the whole tensor would draw them; at most one chunk is alive at a time."""
@@ -190,7 +192,8 @@ def materialize(spec: ShardSpec, chunks: Iterable[tuple[int, torch.Tensor]], coo
         p0, p1 = max(j0 * width, f0), min((j0 + b - a) * width, f1)
         if p0 < p1:
             flat = sub.reshape(-1)
-            local[p0 - f0:p1 - f0] = flat[p0 - j0 * width:p1 - j0 * width].to(device=device, dtype=local.dtype)
+            piece = flat[p0 - j0 * width:p1 - j0 * width]
+            local[p0 - f0:p1 - f0] = piece.to(device=device, dtype=local.dtype)
     if local is None:
         local = torch.zeros(local_shape, dtype=dtype or torch.float32, device=device)
     return local

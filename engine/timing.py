@@ -49,9 +49,9 @@ import torch.distributed as dist
 from engine.grid import Grid
 
 AXES_TIMED = ("row", "col", "depth", "data", "inter", "other")
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
-               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all",
-               "all_to_all_single", "reduce", "gather", "scatter")
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+               "broadcast", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter")
 
 
 def _group_of(args: tuple, kwargs: dict, position: int) -> Any:
@@ -138,8 +138,9 @@ class CommTimer:
         originals = {id(getattr(distributed_c10d, n)): getattr(distributed_c10d, n)
                      for n in COLLECTIVES if hasattr(distributed_c10d, n)}
         wrappers = {key: self._wrap(fn) for key, fn in originals.items()}
-        modules = [dist, distributed_c10d] + [m for name, m in list(sys.modules.items())
-                                              if (name == "engine" or name.startswith("engine.")) and m is not None]
+        modules = [dist, distributed_c10d] + [
+            m for name, m in list(sys.modules.items())
+            if (name == "engine" or name.startswith("engine.")) and m is not None]
         for module in modules:
             for name, value in list(vars(module).items()):
                 if callable(value) and id(value) in originals and value is originals[id(value)]:
@@ -210,4 +211,5 @@ class StepClock:
         after = self.timer.totals()
         delta = {k: after[k] - self._before.get(k, 0.0) for k in after}
         pp = delta.pop("pp_wait", 0.0)
-        return StepSample(wall_s=wall, comm_s={k: v for k, v in delta.items() if k in AXES_TIMED}, pp_wait_s=pp)
+        comm = {k: v for k, v in delta.items() if k in AXES_TIMED}
+        return StepSample(wall_s=wall, comm_s=comm, pp_wait_s=pp)

@@ -49,7 +49,8 @@ from torch.utils.data import Dataset
 from engine.extract import ModelLike, gpt_config_of, model_spec
 from engine.models.gpt import GPT, GPTConfig
 from engine.timing import CommTimer, StepClock, StepSample
-from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training
+from perfmodels import rules
+from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, plan_problems
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -82,8 +83,10 @@ def peak_rss_bytes() -> int:
 
 def memory_stats(rank: int, device: torch.device) -> MemoryStats:
     if device.type == "cuda":
-        return MemoryStats(rank=rank, device=str(device), peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
-                           peak_reserved_bytes=torch.cuda.max_memory_reserved(device), peak_rss_bytes=peak_rss_bytes())
+        return MemoryStats(rank=rank, device=str(device),
+                           peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+                           peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
+                           peak_rss_bytes=peak_rss_bytes())
     return MemoryStats(rank=rank, device=str(device), peak_rss_bytes=peak_rss_bytes())
 
 
@@ -142,7 +145,8 @@ class TokenWindows(Dataset):
 
     def __init__(self, tokens: torch.Tensor, seq_length: int, stride: int | None = None) -> None:
         if tokens.dim() != 1 or len(tokens) <= seq_length:
-            raise ValueError(f"need a 1-D token tensor longer than seq_length={seq_length}, got {tuple(tokens.shape)}")
+            raise ValueError(f"need a 1-D token tensor longer than seq_length={seq_length}, "
+                             f"got {tuple(tokens.shape)}")
         self.tokens, self.seq_length = tokens.long(), seq_length
         self.stride = stride or seq_length
         self.n = (len(tokens) - seq_length - 1) // self.stride + 1
@@ -265,8 +269,8 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
     if plan is None:
         if not auto:
             raise ValueError("engine.train needs plan=Plan(...) or auto=True")
-        options = cl.engine_search_options(micro_batch_size=micro_batch_size, data_parallel_only=not splittable,
-                                           pipeline=spec.is_transformer)
+        options = cl.engine_search_options(micro_batch_size=micro_batch_size,
+                                           data_parallel_only=not splittable, pipeline=spec.is_transformer)
         if url is not None:
             plan = cl.service_recommend(url, spec, cluster, training, options)
         else:
@@ -277,42 +281,53 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
                 raise ValueError(f"no layout of {cluster.num_gpus} ranks can train this model with "
                                  f"global_batch_size={training.global_batch_size}")
     prediction = predict(spec, cluster, training, plan)
-    return _Decision(plan=plan, cluster=cluster, training=training, spec=spec, prediction=prediction, cluster_id=cid)
+    return _Decision(plan=plan, cluster=cluster, training=training, spec=spec, prediction=prediction,
+                     cluster_id=cid)
 
 
 def engine_problems(spec: Model, plan: Plan, training: Training, *, splittable: bool = True) -> list[str]:
-    """Why engine.train cannot run `plan` (empty when it can): what the engine, not the model, lacks.
+    """Why engine.train cannot run `plan` (empty when it can).
 
+    First every rule of perfmodels.rules that does not involve the cluster, in perfmodels' words
+    (`perfmodels.specs.plan_problems`: batch split, heads, hidden sizes, layers per chunk, interleaving),
+    then what the engine, not the model, lacks (`engine_limits`).
     `splittable=False`: a net passed already built (not as a factory); the automatic search keeps it
     data parallel, an explicit plan with tensor axes splits it with engine.parallelize."""
+    return plan_problems(spec, training, plan) + engine_limits(spec, plan, training)
+
+
+def engine_limits(spec: Model, plan: Plan, training: Training) -> list[str]:
+    """What the engine cannot run yet (not a rule of the model): each message names the field and value."""
     problems = []
     if plan.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 to 3")
     if plan.zero_stage == 3 and plan.G_inter > 1:
-        problems.append("zero_stage=3 runs with G_inter=1 (engine.Zero3)")
+        problems.append(f"zero_stage=3 runs with G_inter=1 (engine.Zero3), got G_inter={plan.G_inter}")
     if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
-        problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in GPT "
-                        "(recompute='full') or nothing")
+        problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in "
+                        "GPT (recompute='full') or nothing")
     if plan.sequence_parallel:
-        problems.append("sequence parallelism is not in the engine")
-    shards = plan.G_data * plan.G_intra_d
-    if training.global_batch_size % (shards * plan.micro_batch_size):
-        problems.append(f"global_batch_size={training.global_batch_size} is not divisible by "
-                        f"G_data*G_intra_d*micro_batch_size={shards * plan.micro_batch_size}")
-    if spec.is_transformer:
-        from engine.parallel_gpt import gpt_split_problems
+        problems.append("sequence_parallel=True: sequence parallelism is not in the engine")
+    if not spec.is_transformer:
+        if plan.G_inter > 1:
+            problems.append(f"G_inter={plan.G_inter}: nets other than the built-in GPT have no pipeline "
+                            "stages (G_inter must be 1)")
+        return problems
+    from engine.parallel_gpt import gpt_depth_problems
 
-        cfg = GPTConfig(num_layers=spec.num_layers, hidden_size=spec.hidden_size,
-                        num_attention_heads=spec.num_attention_heads, ffn_hidden_size=spec.ffn_hidden_size,
-                        seq_length=spec.seq_length, vocab_size=spec.vocab_size)
-        degrees = {"data": plan.G_data, "inter": plan.G_inter, "depth": plan.G_intra_d, "row": plan.G_intra_r,
-                   "col": plan.G_intra_c}
-        problems += gpt_split_problems(cfg, degrees, plan.virtual_stages)
-        local = training.global_batch_size // shards
-        if plan.G_inter > 1 and plan.schedule != "gpipe" and local // plan.micro_batch_size < plan.G_inter:
-            problems.append(f"{plan.schedule} needs at least G_inter={plan.G_inter} micro-batches per step")
-    elif plan.G_inter > 1:
-        problems.append("nets other than the built-in GPT have no pipeline stages (G_inter must be 1)")
+    cfg = GPTConfig(num_layers=spec.num_layers, hidden_size=spec.hidden_size,
+                    num_attention_heads=spec.num_attention_heads, ffn_hidden_size=spec.ffn_hidden_size,
+                    seq_length=spec.seq_length, vocab_size=spec.vocab_size)
+    degrees = {"data": plan.G_data, "inter": plan.G_inter, "depth": plan.G_intra_d, "row": plan.G_intra_r,
+               "col": plan.G_intra_c}
+    problems += gpt_depth_problems(cfg, degrees)
+    # torch.distributed.pipelining's 1F1B schedules refuse fewer micro-batches than stages
+    microbatches = rules.num_microbatches(training.global_batch_size, plan.G_data, plan.G_intra_d,
+                                          plan.micro_batch_size)
+    one_f_one_b = plan.G_inter > 1 and plan.schedule != "gpipe"
+    if one_f_one_b and not rules.enough_microbatches(microbatches, plan.G_inter):
+        problems.append(f"schedule={plan.schedule!r} needs at least G_inter={plan.G_inter} micro-batches "
+                        f"per step, got {microbatches}")
     return problems
 
 
@@ -396,10 +411,10 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
           profile: Profile | str | os.PathLike[str] | None = None, service_url: str | None = None,
           cluster: Cluster | None = None, cluster_id: str | None = None, database_url: str | None = None,
           micro_batch_size: int | None = None, warmup_steps: int = 2,
-          loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True, use_calibrated: bool = True,
-          progress: bool = True, seed: int = 0, max_grad_norm: float | None = None,
-          dtype: str = "fp32", init: str = "serial", offload: bool = False,
-          reduce_dtype: str = "fp32") -> TrainReport:
+          loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True,
+          use_calibrated: bool = True, progress: bool = True, seed: int = 0,
+          max_grad_norm: float | None = None, dtype: str = "fp32", init: str = "serial",
+          offload: bool = False, reduce_dtype: str = "fp32") -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module (e.g. a Hugging Face transformers model: its
@@ -414,20 +429,12 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     (engine.MixedPrecision).
     `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
     differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
-    The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; G_inter=1) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's optimizer state
-    in host memory (ZeRO stages 1-3).
+    The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; G_inter=1) and,
+    for the GPT, recompute="full". `offload=True` keeps ZeRO's optimizer state in host memory
+    (ZeRO stages 1-3).
     """
-    if not isinstance(offload, bool):
-        raise ValueError(f"offload must be True or False, got {offload!r}")
-    if steps <= warmup_steps:
-        raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
-    if dtype not in ("fp32", "bf16", "fp16"):
-        raise ValueError(f"dtype must be 'fp32', 'bf16' or 'fp16', got {dtype!r}")
-    from engine.precision import LossScaler, MixedPrecision
-
-    policy = MixedPrecision(compute_dtype=dtype, reduce_dtype=reduce_dtype)  # ValueError naming the field
-    if dtype == "fp16" and plan is not None and plan.zero_stage:
-        raise ValueError(f"dtype='fp16' (loss scaling) runs with zero_stage=0, got zero_stage={plan.zero_stage}")
+    policy = _check_arguments(steps=steps, warmup_steps=warmup_steps, dtype=dtype, reduce_dtype=reduce_dtype,
+                              offload=offload, plan=plan)
     from tuner import closed_loop as cl
 
     ensure_process_group()
@@ -438,32 +445,13 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     splittable = cfg is not None or not isinstance(model, nn.Module)
     url = cl.service_url(service_url)
     training = cl.engine_training(global_batch_size, dtype=dtype)
-    base_cluster = cluster or cl.local_cluster(world)
-    if base_cluster.num_gpus != world:
-        base_cluster = dataclasses.replace(base_cluster, num_gpus=world)
-    prof = _load_profile(profile)
-    if prof is not None:
-        base_cluster = dataclasses.replace(base_cluster, profile=prof, profile_id=prof.profile_id or None)
-
-    decision: _Decision | BaseException | None = None
-    if rank == 0:
-        try:
-            decision = _decide(spec=spec, cluster=base_cluster, training=training, plan=plan, auto=auto,
-                               splittable=splittable, micro_batch_size=micro_batch_size, url=url,
-                               database_url=database_url, cluster_id=cluster_id,
-                               use_calibrated=use_calibrated and prof is None)
-        except Exception as exc:  # every rank must leave the broadcast below, so rank 0 never raises first
-            decision = exc if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
-    decision = _broadcast(decision)
-    if isinstance(decision, BaseException):
-        raise decision
-    assert isinstance(decision, _Decision)
+    base_cluster, prof = _base_cluster(cluster, world, profile)
+    decision = _on_rank_zero(rank, lambda: _decide(
+        spec=spec, cluster=base_cluster, training=training, plan=plan, auto=auto, splittable=splittable,
+        micro_batch_size=micro_batch_size, url=url, database_url=database_url, cluster_id=cluster_id,
+        use_calibrated=use_calibrated and prof is None))
     chosen = decision.plan
-    problems = engine_problems(spec, chosen, training, splittable=splittable)
-    if dtype == "fp16" and chosen.zero_stage:
-        problems.append(f"dtype='fp16' (loss scaling) runs with zero_stage=0, not {chosen.zero_stage}")
-    if problems:
-        raise ValueError(f"engine.train cannot run {chosen.grid_string()}: " + "; ".join(problems))
+    _refuse_what_the_engine_cannot_run(spec, chosen, training, splittable=splittable, dtype=dtype)
 
     import engine
 
@@ -472,100 +460,188 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     torch.manual_seed(seed)
     if grid.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(grid.device)
-    pipe = None
-    recompute = chosen.recompute == "full"
-    if cfg is not None:
-        if isinstance(model, GPTConfig):  # only this rank's shards are ever allocated
-            net: nn.Module = engine.ParallelGPT(cfg, grid, virtual_stages=chosen.virtual_stages, recompute=recompute,
-                                                init=init)
-        else:
-            serial = model if isinstance(model, GPT) else model()
-            net = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=chosen.virtual_stages,
-                                                 recompute=recompute)
-            del serial
-        local = engine.local_batch_size(global_batch_size, grid, chosen.micro_batch_size)
-        if chosen.G_inter > 1:
-            pipe = engine.Pipeline(net, grid, schedule=chosen.schedule, micro_batch_size=chosen.micro_batch_size,
-                                   local_batch_size=local)
-        tokens_per_sample = cfg.seq_length
-    else:
-        if isinstance(model, nn.Module):  # built: split its Linears when the plan has tensor axes
-            inner = engine.parallelize(model, grid) if chosen.world_size != chosen.G_data else model
-        else:
-            with engine.auto_parallelize(grid):
-                inner = model()
-        net = engine.wrap(_WithLoss(inner.to(grid.device), loss_fn or nn.functional.cross_entropy), grid=grid)
-        tokens_per_sample = 1
+    net, pipe, tokens_per_sample = _build_net(model, cfg, chosen, grid, global_batch_size, init=init,
+                                              loss_fn=loss_fn)
     opt = _make_optimizer(optimizer, net, chosen.zero_stage, grid, offload)
     policy.apply(net)
-    scaler = LossScaler() if dtype == "fp16" else None
     # shuffled windows (same seed on every rank, so the batch split stays consistent): sequential
     # windows would walk the corpus file by file and the loss would follow the files, not training
-    loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid, shuffle=True)
-    batches = _cycle(loader)
-
-    autocast = policy.autocast(grid.device)
-    timer = CommTimer(grid)
-    clock = StepClock(timer)
-    samples: list[StepSample] = []
-    losses: list[float | None] = []
+    loader = engine.create_dataloader(dataset, global_batch_size, chosen.micro_batch_size, grid=grid,
+                                      shuffle=True)
+    run = _Run(net=net, opt=opt, pipe=pipe, grid=grid, plan=chosen, policy=policy,
+               max_grad_norm=max_grad_norm, tokens_per_step=global_batch_size * tokens_per_sample)
     bar = _progress(progress and rank == 0, steps, f"train {chosen.grid_string()}")
-    dist.barrier()
     try:
-        with timer:
-            for _ in range(steps):
-                tokens, targets = next(batches)
-                tokens, targets = tokens.to(grid.device), targets.to(grid.device)
-                clock.start()
-                opt.zero_grad(set_to_none=True)
-                with autocast:
-                    loss = engine.forward_backward(net, tokens, targets, micro_batch_size=chosen.micro_batch_size,
-                                                   pipeline=pipe, loss_scale=scaler.scale if scaler else 1.0)
-                if scaler is None:
-                    engine.step(net, opt, max_grad_norm=max_grad_norm, grid=grid)
-                else:  # fp16: unscale after the reduction; skip the step on inf/nan anywhere
-                    engine.sync_gradients(net, grid=grid)
-                    if scaler.unscale_and_check(net, grid.device):
-                        if max_grad_norm is not None:
-                            engine.clip_grad_norm_(net, max_grad_norm, grid=grid)
-                        opt.step()
-                sample = clock.stop()
-                samples.append(sample)
-                losses.append(loss)
-                if progress:  # every rank takes part: the bar shows what the summary will report
-                    shown_loss = _global_loss(loss, grid.device)
-                    if bar is not None:
-                        steady = samples[warmup_steps:] or samples  # as the summary: warm-up steps excluded
-                        median_s = _median([x.wall_s for x in steady])
-                        tok_s = global_batch_size * tokens_per_sample / max(median_s, 1e-9)
-                        shown = f"loss {shown_loss:.3f}  " if shown_loss is not None else ""
-                        bar.update(f"{shown}median {median_s * 1e3:.1f} ms/step  {tok_s:,.0f} tok/s")
+        samples, losses = run.steps(_cycle(loader), steps, warmup_steps, progress=progress, bar=bar)
     finally:
         if bar is not None:
             bar.stop()
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, (samples, losses, memory_stats(rank, grid.device)))
-    report: TrainReport | BaseException | None = None
+    return _on_rank_zero(rank, lambda: _report(
+        gathered, decision=decision, steps=steps, warmup_steps=warmup_steps,
+        tokens_per_step=global_batch_size * tokens_per_sample, record=record, url=url,
+        database_url=database_url, dtype=dtype))
+
+
+def _check_arguments(*, steps: int, warmup_steps: int, dtype: str, reduce_dtype: str, offload: bool,
+                     plan: Plan | None) -> Any:
+    """engine.train's own arguments, checked before any collective; returns the MixedPrecision policy."""
+    if not isinstance(offload, bool):
+        raise ValueError(f"offload must be True or False, got {offload!r}")
+    if steps <= warmup_steps:
+        raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"dtype must be 'fp32', 'bf16' or 'fp16', got {dtype!r}")
+    from engine.precision import MixedPrecision
+
+    policy = MixedPrecision(compute_dtype=dtype, reduce_dtype=reduce_dtype)  # ValueError naming the field
+    if dtype == "fp16" and plan is not None and plan.zero_stage:
+        raise ValueError(f"dtype='fp16' (loss scaling) runs with zero_stage=0, "
+                         f"got zero_stage={plan.zero_stage}")
+    return policy
+
+
+def _refuse_what_the_engine_cannot_run(spec: Model, plan: Plan, training: Training, *, splittable: bool,
+                                       dtype: str) -> None:
+    """Raise ValueError (on every rank: all hold the broadcast plan) naming every problem of `plan`."""
+    problems = engine_problems(spec, plan, training, splittable=splittable)
+    if dtype == "fp16" and plan.zero_stage:
+        problems.append(f"dtype='fp16' (loss scaling) runs with zero_stage=0, not {plan.zero_stage}")
+    if problems:
+        raise ValueError(f"engine.train cannot run {plan.grid_string()}: " + "; ".join(problems))
+
+
+def _base_cluster(cluster: Cluster | None, world: int,
+                  profile: Profile | str | os.PathLike[str] | None) -> tuple[Cluster, Profile | None]:
+    """The cluster to plan for (`cluster=` or this machine) with `world` ranks and `profile`'s constants."""
+    from tuner import closed_loop as cl
+
+    base = cluster or cl.local_cluster(world)
+    if base.num_gpus != world:
+        base = dataclasses.replace(base, num_gpus=world)
+    prof = _load_profile(profile)
+    if prof is not None:
+        base = dataclasses.replace(base, profile=prof, profile_id=prof.profile_id or None)
+    return base, prof
+
+
+def _on_rank_zero(rank: int, work: Callable[[], Any]) -> Any:
+    """Run `work` on rank 0 and give its result to every rank; its error is raised on every rank.
+
+    Rank 0 never raises before the broadcast: the other ranks wait in it, and would hang until the
+    process-group timeout. A ValueError keeps its type (it names what the user passed)."""
+    result: Any = None
     if rank == 0:
         try:
-            report = _report(gathered, decision=decision, steps=steps, warmup_steps=warmup_steps,
-                             tokens_per_step=global_batch_size * tokens_per_sample, record=record, url=url,
-                             database_url=database_url, dtype=dtype)
-        except Exception as exc:  # as above: the other ranks wait in the broadcast
-            report = exc if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
-    report = _broadcast(report)
-    if isinstance(report, BaseException):
-        raise report
-    return report
+            result = work()
+        except Exception as exc:
+            result = exc if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
+    result = _broadcast(result)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _build_net(model: ModelLike, cfg: GPTConfig | None, plan: Plan, grid: Any, global_batch_size: int, *,
+               init: str, loss_fn: Callable[..., torch.Tensor] | None) -> tuple[nn.Module, Any, int]:
+    """This rank's part of the model on `grid`, its Pipeline (G_inter > 1) and the tokens per sample."""
+    import engine
+
+    if cfg is None:
+        if isinstance(model, nn.Module):  # built: split its Linears when the plan has tensor axes
+            inner = engine.parallelize(model, grid) if plan.world_size != plan.G_data else model
+        else:
+            with engine.auto_parallelize(grid):
+                inner = model()
+        net = engine.wrap(_WithLoss(inner.to(grid.device), loss_fn or nn.functional.cross_entropy), grid=grid)
+        return net, None, 1
+    recompute = plan.recompute == "full"
+    if isinstance(model, GPTConfig):  # only this rank's shards are ever allocated
+        net = engine.ParallelGPT(cfg, grid, virtual_stages=plan.virtual_stages, recompute=recompute,
+                                 init=init)
+    else:
+        serial = model if isinstance(model, GPT) else model()
+        net = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=plan.virtual_stages,
+                                             recompute=recompute)
+        del serial
+    pipe = None
+    if plan.G_inter > 1:
+        local = engine.local_batch_size(global_batch_size, grid, plan.micro_batch_size)
+        pipe = engine.Pipeline(net, grid, schedule=plan.schedule, micro_batch_size=plan.micro_batch_size,
+                               local_batch_size=local)
+    return net, pipe, cfg.seq_length
+
+
+@dataclass(kw_only=True)
+class _Run:
+    """The training loop of engine.train: one timed optimizer step at a time."""
+
+    net: nn.Module
+    opt: torch.optim.Optimizer
+    pipe: Any
+    grid: Any
+    plan: Plan
+    policy: Any
+    max_grad_norm: float | None
+    tokens_per_step: int
+
+    def steps(self, batches: Iterator[Any], steps: int, warmup_steps: int, *, progress: bool,
+              bar: _ProgressLine | None) -> tuple[list[StepSample], list[float | None]]:
+        """Run `steps` steps; each rank's timings and losses (None on stages without the loss)."""
+        from engine.precision import LossScaler
+
+        device = self.grid.device
+        scaler = LossScaler() if self.policy.compute_dtype == "fp16" else None
+        timer = CommTimer(self.grid)
+        clock = StepClock(timer)
+        samples: list[StepSample] = []
+        losses: list[float | None] = []
+        dist.barrier()
+        with timer:
+            for _ in range(steps):
+                tokens, targets = next(batches)
+                tokens, targets = tokens.to(device), targets.to(device)
+                clock.start()
+                loss = self._step(tokens, targets, scaler)
+                samples.append(clock.stop())
+                losses.append(loss)
+                if progress:  # every rank takes part: the bar shows what the summary will report
+                    shown_loss = _global_loss(loss, device)
+                    if bar is not None:
+                        steady = samples[warmup_steps:] or samples  # as the summary: warm-up steps excluded
+                        median_s = _median([x.wall_s for x in steady])
+                        tok_s = self.tokens_per_step / max(median_s, 1e-9)
+                        shown = f"loss {shown_loss:.3f}  " if shown_loss is not None else ""
+                        bar.update(f"{shown}median {median_s * 1e3:.1f} ms/step  {tok_s:,.0f} tok/s")
+        return samples, losses
+
+    def _step(self, tokens: torch.Tensor, targets: torch.Tensor, scaler: Any) -> float | None:
+        import engine
+
+        self.opt.zero_grad(set_to_none=True)
+        with self.policy.autocast(self.grid.device):
+            loss = engine.forward_backward(self.net, tokens, targets,
+                                           micro_batch_size=self.plan.micro_batch_size, pipeline=self.pipe,
+                                           loss_scale=scaler.scale if scaler else 1.0)
+        if scaler is None:
+            engine.step(self.net, self.opt, max_grad_norm=self.max_grad_norm, grid=self.grid)
+        else:  # fp16: unscale after the reduction; skip the step on inf/nan anywhere
+            engine.sync_gradients(self.net, grid=self.grid)
+            if scaler.unscale_and_check(self.net, self.grid.device):
+                if self.max_grad_norm is not None:
+                    engine.clip_grad_norm_(self.net, self.max_grad_norm, grid=self.grid)
+                self.opt.step()
+        return loss
 
 
 def _global_loss(loss: float | None, device: torch.device) -> float | None:
     """The step's loss as the summary reports it: the mean over every rank that computed one (the
     last pipeline stage of every replica), not rank 0's own. One scalar all-reduce over the world,
     after the step's clock has stopped."""
-    stat = torch.tensor([loss if loss is not None else 0.0, 0.0 if loss is None else 1.0], dtype=torch.float64,
-                        device=device)
+    stat = torch.tensor([loss if loss is not None else 0.0, 0.0 if loss is None else 1.0],
+                        dtype=torch.float64, device=device)
     dist.all_reduce(stat)
     return float(stat[0] / stat[1]) if stat[1] > 0 else None
 
@@ -609,8 +685,9 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
     measurement_id: int | None = None
     stored_in: str | None = None
     if record:
-        body = cl.measurement_record(model=decision.spec, cluster=decision.cluster, training=decision.training,
-                                     plan=decision.plan, measured=measured, prediction=pred)
+        body = cl.measurement_record(model=decision.spec, cluster=decision.cluster,
+                                     training=decision.training, plan=decision.plan, measured=measured,
+                                     prediction=pred)
         if url is not None:
             out = cl.post_measurement(url, body, cluster_id=decision.cluster_id)
             measurement_id, stored_in = out.get("id"), url
@@ -622,10 +699,12 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
                 store.close()
             measurement_id, stored_in = m.id, store.url
     return TrainReport(
-        plan=decision.plan, world_size=len(gathered), steps=steps, warmup_steps=warmup_steps, losses=tuple(losses),
-        step_times_s=tuple(wall), median_step_time_s=median_step, tokens_per_s=measured["tokens_per_s"],
-        measured=measured, prediction=pred, predicted_step_time_s=predicted,
+        plan=decision.plan, world_size=len(gathered), steps=steps, warmup_steps=warmup_steps,
+        losses=tuple(losses), step_times_s=tuple(wall), median_step_time_s=median_step,
+        tokens_per_s=measured["tokens_per_s"], measured=measured, prediction=pred,
+        predicted_step_time_s=predicted,
         relative_error=(predicted - median_step) / median_step if predicted and median_step > 0 else None,
-        constants_source=pred.constants_source if pred is not None else "preset", cluster_id=decision.cluster_id,
-        measurement_id=measurement_id, stored_in=stored_in, memory=tuple(g[2] for g in gathered), dtype=dtype,
+        constants_source=pred.constants_source if pred is not None else "preset",
+        cluster_id=decision.cluster_id, measurement_id=measurement_id, stored_in=stored_in,
+        memory=tuple(g[2] for g in gathered), dtype=dtype,
     )

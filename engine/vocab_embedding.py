@@ -51,7 +51,10 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(ids, self.weight)
         local = ids - self.start
         mine = (local >= 0) & (local < self.rows)
-        out = F.embedding(local.clamp(0, self.rows - 1), self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        # every id is looked up on every row rank (clamped), zeroed where another rank owns it;
+        # the sum over row then gives each token its one real row
+        out = F.embedding(local.clamp(0, self.rows - 1), self.weight)
+        out = out * mine.unsqueeze(-1).to(self.weight.dtype)
         return reduce_from(out, self.group)
 
     def extra_repr(self) -> str:

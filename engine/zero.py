@@ -41,15 +41,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
-from engine.grads import ZERO_ATTR, reduce_norm_over_model, replica_copies, sum_of_powers
-from engine.grid import Grid, current_grid
+from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, restore_hyperparameters
+from engine.grid import Grid, grid_of
 
 
-class ZeroOptimizer(torch.optim.Optimizer):
+class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
     def __init__(self, params: nn.Module | Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *,
                  grid: Grid | None = None, stage: int = 1, offload: bool = False,
                  **optimizer_kwargs: Any) -> None:
@@ -58,7 +57,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
         self.stage, self.offload = stage, offload
-        self.grid = current_grid(grid)
+        self.grid = grid_of(params, grid)
         self.state_device = torch.device("cpu") if offload else self.grid.device
         self.group = self.grid.comm_group("data")
         if isinstance(params, nn.Module):
@@ -88,7 +87,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not inner_groups:  # a rank whose whole segment is padding still needs an optimizer
             gi = len(self.param_groups) - 1
             self.pieces.append((gi, end, end))
-            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [nn.Parameter(flat[:0].clone().to(self.state_device))]})
+            empty = nn.Parameter(flat[:0].clone().to(self.state_device))
+            inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [empty]})
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
         # every hyperparameter the wrapped optimizer has (its defaults too: lr, betas, ...) is visible
         # in opt.param_groups, where LR schedulers and user code read and write them
@@ -138,47 +138,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """This rank's reduced gradient cut at parameter boundaries, each with 1 / (tensor-parallel
         ranks holding the same values)."""
         pieces, weights = [], []
-        bounds = []
-        offset = 0
-        for p in self.params:
-            bounds.append((offset, offset + p.numel(), 1.0 / replica_copies(p, self.grid)))
-            offset += p.numel()
+        numels = [p.numel() for p in self.params]
         for shard, (_, a, b) in zip(self.shards, self.pieces):
-            if b <= a:
-                continue
-            for p0, p1, w in bounds:
-                lo, hi = max(a, p0), min(b, p1)
-                if lo < hi:
-                    pieces.append(shard.grad[lo - a:hi - a])
-                    weights.append(w)
+            if b > a:
+                more, w = flat_slice_pieces(shard.grad, a, b, self.params, numels, self.grid)
+                pieces += more
+                weights += w
         return pieces, weights
 
-    @torch.no_grad()
-    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
-        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
-        self.reduce_gradients()
-        pieces, weights = self._weighted_pieces()
-        total = sum_of_powers(pieces, weights, norm_type, self.grid.device)
-        if self.group is not None:
-            dist.all_reduce(total, group=self.group)
-        if model is not None:
-            reduce_norm_over_model(total, model, self.grid)
-        else:
-            for axis in ("depth", "row", "col"):
-                group = self.grid.comm_group(axis)
-                if group is not None:
-                    dist.all_reduce(total, group=group)
-        return total.pow(1.0 / norm_type)
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
-                        model: nn.Module | None = None) -> torch.Tensor:
-        norm = self.grad_norm(norm_type=norm_type, model=model)
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for shard in self.shards:
-            if shard.grad is not None:
-                shard.grad.mul_(coef.to(device=shard.grad.device, dtype=shard.grad.dtype))
-        return norm.float()
+    def _grad_shards(self) -> list[torch.Tensor]:
+        return self.shards
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -213,14 +182,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         zero = state_dict.get("zero", {})
-        if zero and (zero["start"], zero["segment"], zero["padded"]) != (self.start, self.segment, self.padded):
-            raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns start={self.start}, "
-                             f"segment={self.segment}, padded={self.padded}; use engine.load_checkpoint to reshard")
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(groups)} parameter groups, the optimizer {len(self.param_groups)}")
-        for g, saved in zip(self.param_groups, groups):
-            g.update(saved)
+        mine = (self.start, self.segment, self.padded)
+        if zero and (zero["start"], zero["segment"], zero["padded"]) != mine:
+            raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns "
+                             f"start={self.start}, segment={self.segment}, padded={self.padded}; use "
+                             "engine.load_checkpoint to reshard")
+        restore_hyperparameters(self.param_groups, state_dict["param_groups"], "state_dict")
         self.inner.load_state_dict(state_dict["inner"])
 
     def per_parameter_state(self) -> list[dict[str, Any]]:

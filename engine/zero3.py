@@ -43,12 +43,11 @@ from torch import nn
 from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
 from engine.grads import (
     ZERO_ATTR,
-    reduce_norm_over_model,
-    replica_copies,
+    ShardedGradNorm,
+    flat_slice_pieces,
     replicated_over_depth,
-    sum_of_powers,
 )
-from engine.grid import Grid, current_grid
+from engine.grid import Grid, grid_of
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -150,7 +149,7 @@ def _units_of(model: nn.Module) -> list[list[nn.Module]]:
     return [[m] for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
 
 
-class Zero3(torch.optim.Optimizer):
+class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     """ZeRO-3 as a `torch.optim.Optimizer` over `model` (see the module docstring).
 
     One parameter group (the optimizer keywords apply to all parameters); LR schedulers read and
@@ -158,13 +157,14 @@ class Zero3(torch.optim.Optimizer):
     `engine.full_state_dict`, evaluation, checkpoints); the next forward frees them again.
     """
 
-    def __init__(self, model: nn.Module, optimizer_class: Any = torch.optim.AdamW, *, grid: Grid | None = None,
-                 offload: bool = False, **optimizer_kwargs: Any) -> None:
+    def __init__(self, model: nn.Module, optimizer_class: Any = torch.optim.AdamW, *,
+                 grid: Grid | None = None, offload: bool = False, **optimizer_kwargs: Any) -> None:
         if not isinstance(model, nn.Module):
-            raise ValueError(f"model must be an nn.Module (ZeRO-3 hooks its modules), got {type(model).__name__}")
+            raise ValueError("model must be an nn.Module (ZeRO-3 hooks its modules), "
+                             f"got {type(model).__name__}")
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
-        self.grid = current_grid(grid)
+        self.grid = grid_of(model, grid)
         if self.grid.size("inter") != 1:
             raise ValueError(f"ZeRO-3 runs with G_inter=1 (got G_inter={self.grid.size('inter')}); use "
                              "zero_stage 1 or 2 on this grid")
@@ -192,7 +192,8 @@ class Zero3(torch.optim.Optimizer):
                     self.unit_of[id(p)] = unit
         missing = [p for p in params if id(p) not in seen]
         if missing:
-            raise ValueError(f"{len(missing)} trainable parameters of {type(model).__name__} belong to no module")
+            raise ValueError(f"{len(missing)} trainable parameters of {type(model).__name__} "
+                             "belong to no module")
         self.inner = optimizer_class([{"params": [u.shard for u in self.units]}], **optimizer_kwargs)
         for key, value in self.inner.defaults.items():
             self.defaults.setdefault(key, value)
@@ -224,6 +225,11 @@ class Zero3(torch.optim.Optimizer):
     # ---- hooks -------------------------------------------------------------------------------
 
     def _install_hooks(self) -> None:
+        # While the model runs forward, autograd would keep the gathered parameters alive through
+        # the tensors it saves; _pack replaces a view of a gathered unit by its coordinates, and
+        # _unpack gathers the unit again in backward. Per unit: gather before its forward, free
+        # after it (re-gathered by a hook on its output's gradient, before its backward), and
+        # reduce-scatter once autograd has accumulated every parameter's gradient.
         saved = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self.model.register_forward_pre_hook(lambda *_: saved.__enter__())
         self.model.register_forward_hook(lambda *_: saved.__exit__(None, None, None))
@@ -294,34 +300,17 @@ class Zero3(torch.optim.Optimizer):
         pieces, weights = [], []
         for unit in self.units:
             start = group_rank(self.group) * unit.segment
-            offset = 0
-            for p, n in zip(unit.params, unit.numels):
-                lo, hi = max(offset, start), min(offset + n, start + unit.segment)
-                if lo < hi:
-                    pieces.append(unit.shard.grad[lo - start:hi - start])
-                    weights.append(1.0 / replica_copies(p, self.grid))
-                offset += n
+            more, w = flat_slice_pieces(unit.shard.grad, start, start + unit.segment, unit.params,
+                                        unit.numels, self.grid)
+            pieces += more
+            weights += w
         return pieces, weights
 
-    @torch.no_grad()
-    def grad_norm(self, *, norm_type: float = 2.0, model: nn.Module | None = None) -> torch.Tensor:
-        """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
-        self.reduce_gradients()
-        pieces, weights = self._weighted_pieces()
-        total = sum_of_powers(pieces, weights, norm_type, self.grid.device)
-        if self.group is not None:
-            dist.all_reduce(total, group=self.group)
-        reduce_norm_over_model(total, model if model is not None else self.model, self.grid)
-        return total.pow(1.0 / norm_type)
+    def _norm_model(self, model: nn.Module | None) -> nn.Module | None:
+        return model if model is not None else self.model
 
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
-                        model: nn.Module | None = None) -> torch.Tensor:
-        norm = self.grad_norm(norm_type=norm_type, model=model)
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for unit in self.units:
-            unit.shard.grad.mul_(coef.to(device=unit.shard.grad.device, dtype=unit.shard.grad.dtype))
-        return norm.float()
+    def _grad_shards(self) -> list[torch.Tensor]:
+        return [unit.shard for unit in self.units]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -346,8 +335,8 @@ class Zero3(torch.optim.Optimizer):
             unit.gather()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "param_groups": [{k: v for k, v in self.param_groups[0].items()
-                                                                    if k != "params"}]}
+        hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        return {"inner": self.inner.state_dict(), "param_groups": [hyper]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.param_groups[0].update(state_dict["param_groups"][0])

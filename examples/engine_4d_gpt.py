@@ -68,7 +68,8 @@ def worker(rank: int, world: int, args: argparse.Namespace, ckpt: str) -> dict[s
                                 from_plans([plan]), stage=grid.coord("inter"))
     full = engine.full_state_dict(model)
     return {"losses": losses, "recorded": rec.bytes_per_group(), "table": rec.table(),
-            "predicted": {k: int(v[0]) for k, v in predicted.items()}, "params": sum(t.numel() for t in full.values())}
+            "predicted": {k: int(v[0]) for k, v in predicted.items()},
+            "params": sum(t.numel() for t in full.values())}
 
 
 def main() -> None:

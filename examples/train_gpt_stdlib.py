@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         from cli.train import parse_plan
 
         plan = parse_plan(args.plan)
-    report = run(nproc=args.nproc, steps=args.steps, global_batch_size=args.global_batch_size, layers=args.layers,
-                 hidden=args.hidden, heads=args.heads, seq=args.seq, lr=args.lr, plan=plan,
-                 record=not args.no_store, database=args.database)
+    report = run(nproc=args.nproc, steps=args.steps, global_batch_size=args.global_batch_size,
+                 layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, lr=args.lr,
+                 plan=plan, record=not args.no_store, database=args.database)
     print(report.summary())
     every = max(1, len(report.losses) // 10)
     for i in range(0, len(report.losses), every):

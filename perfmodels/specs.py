@@ -549,14 +549,22 @@ def combination_problems(model: Model, cluster: Cluster, training: Training, pla
     """Every rule of `perfmodels.rules` this plan breaks, in words that name the fields and values
     (empty when the combination is valid). The search applies the same rules to whole columns of
     plans in `tuner/constraints.py`."""
-    from perfmodels import rules  # rules is a leaf module; imported here to keep specs free of cycles
-
     problems: list[str] = []
     if plan.world_size != cluster.num_gpus:
         problems.append(
             f"{'*'.join(DEGREE_FIELDS)} = {'*'.join(str(getattr(plan, f)) for f in DEGREE_FIELDS)} = "
             f"{plan.world_size} but cluster.num_gpus = {cluster.num_gpus}"
         )
+    return problems + plan_problems(model, training, plan)
+
+
+def plan_problems(model: Model, training: Training, plan: Plan) -> list[str]:
+    """The rules of `perfmodels.rules` that involve only the model, the batch and the plan (all of
+    `combination_problems` but the world size), in the same words. engine.train asks this too, so
+    a plan the engine refuses for a shared rule is refused in perfmodels' words."""
+    from perfmodels import rules  # rules is a leaf module; imported here to keep specs free of cycles
+
+    problems: list[str] = []
     gb, mb = training.global_batch_size, plan.micro_batch_size
     if not rules.microbatch_split(gb, plan.G_data, plan.G_intra_d, mb):
         problems.append(

@@ -49,10 +49,12 @@ def grid_id(degrees: dict[str, int]) -> str:
 
 
 def config(num_layers: int = 2) -> GPTConfig:
-    return GPTConfig(num_layers=num_layers, hidden_size=32, num_attention_heads=8, seq_length=8, vocab_size=60)
+    return GPTConfig(num_layers=num_layers, hidden_size=32, num_attention_heads=8, seq_length=8,
+                     vocab_size=60)
 
 
-def batches(cfg: GPTConfig, steps: int = STEPS, global_batch: int = GLOBAL_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+def batches(cfg: GPTConfig, steps: int = STEPS,
+            global_batch: int = GLOBAL_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     tokens = torch.randint(0, cfg.vocab_size, (steps * global_batch, cfg.seq_length), generator=g)
     targets = torch.randint(0, cfg.vocab_size, (steps * global_batch, cfg.seq_length), generator=g)
@@ -164,7 +166,8 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
         opt.materialize()
     state = engine.full_state_dict(model)
     return {"coords": dict(grid.coords), "losses": losses, "bytes": rec.bytes_per_group(),
-            "calls": rec.calls_per_group(), "grad_norm": norm, "table": rec.table(), "state": state if rank == 0 else None}
+            "calls": rec.calls_per_group(), "grad_norm": norm, "table": rec.table(),
+            "state": state if rank == 0 else None}
 
 
 def global_losses(results: list[dict[str, Any]], degrees: dict[str, int]) -> list[float]:
@@ -176,14 +179,16 @@ def global_losses(results: list[dict[str, Any]], degrees: dict[str, int]) -> lis
     return [sum(r["losses"][s] for r in last) / len(last) for s in range(steps)]
 
 
-def predicted_traffic(degrees: dict[str, int], options: dict[str, Any], stage: int) -> tuple[dict[str, float], dict[str, float]]:
+def predicted_traffic(degrees: dict[str, int], options: dict[str, Any],
+                      stage: int) -> tuple[dict[str, float], dict[str, float]]:
     """perfmodels.traffic's bytes and calls per group per step for this rank's pipeline stage."""
     from perfmodels.plans import from_plans
     from perfmodels.specs import Plan, Training
     from perfmodels.traffic import bytes_per_group, calls_per_group
 
     local = GLOBAL_BATCH // (degrees["data"] * degrees["depth"])
-    plan = Plan(**{FIELDS[a]: degrees[a] for a in AXES5}, micro_batch_size=options.get("micro_batch_size") or local,
+    plan = Plan(**{FIELDS[a]: degrees[a] for a in AXES5},
+                micro_batch_size=options.get("micro_batch_size") or local,
                 schedule=options.get("schedule", "1f1b"), virtual_stages=options.get("virtual_stages", 1),
                 zero_stage=options.get("zero_stage", 0), recompute=options.get("recompute", "none"))
     training = Training(global_batch_size=GLOBAL_BATCH, dtype="fp32")
@@ -231,5 +236,6 @@ def run_grid(degrees: dict[str, int], options: dict[str, Any] | None = None) -> 
             import pytest
 
             pytest.skip(f"{world} ranks but GRIDTUNE_TEST_MAX_WORLD={MAX_WORLD} ({BACKEND})")
-        _RUNS[key] = launch(train_gpt, world_size=world, args=(degrees, options), backend=BACKEND, timeout_s=120)
+        _RUNS[key] = launch(train_gpt, world_size=world, args=(degrees, options), backend=BACKEND,
+                            timeout_s=120)
     return _RUNS[key]

@@ -41,7 +41,8 @@ def _build(rank: int, world: int, degrees: dict[str, int], path: str) -> dict[st
             "needed": needed, "coords": dict(grid.coords)}
 
 
-@pytest.mark.parametrize("degrees", [{"G_inter": 2, "G_intra_r": 2}, {"G_data": 2, "G_intra_d": 2, "G_intra_c": 2},
+@pytest.mark.parametrize("degrees", [{"G_inter": 2, "G_intra_r": 2},
+                                     {"G_data": 2, "G_intra_d": 2, "G_intra_c": 2},
                                      {"G_data": 2, "G_intra_r": 2, "G_intra_c": 2}],
                          ids=["inter2-row2", "data2-depth2-col2", "data2-row2-col2"])
 def test_shard_only_construction_equals_serial_and_gathers_over_needed_groups(tmp_path, degrees):

@@ -36,7 +36,8 @@ def mlp() -> nn.Module:
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
-    return torch.randn(STEPS * BATCH, SIZES[0][0], generator=g), torch.randn(STEPS * BATCH, SIZES[-1][1], generator=g)
+    return (torch.randn(STEPS * BATCH, SIZES[0][0], generator=g),
+            torch.randn(STEPS * BATCH, SIZES[-1][1], generator=g))
 
 
 def optimizer(params: Any) -> torch.optim.Optimizer:

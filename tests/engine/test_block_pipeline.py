@@ -21,8 +21,8 @@ GLOBAL, STEPS, MB = 8, 3, 1
 
 def _blocks() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
-                         nn.Linear(16, 4))
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16),
+                         nn.Tanh(), nn.Linear(16, 4))
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,8 +91,9 @@ def test_block_pipeline_rejects_bad_arguments_before_any_collective():
 
         grid = engine.init(G_inter=2)
         out = []
-        for kwargs in ({"schedule": "zigzag"}, {"micro_batch_size": 0}, {"local_batch_size": 3, "micro_batch_size": 2},
-                       {"virtual_stages": 2}, {"example_input": torch.zeros(3, 8)}):
+        for kwargs in ({"schedule": "zigzag"}, {"micro_batch_size": 0},
+                       {"local_batch_size": 3, "micro_batch_size": 2}, {"virtual_stages": 2},
+                       {"example_input": torch.zeros(3, 8)}):
             args = {"loss_fn": nn.functional.mse_loss, "micro_batch_size": 1, "local_batch_size": 4,
                     "example_input": torch.zeros(1, 8), **kwargs}
             try:
@@ -102,4 +103,5 @@ def test_block_pipeline_rejects_bad_arguments_before_any_collective():
         return out
 
     for r in launch(body, 2, timeout_s=60):
-        assert r == ["schedule", "micro_batch_size", "local_batch_size=3", "virtual_stages=2", "example_input"]
+        assert r == ["schedule", "micro_batch_size", "local_batch_size=3", "virtual_stages=2",
+                     "example_input"]

@@ -29,7 +29,8 @@ from tests.engine.harness import (
 SAVE_AT = 2
 
 
-def _run(rank: int, world: int, degrees: dict[str, int], path: str, mode: str, zero: bool = False) -> dict[str, Any]:
+def _run(rank: int, world: int, degrees: dict[str, int], path: str, mode: str,
+         zero: bool = False) -> dict[str, Any]:
     from torch.utils.data import TensorDataset
 
     import engine
@@ -111,8 +112,9 @@ def saved_zero(tmp_path_factory):
     return path, results
 
 
-@pytest.mark.parametrize(("degrees", "zero"), [({"data": 1, "inter": 1, "depth": 2, "row": 1, "col": 1}, False),
-                                               ({"data": 4, "inter": 1, "depth": 1, "row": 1, "col": 1}, True)],
+@pytest.mark.parametrize(("degrees", "zero"),
+                         [({"data": 1, "inter": 1, "depth": 2, "row": 1, "col": 1}, False),
+                          ({"data": 4, "inter": 1, "depth": 1, "row": 1, "col": 1}, True)],
                          ids=["zero-to-plain-depth2", "zero-to-zero-data4"])
 def test_zero1_checkpoints_reshard(saved_zero, degrees, zero):
     path, uninterrupted = saved_zero

@@ -31,7 +31,8 @@ class CNN(nn.Module):
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(11)
-    return torch.randn(STEPS * GLOBAL, 3, 6, 6, generator=g), torch.randint(0, 5, (STEPS * GLOBAL,), generator=g)
+    return (torch.randn(STEPS * GLOBAL, 3, 6, 6, generator=g),
+            torch.randint(0, 5, (STEPS * GLOBAL,), generator=g))
 
 
 def _run(rank: int, world: int, degrees: dict[str, int] | None) -> dict[str, Any]:
@@ -60,8 +61,8 @@ def _run(rank: int, world: int, degrees: dict[str, int] | None) -> dict[str, Any
         engine.step(net, opt)
         losses.append(float(loss))
     state = engine.full_state_dict(net) if degrees is not None else net.state_dict()
-    return {"losses": losses, "replica": replica, "conv1": state["conv1.weight"], "conv2_b": state["conv2.bias"],
-            "split": isinstance(net.conv1, ChannelParallelConv2d)}
+    return {"losses": losses, "replica": replica, "conv1": state["conv1.weight"],
+            "conv2_b": state["conv2.bias"], "split": isinstance(net.conv1, ChannelParallelConv2d)}
 
 
 GRIDS = [{"G_intra_r": 4}, {"G_intra_r": 2, "G_data": 2}, {"G_intra_r": 2, "G_intra_c": 2},

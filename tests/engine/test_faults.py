@@ -69,7 +69,8 @@ def _bad_configs(rank: int, world: int) -> dict[str, str]:
 def test_bad_configs_fail_on_every_rank_before_any_collective():
     results = launch(_bad_configs, world_size=4, timeout_s=30)
     for out in results:
-        assert "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = 3*1*1*2*1 = 6 but the world size is 4" in out["grid"]
+        grid_message = "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = 3*1*1*2*1 = 6 but the world size is 4"
+        assert grid_message in out["grid"]
         assert "G_intra_r=2 does not divide num_attention_heads=3" in out["gpt"]
         assert "global_batch_size=5 is not divisible by G_data*G_intra_d = 2*1 = 2" in out["batch"]
         assert "G_intra_r=2 does not divide out_features=15" in out["linear"]

@@ -1,5 +1,5 @@
-"""engine.init: Slurm- and torchrun-style starts without a prior init_process_group, and placements other than the
-default, whose groups must be exactly perfmodels.layout's.
+"""engine.init: Slurm- and torchrun-style starts without a prior init_process_group, and placements
+other than the default, whose groups must be exactly perfmodels.layout's; which grid a call uses.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/engine/test_grid.py -q
 """
@@ -46,7 +46,8 @@ def _env_rank(i: int, n: int, port: int, style: str, queue: Any) -> None:
 def test_init_from_launcher_variables(style):
     ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_env_rank, args=(2, free_port(), style, queue), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_env_rank, args=(2, free_port(), style, queue), nprocs=2, join=True,
+                       start_method="fork")
     got = sorted(queue.get() for _ in range(2))
     assert got == [(0, 0, 2.0), (1, 1, 2.0)]
 
@@ -69,3 +70,37 @@ def test_non_default_placement_builds_perfmodels_groups():
         for axis, ranks in r["groups"].items():
             assert ranks == group_ranks(rank, axis, degrees, PLACEMENT), (rank, axis)
         assert r["groups"]["data"] == [rank - rank % 2, rank - rank % 2 + 1]
+
+
+def _grid(**degrees: int) -> Any:
+    from engine.grid import Grid
+
+    full = {"data": 1, "inter": 1, "depth": 1, "row": 1, "col": 1, **degrees}
+    return Grid(degrees=full, placement=("col", "row", "depth", "inter", "data"), rank=0, world_size=1,
+                coords=dict.fromkeys(full, 0), device=torch.device("cpu"))
+
+
+def test_a_model_brings_its_own_grid_before_engine_inits():
+    """grid_of: an explicit grid=, else the grid engine.wrap recorded, else the first engine layer's,
+    else engine.init's (the only read of the module-level grid outside the public constructors)."""
+    from torch import nn
+
+    from engine import grid as grid_module
+    from engine.grid import GRID_ATTR, grid_of
+
+    built, wrapped, explicit, initialized = _grid(row=2), _grid(col=2), _grid(data=2), _grid(depth=2)
+    layer = nn.Linear(2, 2)
+    layer.grid = built  # what an engine layer holds
+    model = nn.Sequential(nn.ReLU(), layer)
+    saved = list(grid_module._CURRENT)
+    grid_module._CURRENT[:] = [initialized]
+    try:
+        assert grid_of(model) is built
+        assert grid_of([nn.ReLU(), model]) is built  # BlockPipeline's list of blocks
+        setattr(model, GRID_ATTR, wrapped)
+        assert grid_of(model) is wrapped
+        assert grid_of(model, explicit) is explicit
+        assert grid_of(nn.ReLU()) is initialized
+        assert grid_of(iter(model.parameters())) is initialized
+    finally:
+        grid_module._CURRENT[:] = saved

@@ -15,15 +15,16 @@ import torch
 from engine.launch import launch
 from tests.engine.harness import isolated
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install gridtune[hf])")
+transformers = pytest.importorskip("transformers",
+                                   reason="transformers is not installed (pip install gridtune[hf])")
 
 GLOBAL, STEPS, SEQ, VOCAB = 8, 3, 8, 64
 
 
 def _llama() -> Any:
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=SEQ, tie_word_embeddings=False)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg)
 

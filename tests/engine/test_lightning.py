@@ -16,7 +16,8 @@ from torch import nn
 from engine.launch import launch
 from tests.engine.harness import isolated
 
-pl = pytest.importorskip("pytorch_lightning", reason="pytorch-lightning is not installed (pip install gridtune[lightning])")
+pl = pytest.importorskip("pytorch_lightning",
+                         reason="pytorch-lightning is not installed (pip install gridtune[lightning])")
 
 GLOBAL, STEPS = 8, 3
 
@@ -76,7 +77,8 @@ def _fit(rank: int, world: int, degrees: dict[str, int]) -> dict[str, Any]:
     return {"state": engine.full_state_dict(module, grid=strategy.grid), "split": split}
 
 
-@pytest.mark.parametrize("degrees", [{"G_intra_r": 2}, {"G_intra_r": 2, "G_data": 2}, {"G_intra_c": 2, "G_data": 2}],
+@pytest.mark.parametrize("degrees",
+                         [{"G_intra_r": 2}, {"G_intra_r": 2, "G_data": 2}, {"G_intra_c": 2, "G_data": 2}],
                          ids=["r2", "r2xd2", "c2xd2"])
 def test_lightning_strategy_matches_single_process(degrees):
     ref = isolated(_reference)

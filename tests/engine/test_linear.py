@@ -21,7 +21,8 @@ def _pair(rank: int, world: int) -> dict[str, Any]:
 
     grid = engine.init(G_intra_d=2, G_intra_r=2, G_intra_c=2)
     torch.manual_seed(0)
-    model = nn.Sequential(engine.ShardedLinear(16, 32), nn.GELU(), engine.ShardedLinear(32, 16, transpose=True))
+    model = nn.Sequential(engine.ShardedLinear(16, 32), nn.GELU(),
+                          engine.ShardedLinear(32, 16, transpose=True))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 16, generator=g)
     # the batch is split over depth; features over col
@@ -32,7 +33,8 @@ def _pair(rank: int, world: int) -> dict[str, Any]:
     engine.sync_gradients(model)
     norm = float(engine.clip_grad_norm_(model, max_norm=0.01))
     return {"coords": dict(grid.coords), "y": y.detach(), "norm": norm,
-            "state": engine.full_state_dict(model), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+            "state": engine.full_state_dict(model),
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
 
 
 def _dense() -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:

@@ -62,11 +62,12 @@ def _run(rank: int, world: int, degrees: dict[str, int] | None, batch_first: boo
         losses.append(float(loss))
     state = engine.full_state_dict(net) if degrees is not None else net.state_dict()
     return {"losses": losses, "replica": replica, "in_w": state["attn.in_proj_weight"].reshape(3 * E, E),
-            "out_w": state["attn.out_proj.weight"], "split": isinstance(net.attn, HeadParallelMultiheadAttention)}
+            "out_w": state["attn.out_proj.weight"],
+            "split": isinstance(net.attn, HeadParallelMultiheadAttention)}
 
 
-CASES = [({"G_intra_r": 4}, True), ({"G_intra_r": 2, "G_data": 2}, False), ({"G_intra_r": 2, "G_intra_c": 2}, True),
-         ({"G_intra_r": 2, "G_intra_d": 2}, False)]
+CASES = [({"G_intra_r": 4}, True), ({"G_intra_r": 2, "G_data": 2}, False),
+         ({"G_intra_r": 2, "G_intra_c": 2}, True), ({"G_intra_r": 2, "G_intra_d": 2}, False)]
 
 
 @pytest.mark.parametrize(("degrees", "batch_first"), CASES, ids=[f"{d}-bf{b}" for d, b in CASES])

@@ -28,8 +28,9 @@ def test_plan_groups_covers_cross_node_placements():
 
 
 def _tiny(**kw) -> SweepConfig:
-    return replace(SweepConfig.make(quick=True, progress=False), min_bytes=4096, max_bytes=16384, trials=2, warmup=1,
-                   target_trial_s=0.001, max_iters=4, gemm_shapes=((32, 32, 32), (64, 32, 16), (16, 64, 64)),
+    return replace(SweepConfig.make(quick=True, progress=False), min_bytes=4096, max_bytes=16384, trials=2,
+                   warmup=1, target_trial_s=0.001, max_iters=4,
+                   gemm_shapes=((32, 32, 32), (64, 32, 16), (16, 64, 64)),
                    copy_bytes=(1 << 20,), **kw)
 
 
@@ -59,9 +60,10 @@ def test_four_ranks_with_emulated_nodes_measure_both_levels():
     res = launch(run_profile, 4, args=(cfg,), timeout_s=60)
     assert res[1] is None and res[2] is None
     df = pd.DataFrame(res[0]["rows"])
-    keys = set(map(tuple, df[["op", "group_size", "level", "members_per_node"]].drop_duplicates().to_numpy()))
-    assert keys == {("all_reduce", 2, "intra", 2), ("all_reduce", 2, "inter", 1), ("all_reduce", 4, "inter", 2),
-                    ("send_recv", 2, "intra", 2), ("send_recv", 2, "inter", 1)}
+    columns = df[["op", "group_size", "level", "members_per_node"]]
+    keys = set(map(tuple, columns.drop_duplicates().to_numpy()))
+    assert keys == {("all_reduce", 2, "intra", 2), ("all_reduce", 2, "inter", 1),
+                    ("all_reduce", 4, "inter", 2), ("send_recv", 2, "intra", 2), ("send_recv", 2, "inter", 1)}
     assert res[0]["provenance"]["emulated_nodes"] is True
 
 

@@ -58,9 +58,9 @@ def _train(rank: int, world: int, dtype: str, reduce_dtype: str) -> Any:
 
     cfg = config()
     cfg = type(cfg)(num_layers=2, hidden_size=32, num_attention_heads=8, seq_length=8, vocab_size=256)
-    return train(cfg, stdlib_text_dataset(cfg.seq_length, 50_000), 8, 4, plan=Plan(G_data=2, micro_batch_size=2),
-                 warmup_steps=1, progress=False, record=False, use_calibrated=False, dtype=dtype,
-                 reduce_dtype=reduce_dtype)
+    return train(cfg, stdlib_text_dataset(cfg.seq_length, 50_000), 8, 4,
+                 plan=Plan(G_data=2, micro_batch_size=2), warmup_steps=1, progress=False, record=False,
+                 use_calibrated=False, dtype=dtype, reduce_dtype=reduce_dtype)
 
 
 def test_train_fp16_with_loss_scaling_and_bf16_reduction_tracks_fp32():

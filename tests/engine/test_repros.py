@@ -57,7 +57,8 @@ def _autocast(rank: int, world: int) -> dict[str, Any]:
         torch.manual_seed(0)
         for layer in (engine.Linear(16, 16, grid=g), engine.ShardedLinear(16, 16, grid=g),
                       engine.ShardedLinear(16, 16, transpose=True, grid=g)):
-            width = 16 if isinstance(layer, engine.Linear) else 16 // g.size("row" if layer.transpose else "col")
+            split_axis = "row" if layer.transpose else "col"
+            width = 16 if isinstance(layer, engine.Linear) else 16 // g.size(split_axis)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 dtypes.append(layer(torch.randn(2, width)).dtype)
     out["dtypes"] = dtypes
@@ -144,7 +145,8 @@ def _zero_clip(rank: int, world: int, degrees: dict[str, int]) -> dict[str, Any]
             "coords": dict(grid.coords), "opt_state": list(opt.state_dict())}
 
 
-@pytest.mark.parametrize("degrees", [{"G_data": 4}, {"G_data": 2, "G_intra_d": 2}], ids=["data4", "data2-depth2"])
+@pytest.mark.parametrize("degrees", [{"G_data": 4}, {"G_data": 2, "G_intra_d": 2}],
+                         ids=["data4", "data2-depth2"])
 def test_zero1_clipping_uses_the_global_norm(degrees):
     ref_losses, ref_norms, ref_state, ref_lrs = isolated(_reference_clipped)
     assert ref_norms[0] > CLIP  # clipping is active
@@ -366,8 +368,8 @@ def test_train_runs_zero1_and_full_recompute():
     assert both.losses == pytest.approx(base.losses, rel=1e-5)
     assert len(both.memory) == 2 and all(m.peak_rss_bytes > 0 for m in both.memory)
     for stage in (2, 3):
-        z = launch(_train_plan, 2, args=(Plan(G_data=2, micro_batch_size=2, zero_stage=stage, recompute="full"),),
-                   timeout_s=120)[0]
+        zero_plan = Plan(G_data=2, micro_batch_size=2, zero_stage=stage, recompute="full")
+        z = launch(_train_plan, 2, args=(zero_plan,), timeout_s=120)[0]
         assert z.plan.zero_stage == stage
         assert z.losses == pytest.approx(base.losses, rel=1e-5), stage
     with pytest.raises(RankFailed, match="zero_stage=3 runs with G_inter=1"):

@@ -17,6 +17,7 @@ from torch import nn
 from engine.extract import layer_specs, model_spec
 from engine.launch import launch
 from engine.models.gpt import GPT, GPTConfig
+from perfmodels import rules
 from perfmodels.specs import Plan
 from tuner.store import Store
 
@@ -25,7 +26,8 @@ CFG = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("train_gpt_stdlib", ROOT / "examples" / "train_gpt_stdlib.py")
+    spec = importlib.util.spec_from_file_location("train_gpt_stdlib",
+                                                  ROOT / "examples" / "train_gpt_stdlib.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -132,3 +134,39 @@ def test_a_plan_that_does_not_fit_fails_on_every_rank_with_the_reason():
 
     with pytest.raises(RankFailed, match=r"cluster\.num_gpus = 2"):
         launch(_run_plan, 2, args=(Plan(G_data=4), None), timeout_s=60)
+
+
+SHARED_RULES = [
+    # (plan, the perfmodels.rules verdict for it), the model: 4 layers, 6 heads, hidden 48, batch 12
+    (Plan(G_data=2, micro_batch_size=4), lambda p: rules.microbatch_split(12, p.G_data, p.G_intra_d, 4)),
+    (Plan(G_intra_r=4), lambda p: rules.heads_split(6, p.G_intra_r)),
+    (Plan(G_intra_r=2, G_intra_c=3), lambda p: rules.hidden_split(48, p.G_intra_r, p.G_intra_c)),
+    (Plan(G_inter=2, virtual_stages=3, schedule="interleaved-1f1b"),
+     lambda p: rules.enough_layers(4, p.G_inter, p.virtual_stages)),
+    (Plan(G_intra_r=2, G_data=2), lambda p: True),
+]
+
+
+@pytest.mark.parametrize("plan, allowed", SHARED_RULES)
+def test_engine_refuses_a_shared_rule_with_perfmodels_verdict_and_words(plan, allowed):
+    """engine.train's refusal of a plan that breaks a rule of perfmodels.rules is perfmodels' own:
+    the same verdict, the same message first; the built-in GPT's split check agrees too."""
+    import dataclasses
+
+    from engine.parallel_gpt import gpt_split_problems
+    from engine.train import engine_limits, engine_problems
+    from perfmodels import presets
+    from perfmodels.specs import Training, combination_problems
+
+    cfg = GPTConfig(num_layers=4, hidden_size=48, num_attention_heads=6, seq_length=8, vocab_size=64)
+    spec, training = cfg.to_spec("gpt"), Training(global_batch_size=12)
+    cluster = dataclasses.replace(presets.cluster("local-cpu", num_gpus=1), num_gpus=plan.world_size)
+    perf = combination_problems(spec, cluster, training, plan)
+    engine = engine_problems(spec, plan, training)
+    assert bool(perf) == (not allowed(plan))
+    assert engine == perf + engine_limits(spec, plan, training)
+    degrees = {"data": plan.G_data, "inter": plan.G_inter, "depth": plan.G_intra_d, "row": plan.G_intra_r,
+               "col": plan.G_intra_c}
+    shape_ok = rules.heads_split(6, plan.G_intra_r) and rules.hidden_split(48, plan.G_intra_r, plan.G_intra_c)
+    layers_ok = rules.enough_layers(4, plan.G_inter, plan.virtual_stages)
+    assert (not gpt_split_problems(cfg, degrees, plan.virtual_stages)) == (shape_ok and layers_ok)

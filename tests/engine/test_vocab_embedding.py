@@ -32,7 +32,8 @@ class Net(nn.Module):
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
-    return torch.randint(0, VOCAB, (STEPS * GLOBAL, 6), generator=g), torch.randint(0, 5, (STEPS * GLOBAL,), generator=g)
+    return (torch.randint(0, VOCAB, (STEPS * GLOBAL, 6), generator=g),
+            torch.randint(0, 5, (STEPS * GLOBAL,), generator=g))
 
 
 def _reference() -> tuple[list[float], torch.Tensor]:
@@ -44,7 +45,8 @@ def _reference() -> tuple[list[float], torch.Tensor]:
     losses = []
     for s in range(STEPS):
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(net(x[s * GLOBAL:(s + 1) * GLOBAL]), y[s * GLOBAL:(s + 1) * GLOBAL])
+        step = slice(s * GLOBAL, (s + 1) * GLOBAL)
+        loss = nn.functional.cross_entropy(net(x[step]), y[step])
         loss.backward()
         opt.step()
         losses.append(float(loss))
@@ -74,8 +76,9 @@ def _body(rank: int, world: int, degrees: dict[str, int]) -> dict[str, Any]:
         engine.step(net, opt)
         losses.append(float(loss))
     state = engine.full_state_dict(net)
-    return {"losses": losses, "emb": state["emb.weight"], "parallel": isinstance(net.emb, VocabParallelEmbedding),
-            "local_rows": net.emb.weight.shape[0], "replica": replica}
+    return {"losses": losses, "emb": state["emb.weight"],
+            "parallel": isinstance(net.emb, VocabParallelEmbedding), "local_rows": net.emb.weight.shape[0],
+            "replica": replica}
 
 
 GRIDS = [{"G_intra_r": 4}, {"G_intra_r": 2, "G_data": 2}, {"G_intra_r": 2, "G_intra_c": 2},
