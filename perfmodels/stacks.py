@@ -189,7 +189,8 @@ class Stack:
             raise ValueError(f"stack.zero2_grad_reduce must be 'per_step' or 'per_microbatch', "
                              f"got {self.zero2_grad_reduce!r}")
         if self.flash_kernel not in ("native", "pre-hopper"):
-            raise ValueError(f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
+            raise ValueError(
+                f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
         if self.zero3_gather not in ("layer", "tensor"):
             raise ValueError(f"stack.zero3_gather must be 'layer' or 'tensor', got {self.zero3_gather!r}")
         if self.selective_recompute not in ("attention-core", "per-op"):
@@ -213,9 +214,9 @@ class Stack:
             raise ValueError(
                 f"stack.optimizer_step_bytes must be in [0, 1000], got {self.optimizer_step_bytes!r}"
             )
-        if self.loss_bytes_per_logit is not None and (
-                isinstance(self.loss_bytes_per_logit, bool) or not isinstance(self.loss_bytes_per_logit, (int, float))
-                or not 0.0 <= self.loss_bytes_per_logit <= 64.0):
+        loss_b = self.loss_bytes_per_logit
+        if loss_b is not None and (isinstance(loss_b, bool) or not isinstance(loss_b, (int, float))
+                                   or not 0.0 <= loss_b <= 64.0):
             raise ValueError(f"stack.loss_bytes_per_logit must be null or a number in [0, 64], "
                              f"got {self.loss_bytes_per_logit!r}")
         for name in ("host_scale", "split_axis_memory_passes", "elementwise_bytes_scale"):
