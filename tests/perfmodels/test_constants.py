@@ -272,7 +272,8 @@ def test_dropout_masks_and_dropped_scores_by_hand():
     # the whole unfused block by hand (Korthikanti: 34 s b h + 5 a s^2 b with dropout)
     full = activation_bytes_per_layer(with_drop, training, arrays)[0]
     assert full == pytest.approx(34.0 * s * h + 5.0 * a * s * s)
-    assert activation_bytes_per_layer(without, training, arrays)[0] == pytest.approx(32.0 * s * h + 2.0 * a * s * s)
+    none = activation_bytes_per_layer(without, training, arrays)[0]
+    assert none == pytest.approx(32.0 * s * h + 2.0 * a * s * s)
     assert presets.model("llama3-8b").dropout is False and presets.model("gpt3-175b").dropout is True
 
 
