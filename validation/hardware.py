@@ -84,12 +84,15 @@ def family_cards(fam: str) -> list[GPU]:
 
 def card(gpu_type: str, memory_gb: float | None) -> tuple[GPU, CardMemory]:
     """The GPU of a row: the family's preset whose memory is nearest the stated one (its HBM bandwidth
-    differs between cards), with the stated memory; the largest card of the family when unstated."""
+    and power limit differ between cards: a 96 GB H100 is the HBM2e variant), with the stated memory;
+    the named card with the family's largest memory when unstated."""
     named = presets.gpu(gpu_preset(gpu_type))
     cards = family_cards(family(named.name)) or [named]
     if memory_gb is None:
         largest = max(cards, key=lambda g: g.memory_gib)
-        base = named if named.memory_gib == largest.memory_gib else largest
+        # the named card's speeds (an "H100" is the SXM part, not the power-capped 96 GB variant) with
+        # the family's largest memory
+        base = named
         note = (f"card memory not stated: fit verdict on the largest {family(named.name)} card "
                 f"({largest.memory_gib:g} GiB)")
         return replace(base, memory_gib=largest.memory_gib), CardMemory(gib=largest.memory_gib, assumed=note)

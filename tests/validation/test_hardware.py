@@ -33,8 +33,11 @@ def test_stated_memory_picks_the_nearest_card_and_keeps_the_stated_size():
     assert (gpu.name, gpu.memory_gib, gpu.hbm_bandwidth_GBps) == ("A100-40GB", 40.0,
                                                                    presets.gpu("A100-40GB").hbm_bandwidth_GBps)
     assert not memory.assumed
-    gpu, _ = card("H100", 96.0)  # a 96 GB H100 is not taken as 80 GB
-    assert gpu.memory_gib == 96.0
+    gpu, _ = card("H100", 96.0)  # a 96 GB H100 is not taken as 80 GB: it is the HBM2e, 500 W variant
+    assert (gpu.name, gpu.memory_gib, gpu.hbm_bandwidth_GBps) == ("H100-96GB", 96.0, 2400.0)
+    gpu, memory = card("H100 SXM", None)  # unstated: the SXM part's speeds, the family's largest memory
+    assert (gpu.name, gpu.peak_tflops_bf16, gpu.memory_gib) == ("H100-SXM", 989.0, 96.0)
+    assert memory.assumed
 
 
 def test_unstated_memory_is_the_familys_largest_card_and_is_flagged():
