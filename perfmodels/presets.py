@@ -151,6 +151,9 @@ _CLUSTERS: dict[str, Cluster] = {
         # DGX H200 / B200 nodes on NDR.
         _cluster("dgx-h200", "H200", 8, 450.0, 50.0, 1024),
         _cluster("dgx-b200", "B200", 8, 900.0, 50.0, 1024),
+        # Meta's Grand Teton hosts as torchtitan benchmarked them: 8x H100 96 GB HBM2e at 500 W, NVLink,
+        # 400 Gb/s RDMA per GPU.
+        _cluster("grand-teton", "H100-96GB", 8, 450.0, 50.0, 512),
         _cluster("mi300x-node", "MI300X", 8, 448.0, 50.0, 1024, backend="rccl"),
         # This machine kind: one node, CPU "devices", gloo over shared memory/loopback.
         _cluster("local-cpu", "cpu", 8, 2.0, 2.0, 4, backend="gloo", intra_node_latency_us=100.0,

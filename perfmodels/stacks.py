@@ -264,8 +264,11 @@ _MEGATRON = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=4.0, grad_b
 # from the module's pre-forward/pre-backward hooks: one gather per parameter tensor, not per block
 _DEEPSPEED = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=2.0, grad_bytes_fp16=2.0,
                   fp32_grad_bytes_bf16=4.0, zero2_grad_reduce="per_microbatch", zero3_gather="tensor")
+# FP8 under FSDP (torchao's float8 linears in torchtitan, Transformer Engine linears in LLM Foundry)
+# casts the gathered weights per use and keeps no FP8 copy between micro-batches
 _FSDP = dict(weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
-             zero2_grad_reduce="per_microbatch", overlap_grad_reduce=True, overlap_param_gather=True)
+             zero2_grad_reduce="per_microbatch", overlap_grad_reduce=True, overlap_param_gather=True,
+             fp8_weight_cache_bytes=0.0)
 
 STACK_PRESETS: dict[str, Stack] = {
     s.name: s

@@ -192,6 +192,9 @@ def test_memory_overheads_context_nccl_buffers_and_fragmentation(stack, context,
 
 def test_fp8_weight_cache_is_two_bytes_per_linear_parameter():
     assert stacks.preset("megatron-core").fp8_weight_cache_bytes == 2.0
+    # FSDP stacks cast the gathered weights per use and cache nothing between micro-batches
+    for name in ("torchtitan", "fsdp"):
+        assert stacks.preset(name).fp8_weight_cache_bytes == 0.0
 
 
 def test_unfused_attention_and_residual_element_passes_by_hand():
