@@ -278,7 +278,10 @@ def _published_case(cid: str, row: Mapping[str, str], *,
         measured = _measured_step_s(metric, value_text, shape, stack, the_cluster)
 
     framework = stack.framework or "any stack"
-    group = f"{framework} {model.name.split(' (')[0]} L{L} h{h} on {G} {the_cluster.gpu.name} gb{gb}"
+    # a ranking group compares layouts of one workload: same model, sequence, precision, cluster and batch
+    precision = "/".join(stack.dtypes)
+    group = (f"{framework} {model.name.split(' (')[0]} L{L} h{h} s{s} {precision} on {G} "
+             f"{the_cluster.gpu.name} gb{gb}")
     return Case(
         case_id=cid,
         source=(row.get("source") or "").strip(),
