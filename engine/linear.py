@@ -48,39 +48,50 @@ class _DepthShardedLinearFn(torch.autograd.Function):
     Under autocast the shard is cast to the autocast dtype before it is gathered (half the bytes,
     as perfmodels.traffic counts with the training dtype), the GEMMs run in that dtype, and the
     weight gradient is reduce-scattered in it and handed back in the parameter's dtype: the same
-    dtypes torch.nn.Linear gets under autocast, on every grid.
+    dtypes torch.nn.Linear gets under autocast, on every grid. `in_out`: the block is stored as
+    [in, out] (transformers' Conv1D layout), so it is used transposed.
     """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w_shard: torch.Tensor, block_shape: tuple[int, int],
-                depth_group: Any, compute_dtype: torch.dtype | None) -> torch.Tensor:
+                depth_group: Any, compute_dtype: torch.dtype | None, in_out: bool = False) -> torch.Tensor:
         dtype = compute_dtype or torch.promote_types(x.dtype, w_shard.dtype)
         xc = x.to(dtype)
         w = all_gather_flat(w_shard.to(dtype), depth_group).view(block_shape)
         ctx.save_for_backward(xc, w_shard)
         ctx.block_shape, ctx.depth_group, ctx.dtype, ctx.x_dtype = block_shape, depth_group, dtype, x.dtype
+        ctx.in_out = in_out
         with torch.autocast(x.device.type, enabled=False):
-            return F.linear(xc, w)
+            return F.linear(xc, w.t() if in_out else w)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None,
+                                                     None]:
         xc, w_shard = ctx.saved_tensors
         g = g.to(ctx.dtype)
         w = all_gather_flat(w_shard.to(ctx.dtype), ctx.depth_group).view(ctx.block_shape)
+        if ctx.in_out:
+            w = w.t()
         grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            n, k = ctx.block_shape
-            full = g.reshape(-1, n).t().matmul(xc.reshape(-1, k))
+            n, k = w.shape
+            g2, x2 = g.reshape(-1, n), xc.reshape(-1, k)
+            full = x2.t().matmul(g2) if ctx.in_out else g2.t().matmul(x2)
             grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard).to(w_shard.dtype)
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 def linear_specs(in_features: int, out_features: int, bias: bool, transpose: bool,
-                 padded_out: int | None = None) -> tuple[ShardSpec, ShardSpec | None]:
-    """ShardSpecs of the weight [out, in] and bias [out] of a 3D Linear."""
-    w_spec = ShardSpec(full_shape=(out_features, in_features), row_dim=1 if transpose else 0,
-                       col_dim=0 if transpose else 1, depth_flat=True, padded_dim0=padded_out)
+                 padded_out: int | None = None, *, in_out: bool = False) -> tuple[ShardSpec, ShardSpec | None]:
+    """ShardSpecs of the weight [out, in] (`in_out`: [in, out], transformers' Conv1D) and bias [out]
+    of a 3D Linear."""
+    if in_out and padded_out is not None:
+        raise ValueError(f"padded_out_features={padded_out} needs the [out, in] weight layout (in_out=False)")
+    out_dim, in_dim = (1, 0) if in_out else (0, 1)
+    w_spec = ShardSpec(full_shape=(in_features, out_features) if in_out else (out_features, in_features),
+                       row_dim=in_dim if transpose else out_dim, col_dim=out_dim if transpose else in_dim,
+                       depth_flat=True, padded_dim0=padded_out)
     b_spec = None
     if bias:
         b_spec = ShardSpec(full_shape=(out_features,), row_dim=None if transpose else 0,
@@ -137,16 +148,22 @@ class ShardedLinear(nn.Module):
     chunk by chunk from the CPU generator exactly as torch.nn.Linear draws it (`init="serial"`, the
     default: same values as single-process construction with the same seed), or the shard alone is
     drawn on the device with the same distribution (`init="local"`: fast, different values).
+
+    `weight_in_out=True` stores the weight as [in, out], the layout of Hugging Face transformers'
+    `Conv1D` (GPT-2's c_attn, c_proj, c_fc): same math, and `engine.full_state_dict` / checkpoints
+    hold Conv1D's keys and shapes, so a consolidated state dict loads back into transformers.
+    Serial init then draws Conv1D's normal(0, 0.02) weight and zero bias.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
                  dtype: torch.dtype | None = None, *, transpose: bool = False, grid: Grid | None = None,
-                 padded_out_features: int | None = None, init: str = "serial",
+                 padded_out_features: int | None = None, init: str = "serial", weight_in_out: bool = False,
                  _full_weight: torch.Tensor | None = None, _full_bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.grid = current_grid(grid)
         self.in_features, self.out_features = in_features, out_features
         self.transpose = transpose
+        self.weight_in_out = weight_in_out
         problems = split_problems(in_features, out_features, transpose, self.grid.degrees, padded_out_features)
         if problems:
             raise GridError(f"engine.{type(self).__name__}({in_features}, {out_features}, transpose={transpose}) "
@@ -155,10 +172,14 @@ class ShardedLinear(nn.Module):
             raise ValueError(f"init must be 'serial' or 'local', got {init!r}")
         g = self.grid
         device = torch.device(device) if device is not None else g.device
-        self.w_spec, self.b_spec = linear_specs(in_features, out_features, bias, transpose, padded_out_features)
+        self.w_spec, self.b_spec = linear_specs(in_features, out_features, bias, transpose, padded_out_features,
+                                                in_out=weight_in_out)
         self.block_shape = self.w_spec.block_shape(g.degrees)
         if _full_weight is not None:
             w_chunks, b_chunks = tensor_chunks(_full_weight), (tensor_chunks(_full_bias) if bias else None)
+        elif init == "serial" and weight_in_out:
+            w_chunks = drawn_chunks((in_features, out_features), lambda t: t.normal_(0.0, 0.02))
+            b_chunks = tensor_chunks(torch.zeros(out_features)) if bias else None
         elif init == "serial":
             w_chunks, b_chunks = linear_init_chunks(out_features, in_features, bias)
         else:
@@ -167,7 +188,11 @@ class ShardedLinear(nn.Module):
             weight = materialize(self.w_spec, w_chunks, g.coords, g.degrees, dtype=dtype, device=device)
         else:
             wb = _kaiming_bound(in_features)
-            weight = torch.empty(self.w_spec.local_shape(g.degrees), dtype=dtype, device=device).uniform_(-wb, wb)
+            weight = torch.empty(self.w_spec.local_shape(g.degrees), dtype=dtype, device=device)
+            if weight_in_out:
+                weight.normal_(0.0, 0.02)
+            else:
+                weight.uniform_(-wb, wb)
         self.weight = mark(nn.Parameter(weight), self.w_spec)
         if bias:
             assert self.b_spec is not None
@@ -191,16 +216,27 @@ class ShardedLinear(nn.Module):
                    padded_out_features=padded_out_features, _full_weight=dense.weight.detach(),
                    _full_bias=None if dense.bias is None else dense.bias.detach())
 
+    @classmethod
+    def from_conv1d(cls, conv: nn.Module, *, transpose: bool = False, grid: Grid | None = None) -> ShardedLinear:
+        """Shard a transformers `Conv1D` (weight [nx, nf] = [in, out], bias [nf]): same values, same
+        parameter names and layout (`weight_in_out=True`)."""
+        weight = conv.weight.detach()
+        bias = getattr(conv, "bias", None)
+        return cls(weight.shape[0], weight.shape[1], bias is not None, transpose=transpose, grid=grid,
+                   weight_in_out=True, _full_weight=weight, _full_bias=None if bias is None else bias.detach())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to(x, self.in_group)
         depth = self.grid.comm_group("depth")
         if depth is None:  # nothing to gather: plain autograd (and the bias fused when no reduction follows)
             fused_bias = self.bias if self.out_group is None else None
-            y = F.linear(x, self.weight.view(self.block_shape), fused_bias)
+            w = self.weight.view(self.block_shape)
+            y = F.linear(x, w.t() if self.weight_in_out else w, fused_bias)
             if self.out_group is None:
                 return y
         else:
-            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, autocast_dtype(x.device.type))
+            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, autocast_dtype(x.device.type),
+                                            self.weight_in_out)
         y = reduce_from(y, self.out_group)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)  # as nn.Linear under autocast: the output keeps the GEMM's dtype
@@ -208,7 +244,8 @@ class ShardedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, transpose={self.transpose}, grid=({self.grid.describe()})")
+                f"bias={self.bias is not None}, transpose={self.transpose}, "
+                + ("weight_in_out=True, " if self.weight_in_out else "") + f"grid=({self.grid.describe()})")
 
 
 class Linear(ShardedLinear):
