@@ -13,6 +13,14 @@ Per call, exactly the collectives perfmodels.traffic counts (each skipped on a g
   fwd  all-reduce of the partial output            normal: col, transposed: row
   bwd  all-reduce of the input grad                normal: row, transposed: col
 
+Depth prefetch (AxoNN's optimize_communication; `prefetch_depth(model)`, on by default through
+`engine.wrap`): consecutive depth-sharded layers (module order) are chained; when a layer's forward
+starts it launches the next layer's weight all-gather with async_op=True, and when a layer's
+backward starts it launches the previous layer's backward all-gather the same way, so each gather
+runs while the current layer gathers, multiplies and reduces; the layer waits on the handle when
+it uses the weight. Same calls and bytes as without (every prefetched gather replaces the one the
+layer would have issued); the weight-gradient reduce-scatter stays synchronous.
+
 Initialization draws the full weight exactly as `torch.nn.Linear` does (same RNG calls, same
 order), chunk by chunk, and keeps only this rank's slice, so `engine.full_state_dict` of a model
 built with the same seed equals the single-process model's `state_dict()` while peak memory grows
@@ -21,15 +29,26 @@ with the shard, not with the layer.
 
 from __future__ import annotations
 
+import itertools
 import math
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.comm import all_gather_flat, copy_to, gather_last, reduce_from, reduce_scatter_flat, scatter_last
+from engine.comm import (
+    all_gather_flat,
+    all_gather_flat_async,
+    copy_to,
+    gather_last,
+    reduce_from,
+    reduce_scatter_flat,
+    scatter_last,
+)
 from engine.grads import install_sync_guard
 from engine.grid import Grid, GridError, current_grid
 from engine.shard import ShardSpec, drawn_chunks, mark, materialize, tensor_chunks
@@ -54,22 +73,33 @@ class _DepthShardedLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w_shard: torch.Tensor, block_shape: tuple[int, int],
-                depth_group: Any, compute_dtype: torch.dtype | None, in_out: bool = False) -> torch.Tensor:
+                depth_group: Any, compute_dtype: torch.dtype | None, in_out: bool = False,
+                gathered: torch.Tensor | None = None, layer: ShardedLinear | None = None) -> torch.Tensor:
         dtype = compute_dtype or torch.promote_types(x.dtype, w_shard.dtype)
         xc = x.to(dtype)
-        w = all_gather_flat(w_shard.to(dtype), depth_group).view(block_shape)
+        if gathered is None:  # not prefetched by the previous layer
+            gathered = all_gather_flat(w_shard.to(dtype), depth_group)
+        w = gathered.view(block_shape)
         ctx.save_for_backward(xc, w_shard)
         ctx.block_shape, ctx.depth_group, ctx.dtype, ctx.x_dtype = block_shape, depth_group, dtype, x.dtype
-        ctx.in_out = in_out
+        ctx.in_out, ctx.layer = in_out, layer
         with torch.autocast(x.device.type, enabled=False):
             return F.linear(xc, w.t() if in_out else w)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None,
-                                                     None]:
+                                                     None, None, None]:
         xc, w_shard = ctx.saved_tensors
         g = g.to(ctx.dtype)
-        w = all_gather_flat(w_shard.to(ctx.dtype), ctx.depth_group).view(ctx.block_shape)
+        layer = ctx.layer
+        gathered = layer.take_prefetched("bwd", ctx.dtype) if layer is not None else None
+        if layer is not None:  # the previous layer's backward runs next: start its gather now
+            prev = layer.depth_neighbour("prev")
+            if prev is not None and prev.weight.requires_grad:
+                prev.prefetch("bwd", ctx.dtype)
+        if gathered is None:
+            gathered = all_gather_flat(w_shard.to(ctx.dtype), ctx.depth_group)
+        w = gathered.view(ctx.block_shape)
         if ctx.in_out:
             w = w.t()
         grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
@@ -79,7 +109,19 @@ class _DepthShardedLinearFn(torch.autograd.Function):
             g2, x2 = g.reshape(-1, n), xc.reshape(-1, k)
             full = x2.t().matmul(g2) if ctx.in_out else g2.t().matmul(x2)
             grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard).to(w_shard.dtype)
-        return grad_x, grad_w, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None, None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Prefetched:
+    """A depth all-gather launched ahead of its use: the output, its Work, the source kept alive,
+    and the stamp (weight version, local size, dtype) the use must match. The stamp holds only
+    what every depth rank agrees on, so all of them take or drop a prefetch alike."""
+
+    flat: torch.Tensor
+    work: Any
+    source: torch.Tensor
+    stamp: tuple[int, int, torch.dtype]
 
 
 def linear_specs(in_features: int, out_features: int, bias: bool, transpose: bool,
@@ -204,6 +246,9 @@ class ShardedLinear(nn.Module):
             self.bias = mark(nn.Parameter(b), self.b_spec)
         else:
             self.register_parameter("bias", None)
+        self._depth_links: dict[str, Any] = {}  # "next"/"prev": weakrefs to the chained layers (prefetch_depth)
+        self._prefetched: dict[str, _Prefetched] = {}
+        self.depth_prefetch_hits = 0  # gathers this layer used from a prefetch (tests, bench)
         self.in_group = g.comm_group("col" if transpose else "row")  # input grad all-reduce
         self.out_group = g.comm_group("row" if transpose else "col")  # partial output all-reduce
         install_sync_guard(self, g)
@@ -235,12 +280,51 @@ class ShardedLinear(nn.Module):
             if self.out_group is None:
                 return y
         else:
-            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, autocast_dtype(x.device.type),
-                                            self.weight_in_out)
+            compute_dtype = autocast_dtype(x.device.type)
+            dtype = compute_dtype or torch.promote_types(x.dtype, self.weight.dtype)
+            gathered = self.take_prefetched("fwd", dtype)
+            nxt = self.depth_neighbour("next")
+            # not while autograd recomputes a checkpointed forward inside backward: the next layer's
+            # forward may not be recomputed, and its gather would then be an extra call
+            if nxt is not None and torch._C._current_graph_task_id() == -1:
+                nxt.prefetch("fwd", dtype)
+            y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, compute_dtype,
+                                            self.weight_in_out, gathered, self)
         y = reduce_from(y, self.out_group)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)  # as nn.Linear under autocast: the output keeps the GEMM's dtype
         return y
+
+    # ---- depth prefetch (prefetch_depth) --------------------------------------------------------
+
+    def depth_neighbour(self, which: str) -> ShardedLinear | None:
+        """The chained next ("next") or previous ("prev") depth-sharded layer, if any."""
+        ref = self._depth_links.get(which)
+        return ref() if ref is not None else None
+
+    def _stamp(self, dtype: torch.dtype) -> tuple[int, int, torch.dtype]:
+        return (self.weight._version, self.weight.numel(), dtype)
+
+    def prefetch(self, phase: str, dtype: torch.dtype) -> None:
+        """Launch this layer's depth all-gather for its next `phase` ("fwd" or "bwd") use, unless
+        one is pending or the weight is not materialized (ZeRO-3 between gathers)."""
+        if phase in self._prefetched or self.weight.numel() != self.w_spec.local_shape(self.grid.degrees)[0]:
+            return
+        source = self.weight.detach().to(dtype)
+        flat, work = all_gather_flat_async(source, self.grid.comm_group("depth"))
+        self._prefetched[phase] = _Prefetched(flat=flat, work=work, source=source, stamp=self._stamp(dtype))
+
+    def take_prefetched(self, phase: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """The gathered weight (flat) a prefetch left for this `phase`, after waiting on it; None
+        when there is none or it no longer matches the weight (updated since, another dtype)."""
+        pending = self._prefetched.pop(phase, None)
+        if pending is None:
+            return None
+        pending.work.wait()
+        if pending.stamp != self._stamp(dtype):
+            return None
+        self.depth_prefetch_hits += 1
+        return pending.flat
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -261,3 +345,27 @@ class Linear(ShardedLinear):
         x = scatter_last(x, self.grid.comm_group(in_axis))
         y = super().forward(x)
         return gather_last(y, self.grid.comm_group(out_axis))
+
+
+def prefetch_depth(model: nn.Module, enabled: bool = True) -> int:
+    """Chain `model`'s depth-sharded layers (engine.ShardedLinear / engine.Linear, in module order)
+    so each prefetches the next one's forward all-gather and the previous one's backward
+    all-gather (module docstring); `enabled=False` unchains them. Returns the number of layers
+    chained. Nothing to do when G_intra_d == 1. `engine.wrap` calls it; call it again after
+    replacing layers."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be True or False, got {enabled!r}")
+    layers = [m for m in model.modules() if isinstance(m, ShardedLinear) and m.grid.comm_group("depth") is not None]
+    for layer in layers:
+        layer._depth_links.clear()
+        for pending in layer._prefetched.values():
+            pending.work.wait()
+        layer._prefetched.clear()
+    if not enabled or len(layers) < 2:
+        return 0
+    for a, b in itertools.pairwise(layers):
+        if a.grid is not b.grid:
+            continue
+        a._depth_links["next"] = weakref.ref(b)
+        b._depth_links["prev"] = weakref.ref(a)
+    return len(layers)
