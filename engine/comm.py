@@ -70,6 +70,15 @@ def reduce_scatter_flat(t: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def reduce_scatter_flat_async(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
+    """`reduce_scatter_flat` launched with async_op=True: (this member's output chunk, its Work;
+    wait() before reading it). The group must not be None."""
+    t = t.contiguous().view(-1)
+    out = torch.empty(t.numel() // group_size(group), dtype=t.dtype, device=t.device)
+    work = _reduce_scatter_flat_op(out, t, group=group, async_op=True)
+    return out, work
+
+
 def _gather_last_dim(x: torch.Tensor, group: Any) -> torch.Tensor:
     p = group_size(group)
     flat = all_gather_flat(x.contiguous(), group)

@@ -19,7 +19,8 @@ starts it launches the next layer's weight all-gather with async_op=True, and wh
 backward starts it launches the previous layer's backward all-gather the same way, so each gather
 runs while the current layer gathers, multiplies and reduces; the layer waits on the handle when
 it uses the weight. Same calls and bytes as without (every prefetched gather replaces the one the
-layer would have issued); the weight-gradient reduce-scatter stays synchronous.
+layer would have issued). In backward the weight gradient is computed first and its depth
+reduce-scatter launched with async_op=True, so it runs behind the input-gradient GEMM.
 
 Initialization draws the full weight exactly as `torch.nn.Linear` does (same RNG calls, same
 order), chunk by chunk, and keeps only this rank's slice, so `engine.full_state_dict` of a model
@@ -46,7 +47,7 @@ from engine.comm import (
     copy_to,
     gather_last,
     reduce_from,
-    reduce_scatter_flat,
+    reduce_scatter_flat_async,
     scatter_last,
 )
 from engine.grads import install_sync_guard
@@ -102,13 +103,18 @@ class _DepthShardedLinearFn(torch.autograd.Function):
         w = gathered.view(ctx.block_shape)
         if ctx.in_out:
             w = w.t()
-        grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
-        grad_w = None
-        if ctx.needs_input_grad[1]:
+        scattered = None
+        if ctx.needs_input_grad[1]:  # weight grad first: its reduce-scatter runs behind the input-grad GEMM
             n, k = w.shape
             g2, x2 = g.reshape(-1, n), xc.reshape(-1, k)
             full = x2.t().matmul(g2) if ctx.in_out else g2.t().matmul(x2)
-            grad_w = reduce_scatter_flat(full, ctx.depth_group).view_as(w_shard).to(w_shard.dtype)
+            scattered = reduce_scatter_flat_async(full, ctx.depth_group)
+        grad_x = g.matmul(w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if scattered is not None:
+            out, work = scattered
+            work.wait()
+            grad_w = out.view_as(w_shard).to(w_shard.dtype)
         return grad_x, grad_w, None, None, None, None, None, None
 
 

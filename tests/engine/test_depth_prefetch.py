@@ -6,7 +6,8 @@ Checked here: the tiny GPT with prefetch equals single-process training at 1e-5 
 depth2 x col2 and depth4, every chained layer but the first (forward) / last (backward) used a
 prefetched gather on every micro-batch, and the recorder's calls and bytes still equal
 perfmodels.traffic (a prefetched gather replaces the layer's own); an op log proves the next
-layer's gather is issued before the current layer's matmul (and not without prefetch).
+layer's gather is issued before the current layer's matmul (and not without prefetch), and that
+a layer's weight-gradient reduce-scatter is in flight during its input-gradient GEMM.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/engine/test_depth_prefetch.py -q
 """
@@ -81,10 +82,10 @@ def _order(rank: int, world: int, prefetch: bool) -> dict[str, Any]:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             rule = self.rules.get(func)
-            if rule is not None and rule[0] == "all_gather":
+            if rule is not None and rule[0] in ("all_gather", "reduce_scatter"):
                 group, nbytes = rule[1](args)
                 if self.grid.axis_of_group(_group_name(group)) == "depth":
-                    self.log.append(("gather", nbytes))
+                    self.log.append(("gather" if rule[0] == "all_gather" else "rs", nbytes))
             elif func.__name__.split(".")[0] in ("mm", "addmm", "bmm"):
                 self.log.append(("mm", 0))
             return super().__torch_dispatch__(func, types, args, kwargs)
@@ -118,6 +119,9 @@ def test_next_layers_gather_is_issued_before_the_current_matmul():
         assert [e for e in f if e[0] == "gather"] == [("gather", b) for b in (blocks[1], blocks[0], blocks[2])]
         b = r["bwd"]  # backward runs 2, 1, 0: layer 1's gather goes out before layer 2's matmuls
         assert _first(b, ("gather", blocks[1])) < _first(b, ("mm", 0))
+        # layer 2: weight-grad GEMM, its reduce-scatter launched, then the input-grad GEMM behind it
+        first_mm = _first(b, ("mm", 0))
+        assert b[first_mm + 1:first_mm + 3] == [("rs", blocks[2]), ("mm", 0)]
         assert r["hits"] == [1, 2, 1]  # 0: backward; 1: both; 2: forward
     for r in launch(_order, 4, args=(False,), timeout_s=60):
         f = r["fwd"]
