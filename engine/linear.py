@@ -118,6 +118,13 @@ class _DepthShardedLinearFn(torch.autograd.Function):
         return grad_x, grad_w, None, None, None, None, None, None
 
 
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread (a checkpointed forward
+    being recomputed). torch exposes it privately; without it, assume so (no forward prefetch)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is None or task() != -1
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Prefetched:
     """A depth all-gather launched ahead of its use: the output, its Work, the source kept alive,
@@ -292,7 +299,7 @@ class ShardedLinear(nn.Module):
             nxt = self.depth_neighbour("next")
             # not while autograd recomputes a checkpointed forward inside backward: the next layer's
             # forward may not be recomputed, and its gather would then be an extra call
-            if nxt is not None and torch._C._current_graph_task_id() == -1:
+            if nxt is not None and not _in_backward():
                 nxt.prefetch("fwd", dtype)
             y = _DepthShardedLinearFn.apply(x, self.weight, self.block_shape, depth, compute_dtype,
                                             self.weight_in_out, gathered, self)

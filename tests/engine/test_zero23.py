@@ -21,7 +21,10 @@ GRIDS4 = [
     {"data": 2, "inter": 1, "depth": 2, "row": 1, "col": 1},
     {"data": 2, "inter": 2, "depth": 1, "row": 1, "col": 1},
 ]
-CASES = [(g, 2) for g in GRIDS4] + [(g, 3) for g in GRIDS4]  # ZeRO-3 on data2 x inter2: once per step
+# ZeRO-3 on data2 x inter2 (and x depth2, 8 ranks: per-unit depth all-reduce, prefetched depth
+# gathers across the stage's gathered blocks): gathered once per step
+PIPED_DEPTH8 = {"data": 2, "inter": 2, "depth": 2, "row": 1, "col": 1}
+CASES = [(g, 2) for g in GRIDS4] + [(g, 3) for g in GRIDS4] + [(PIPED_DEPTH8, 3)]
 
 
 def _options(degrees: dict[str, int], stage: int) -> dict:
