@@ -7,6 +7,10 @@
    buckets after backward (target <= 1.0: overlap must not be slower; on a GPU it must be faster).
    On a 2-core machine with 4 ranks there is no idle core for gloo's threads, so this figure
    swings with the machine's load (see docs/engine.md).
+4. four ranks, G_intra_d=2 x G_intra_r=2: the engine with depth prefetch (each layer launches the
+   next layer's weight all-gather asynchronously; engine.prefetch_depth) / the same engine gathering
+   each weight when it is used (printed, no target: on a 2-core CPU machine gloo's threads have no
+   idle core to run on, so the overlap shows on GPUs).
 
 A step is zero_grad + forward + backward + gradient sync + AdamW step. Both sides of a ratio run in
 the same processes, alternating step by step (and which goes first) so that load from other work
@@ -15,7 +19,7 @@ warm-up). The one-process figure is also given in process CPU time, which other 
 machine disturb far less than wall time.
 Run:
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/engine_overhead.py [--steps 30]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/engine_overhead.py [--steps 30] [--only 1|2|3|4]
 """
 
 from __future__ import annotations
@@ -175,12 +179,61 @@ def _overlap4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float
     return {"after_s": statistics.median(t_after), "overlap_s": statistics.median(t_over)}
 
 
+def _depth4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
+    import engine
+
+    grid = engine.init(G_intra_d=2, G_intra_r=2)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(engine.ParallelGPT.from_serial(GPT(OVERLAP4), grid))
+    prefetched, plain = models
+    engine.prefetch_depth(plain, False)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models]
+    x, y = _data(OVERLAP4, DATA4_BATCH)
+    local = DATA4_BATCH // grid.batch_shards
+    shard = grid.coord("depth")
+    x, y = x[shard * local:(shard + 1) * local], y[shard * local:(shard + 1) * local]
+
+    def step_of(model: Any, opt: Any) -> Any:
+        def run() -> None:
+            opt.zero_grad()
+            engine.forward_backward(model, x, y)
+            engine.sync_gradients(model, grid=grid)
+            opt.step()
+        return run
+
+    pre_step, plain_step = step_of(prefetched, opts[0]), step_of(plain, opts[1])
+    t_pre, t_plain = [], []
+    for i in range(warmup + steps):
+        if i % 2:
+            b, a = _timed(pre_step, True), _timed(plain_step, True)
+        else:
+            a, b = _timed(plain_step, True), _timed(pre_step, True)
+        if i >= warmup:
+            t_plain.append(a)
+            t_pre.append(b)
+    return {"plain_s": statistics.median(t_plain), "prefetch_s": statistics.median(t_pre)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--only", type=int, choices=(1, 2, 3, 4), help="run only this figure")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.only in (None, 1):
+        _print_single(args)
+    if args.only in (None, 2):
+        _print_data4(args)
+    if args.only in (None, 3):
+        _print_overlap4(args)
+    if args.only in (None, 4):
+        _print_depth4(args)
+
+
+def _print_single(args: argparse.Namespace) -> None:
     one = launch(_single, world_size=1, args=(args.steps, args.warmup), timeout_s=600)[0]
     print(f"1 process, GPT {SINGLE.num_layers}x{SINGLE.hidden_size} seq {SINGLE.seq_length} "
           f"batch {SINGLE_BATCH}: plain {one['plain_s'] * 1e3:.1f} ms, "
@@ -188,12 +241,18 @@ def main(argv: list[str] | None = None) -> None:
           f"engine/plain = {one['engine_s'] / one['plain_s']:.3f} (target <= 1.05); process CPU time: plain "
           f"{one['cpu_plain_s'] * 1e3:.1f} ms, engine {one['cpu_engine_s'] * 1e3:.1f} ms, "
           f"engine/plain = {one['cpu_engine_s'] / one['cpu_plain_s']:.3f}")
+
+
+def _print_data4(args: argparse.Namespace) -> None:
     four = launch(_data4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
     ratios = [r["engine_s"] / r["ddp_s"] for r in four]
     r0 = four[0]
     print(f"4 ranks G_data=4, GPT {DATA4.num_layers}x{DATA4.hidden_size} seq {DATA4.seq_length} global batch "
           f"{DATA4_BATCH}: DDP {r0['ddp_s'] * 1e3:.1f} ms, engine {r0['engine_s'] * 1e3:.1f} ms (rank 0), "
           f"engine/DDP = {statistics.median(ratios):.3f} (median over ranks; target <= 1.10)")
+
+
+def _print_overlap4(args: argparse.Namespace) -> None:
     over = launch(_overlap4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
     ratios = [r["overlap_s"] / r["after_s"] for r in over]
     r0 = over[0]
@@ -201,6 +260,17 @@ def main(argv: list[str] | None = None) -> None:
           f"global batch {DATA4_BATCH}, {OVERLAP_BUCKET_BYTES >> 20} MiB buckets: reduce after backward "
           f"{r0['after_s'] * 1e3:.1f} ms, overlapped {r0['overlap_s'] * 1e3:.1f} ms (rank 0), "
           f"overlapped/after = {statistics.median(ratios):.3f} (median over ranks; target <= 1.0)")
+
+
+def _print_depth4(args: argparse.Namespace) -> None:
+    depth = launch(_depth4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
+    ratios = [r["prefetch_s"] / r["plain_s"] for r in depth]
+    r0 = depth[0]
+    print(f"4 ranks G_intra_d=2 x G_intra_r=2, GPT {OVERLAP4.num_layers}x{OVERLAP4.hidden_size} seq "
+          f"{OVERLAP4.seq_length} global batch {DATA4_BATCH}: depth gathers on use "
+          f"{r0['plain_s'] * 1e3:.1f} ms, "
+          f"prefetched {r0['prefetch_s'] * 1e3:.1f} ms (rank 0), prefetch/no prefetch = "
+          f"{statistics.median(ratios):.3f} (median over ranks)")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="the data-parallel gradient reduction runs after backward")
     g.add_argument("--overlap-tp-comm", action="store_true", help="tensor-parallel comm overlaps GEMMs")
+    g.add_argument("--no-overlap-depth-comm", action="store_true",
+                   help="depth all-gathers and reduce-scatters run when used, not prefetched/asynchronous")
     g.add_argument(
         "--zero3-gather",
         choices=["layer", "tensor"],
@@ -211,6 +213,7 @@ def training_from_args(args: argparse.Namespace) -> Training:
         "flash_attention": False if args.no_flash_attention else None,
         "overlap_grad_reduce": False if args.no_overlap_grad_reduce else None,
         "overlap_tp_comm": True if args.overlap_tp_comm else None,
+        "overlap_depth_comm": False if getattr(args, "no_overlap_depth_comm", False) else None,
         "zero3_gather": args.zero3_gather,
         "overlap_param_gather": False if args.no_overlap_param_gather else None,
     })

@@ -25,7 +25,7 @@ from engine.grads import (
     wrap,
 )
 from engine.grid import Grid, GridError, current_grid, init
-from engine.linear import Linear, ShardedLinear
+from engine.linear import Linear, ShardedLinear, prefetch_depth
 from engine.loop import forward_backward
 from engine.memory import model_state_bytes
 from engine.parallel_gpt import ParallelGPT
@@ -66,6 +66,7 @@ __all__ = [
     "no_sync",
     "overlap_grad_reduce",
     "parallelize",
+    "prefetch_depth",
     "save_checkpoint",
     "save_consolidated",
     "step",

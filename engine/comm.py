@@ -51,6 +51,15 @@ def all_gather_flat(t: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def all_gather_flat_async(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
+    """`all_gather_flat` launched with async_op=True: (the output buffer, its Work; wait() before
+    reading the buffer). `t` must stay alive and unchanged until then. The group must not be None."""
+    t = t.contiguous().view(-1)
+    out = torch.empty(t.numel() * group_size(group), dtype=t.dtype, device=t.device)
+    work = _all_gather_flat_op(out, t, group=group, async_op=True)
+    return out, work
+
+
 def reduce_scatter_flat(t: torch.Tensor, group: Any) -> torch.Tensor:
     """Sum a flat tensor over the group and keep this member's equal chunk."""
     if group is None:
@@ -59,6 +68,15 @@ def reduce_scatter_flat(t: torch.Tensor, group: Any) -> torch.Tensor:
     out = torch.empty(t.numel() // group_size(group), dtype=t.dtype, device=t.device)
     _reduce_scatter_flat_op(out, t, group=group)
     return out
+
+
+def reduce_scatter_flat_async(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
+    """`reduce_scatter_flat` launched with async_op=True: (this member's output chunk, its Work;
+    wait() before reading it). The group must not be None."""
+    t = t.contiguous().view(-1)
+    out = torch.empty(t.numel() // group_size(group), dtype=t.dtype, device=t.device)
+    work = _reduce_scatter_flat_op(out, t, group=group, async_op=True)
+    return out, work
 
 
 def _gather_last_dim(x: torch.Tensor, group: Any) -> torch.Tensor:

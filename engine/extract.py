@@ -10,9 +10,9 @@ walk over its modules gives the layer list the model needs.
 
 - the built-in GPT (a `GPTConfig`, a `GPT`, or a factory returning one) maps to the transformer
   `Model` with the same sizes (`GPTConfig.to_spec`), which is what perfmodels.traffic counts;
-- any other `nn.Module`: each `nn.Linear` becomes `LayerSpec(kind="linear", in/out/bias,
-  rows_per_sample)`, each other leaf module with parameters (norms, embeddings, convolutions)
-  `LayerSpec(kind="other", params=..., flops_per_sample=...)`; the result is `Model(layers=...)`.
+- any other `nn.Module`: each `nn.Linear` (and transformers' `Conv1D`) becomes
+  `LayerSpec(kind="linear", in/out/bias, rows_per_sample)`, each other leaf module with parameters
+  (norms, embeddings, convolutions) `LayerSpec(kind="other", params=..., flops_per_sample=...)`; the result is `Model(layers=...)`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from engine.models.gpt import GPT, GPTConfig
+from engine.parallelize import is_conv1d
 from perfmodels.specs import LayerSpec, Model
 
 ModelLike = GPTConfig | nn.Module | Callable[[], nn.Module]
@@ -54,9 +55,10 @@ def layer_specs(module: nn.Module, *, rows_per_sample: int = 1) -> tuple[LayerSp
         if any(True for _ in sub.children()):
             continue
         params = sum(p.numel() for p in sub.parameters(recurse=False))
-        if isinstance(sub, nn.Linear):
-            layers.append(LayerSpec(name=name or "linear", kind="linear", in_features=sub.in_features,
-                                    out_features=sub.out_features, bias=sub.bias is not None,
+        if isinstance(sub, nn.Linear) or is_conv1d(sub):  # transformers' Conv1D: weight [in, out]
+            k, n = (sub.in_features, sub.out_features) if isinstance(sub, nn.Linear) else sub.weight.shape
+            layers.append(LayerSpec(name=name or "linear", kind="linear", in_features=int(k),
+                                    out_features=int(n), bias=getattr(sub, "bias", None) is not None,
                                     rows_per_sample=rows_per_sample, parallel=True))
         elif params:
             # element-wise-ish work: a couple of FLOPs per parameter per row (norms, embeddings)

@@ -565,13 +565,15 @@ def _check_tied_embeddings(model: nn.Module, grid: Grid) -> None:
 
 
 def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
-         overlap_grad_reduce: bool = True) -> nn.Module:
+         overlap_grad_reduce: bool = True, prefetch_depth: bool = True) -> nn.Module:
     """Make `model` safe to train on the grid; returns it.
 
     Broadcasts parameters and buffers from the first member of each replica group (so replicas
     built with different seeds, or loaded differently, cannot drift), and installs the sync guard:
     an optimizer step after a backward without engine.sync_gradients raises; with
-    `overlap_grad_reduce` (default) the data all-reduce runs in buckets during backward. A model that is not
+    `overlap_grad_reduce` (default) the data all-reduce runs in buckets during backward; with
+    `prefetch_depth` (default; G_intra_d > 1) each depth-sharded layer launches the next layer's
+    weight all-gather asynchronously (engine.linear.prefetch_depth). A model that is not
     split into pipeline stages on a grid with G_inter > 1 gets a warning: every stage would hold
     and compute all of it.
     """
@@ -587,6 +589,10 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
     install_sync_guard(model, grid)
     if overlap_grad_reduce:
         install_overlap(model, grid)
+    if grid.comm_group("depth") is not None:
+        from engine.linear import prefetch_depth as chain
+
+        chain(model, prefetch_depth)
     return model
 
 

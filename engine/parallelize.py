@@ -12,6 +12,14 @@ Each `nn.Linear` (exact class) whose shapes divide on the grid becomes `engine.L
 (same values, this rank's shard, same parameter names); a Linear whose weight is shared with
 another module (tied embeddings) stays replicated. The full model exists once per rank during the
 call, so use it for models that fit one device (the shards are what training keeps).
+
+transformers' `Conv1D` (GPT-2's attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj: a Linear whose
+weight is stored [in, out]) becomes `engine.Linear.from_conv1d`: split exactly like nn.Linear,
+weight kept in Conv1D's [in, out] layout, so `engine.full_state_dict` / `save_consolidated` give
+Conv1D's keys and shapes (GPT2LMHeadModel.load_state_dict reads them). c_attn fuses q, k and v in
+its output columns; engine.Linear all-gathers its full output (over row) before returning it, so
+the attention module splits and reshapes by heads exactly as in one process: no column
+permutation is needed (tests/engine/test_hf.py proves the values at 1e-5).
 """
 
 from __future__ import annotations
@@ -22,8 +30,16 @@ from engine.grid import Grid, current_grid
 from engine.linear import Linear, split_problems
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether `module` is transformers' `Conv1D` (checked by name: transformers stays optional)."""
+    cls = type(module)
+    return (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+            and isinstance(getattr(module, "weight", None), nn.Parameter) and module.weight.dim() == 2)
+
+
 def parallelize(model: nn.Module, grid: Grid | None = None, *, transpose: bool = False) -> nn.Module:
-    """Replace, in place, every splittable nn.Linear of `model` by an engine.Linear; returns `model`."""
+    """Replace, in place, every splittable nn.Linear (and transformers Conv1D) of `model` by an
+    engine.Linear; returns `model`."""
     grid = current_grid(grid)
     uses: dict[int, int] = {}
     for m in model.modules():
@@ -31,11 +47,17 @@ def parallelize(model: nn.Module, grid: Grid | None = None, *, transpose: bool =
             uses[id(p)] = uses.get(id(p), 0) + 1
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or uses.get(id(child.weight), 0) > 1:
+            conv1d = is_conv1d(child)
+            if (type(child) is not nn.Linear and not conv1d) or uses.get(id(child.weight), 0) > 1:
                 continue
-            if split_problems(child.in_features, child.out_features, transpose, grid.degrees):
+            in_features, out_features = (child.weight.shape if conv1d
+                                         else (child.in_features, child.out_features))
+            if split_problems(in_features, out_features, transpose, grid.degrees):
                 continue
-            new = Linear.from_dense(child, transpose=transpose, grid=grid)
+            if conv1d:
+                new = Linear.from_conv1d(child, transpose=transpose, grid=grid)
+            else:
+                new = Linear.from_dense(child, transpose=transpose, grid=grid)
             new.requires_grad_(child.weight.requires_grad)
             setattr(parent, name, new)
     return model

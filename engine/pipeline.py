@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from engine.grads import _OVERLAP_ATTR
+from engine.grads import _OVERLAP_ATTR, zero_optimizer_of
 from engine.grid import Grid, GridError
 from engine.parallel_gpt import ParallelGPT
 
@@ -107,6 +107,13 @@ def run_schedule(pipe: Any, inputs: torch.Tensor, targets: torch.Tensor, loss_sc
     reducer = getattr(pipe.model, _OVERLAP_ATTR, None)
     if reducer is not None:  # the schedule divides the gradients by n after backward (scale_grads)
         reducer.expected, reducer.launch_scale = pipe.n_microbatches, 1.0 / pipe.n_microbatches
+    # engine.Zero3 under a pipeline: the stage's units are gathered once for the whole schedule and
+    # their gradients reduce-scattered once after it (perfmodels.traffic, zero_stage=3, G_inter > 1)
+    zero3 = zero_optimizer_of(pipe.model)
+    if not getattr(zero3, "pipelined", False):
+        zero3 = None
+    if zero3 is not None:
+        zero3.begin_pipeline_step()
     pipe.loss_scale = loss_scale
     try:
         pipe.schedule.step(*args, return_outputs=False, **kwargs)
@@ -114,6 +121,8 @@ def run_schedule(pipe: Any, inputs: torch.Tensor, targets: torch.Tensor, loss_sc
         pipe.loss_scale = 1.0
         if reducer is not None:
             reducer.expected, reducer.launch_scale = 1, 1.0
+    if zero3 is not None:
+        zero3.end_pipeline_step()
     if pipe.is_last:
         return float(torch.stack([loss.detach() for loss in losses]).mean()) / loss_scale
     return None

@@ -301,8 +301,6 @@ def engine_limits(spec: Model, plan: Plan, training: Training) -> list[str]:
     problems = []
     if plan.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_stage={plan.zero_stage}: the engine runs ZeRO stages 0 to 3")
-    if plan.zero_stage == 3 and plan.G_inter > 1:
-        problems.append(f"zero_stage=3 runs with G_inter=1 (engine.Zero3), got G_inter={plan.G_inter}")
     if plan.recompute not in ("none", "full") or (plan.recompute == "full" and not spec.is_transformer):
         problems.append(f"recompute={plan.recompute!r}: the engine recomputes whole blocks of the built-in "
                         "GPT (recompute='full') or nothing")
@@ -429,9 +427,9 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     (engine.MixedPrecision).
     `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
     differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
-    The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; G_inter=1) and,
-    for the GPT, recompute="full". `offload=True` keeps ZeRO's optimizer state in host memory
-    (ZeRO stages 1-3).
+    The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; under a pipeline
+    each stage gathers once per step) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's
+    optimizer state in host memory (ZeRO stages 1-3).
     """
     policy = _check_arguments(steps=steps, warmup_steps=warmup_steps, dtype=dtype, reduce_dtype=reduce_dtype,
                               offload=offload, plan=plan)

@@ -24,11 +24,19 @@ parameter by a new DTensor parameter, which drops the engine's shard specs (row/
 vocabulary padding) that gradient sync, global-norm clipping and checkpoints read; it divides
 gradients by the data size itself, while the engine scales once by 1/(G_data*G_intra_d) after the
 depth reduction; and it pads every parameter's first dimension separately, which is not the flat
-per-unit layout perfmodels.traffic counts. Limits (a ValueError names them before any collective):
-G_inter == 1 (pipeline stages keep their gathered parameters for the whole step, not written
-yet). With G_intra_d > 1 each unit's depth-replicated gradients (biases, norms, embeddings) are
-all-reduced over depth right before the unit's data reduce-scatter (one call per unit and
-micro-batch, as perfmodels.traffic counts for zero_stage=3).
+per-unit layout perfmodels.traffic counts. With G_intra_d > 1 each unit's depth-replicated
+gradients (biases, norms, embeddings) are all-reduced over depth right before the unit's data
+reduce-scatter (one call per unit and micro-batch, as perfmodels.traffic counts for zero_stage=3).
+
+Under a pipeline (G_inter > 1; engine.Pipeline or engine.BlockPipeline) a schedule interleaves the
+forwards and backwards of many micro-batches, so per-micro-batch gathering would re-gather every
+unit up to 2m times. There each stage's units are all-gathered once per step, before the
+schedule's first micro-batch, and kept through the whole schedule (the schedule's gradients
+accumulate in full); after its last micro-batch each unit's gradient is depth-reduced (G_intra_d >
+1) and reduce-scattered over data once, and the unit is freed (resharded) until the next step:
+per step and unit one all-gather and one reduce-scatter, what perfmodels.traffic counts for
+zero_stage=3 with G_inter > 1 (`_grad_sync_events`) and perfmodels.memory's full-stage peak. The
+pipeline calls `begin_pipeline_step` / `end_pipeline_step` itself (engine.pipeline.run_schedule).
 """
 
 from __future__ import annotations
@@ -165,9 +173,8 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         if not isinstance(offload, bool):
             raise ValueError(f"offload must be True or False, got {offload!r}")
         self.grid = grid_of(model, grid)
-        if self.grid.size("inter") != 1:
-            raise ValueError(f"ZeRO-3 runs with G_inter=1 (got G_inter={self.grid.size('inter')}); use "
-                             "zero_stage 1 or 2 on this grid")
+        # under a pipeline: gathered once per step for the whole schedule (module docstring)
+        self.pipelined = self.grid.size("inter") > 1
         self.model, self.offload = model, offload
         self.group = self.grid.comm_group("data")
         self.depth_group = self.grid.comm_group("depth")
@@ -225,6 +232,11 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     # ---- hooks -------------------------------------------------------------------------------
 
     def _install_hooks(self) -> None:
+        if self.pipelined:  # a forward outside the schedule (evaluation) gathers what it uses, keeps it
+            for unit in self.units:
+                for m in unit.modules:
+                    m.register_forward_pre_hook(lambda *_, u=unit: u.gather())
+            return
         # While the model runs forward, autograd would keep the gathered parameters alive through
         # the tensors it saves; _pack replaces a view of a gathered unit by its coordinates, and
         # _unpack gathers the unit again in backward. Per unit: gather before its forward, free
@@ -273,6 +285,21 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     def _after_grad(self, unit: _Unit) -> None:
         unit.pending -= 1
         if unit.pending == 0:
+            unit.reduce()
+
+    # ---- pipeline: once per step ------------------------------------------------------------
+
+    def begin_pipeline_step(self) -> None:
+        """All-gather every unit of this stage over data (one call per unit), before the schedule's
+        first micro-batch; the parameters stay gathered until `end_pipeline_step`."""
+        for unit in self.units:
+            unit.gather()
+
+    @torch.no_grad()
+    def end_pipeline_step(self) -> None:
+        """After the schedule's last micro-batch: each unit's accumulated gradient depth-reduced and
+        reduce-scattered over data (one call each per unit), then the unit freed."""
+        for unit in self.units:
             unit.reduce()
 
     # ---- optimizer ---------------------------------------------------------------------------

@@ -384,10 +384,14 @@ STACK_PRESETS: dict[str, Stack] = {
             summary="gridtune's own engine: fp32 parameters under autocast, PyTorch SDPA, "
             "data-parallel all-reduce in buckets overlapped with the last micro-batch's backward, "
             "ZeRO 1-2 (ZeRO-2 reducing once per step; engine.Zero3 is not offered to the search yet), "
-            "synchronous tensor-parallel collectives",
+            "synchronous tensor-parallel collectives, depth all-gathers prefetched one layer ahead",
             overlap_grad_reduce=True,
             overlap_param_gather=False,
             overlap_tp_comm=False,
+            # engine.linear: each depth-sharded layer prefetches the next layer's weight all-gather
+            # (forward) and the previous one's (backward) with async_op=True, and runs its weight-grad
+            # reduce-scatter behind the input-grad GEMM (engine.prefetch_depth, on via engine.wrap)
+            overlap_depth_comm=True,
             flash_attention=True,
             weight_bytes=4.0,
             master_bytes=0.0,

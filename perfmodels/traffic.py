@@ -53,8 +53,9 @@ gradient buffer (Megatron-Core), after every micro-batch's backward where it kee
 (DeepSpeed; `Stack.zero2_grad_reduce`; not in the engine). ZeRO-3 gathers each unit's parameters
 (a block, or a parameter tensor: `Stack.zero3_gather`) in every micro-batch's forward and backward
 and reduce-scatters its gradients after its backward; under a pipeline once per step per stage
-(not in the engine). Megatron sequence parallelism (row-only TP) replaces the row all-reduces by
-all-gather + reduce-scatter pairs (not in the engine).
+(engine.Zero3: gathered before the schedule's first micro-batch, reduce-scattered after its last).
+Megatron sequence parallelism (row-only TP) replaces the row all-reduces by all-gather +
+reduce-scatter pairs (not in the engine).
 """
 
 from __future__ import annotations

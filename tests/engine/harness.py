@@ -123,6 +123,7 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
     model = engine.ParallelGPT.from_serial(serial, grid, virtual_stages=v,
                                            recompute=options.get("recompute") == "full")
     del serial
+    chained = engine.prefetch_depth(model, options.get("prefetch_depth", True))  # wrap chained it already
     stage = options.get("zero_stage", 0)
     zero = stage >= 1
     if stage == 3:
@@ -167,7 +168,9 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
     state = engine.full_state_dict(model)
     return {"coords": dict(grid.coords), "losses": losses, "bytes": rec.bytes_per_group(),
             "calls": rec.calls_per_group(), "grad_norm": norm, "table": rec.table(),
-            "state": state if rank == 0 else None}
+            "state": state if rank == 0 else None, "chained": chained,
+            "prefetch_hits": sum(m.depth_prefetch_hits for m in model.modules()
+                                 if isinstance(m, engine.ShardedLinear))}
 
 
 def global_losses(results: list[dict[str, Any]], degrees: dict[str, int]) -> list[float]:

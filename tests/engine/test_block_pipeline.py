@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -45,8 +46,10 @@ def _reference() -> list[float]:
     return losses
 
 
-def _body(rank: int, world: int, degrees: dict[str, int], schedule: str, v: int) -> dict[str, Any]:
+def _body(rank: int, world: int, degrees: dict[str, int], schedule: str, v: int,
+          zero3: bool = False) -> dict[str, Any]:
     import engine
+    from engine.extract import layer_specs
 
     grid = engine.init(**degrees)
     with engine.auto_parallelize(grid, pipeline=True):
@@ -56,17 +59,30 @@ def _body(rank: int, world: int, degrees: dict[str, int], schedule: str, v: int)
     pipe = engine.BlockPipeline(blocks, grid, loss_fn=nn.functional.mse_loss, schedule=schedule,
                                 micro_batch_size=MB, local_batch_size=local, example_input=torch.zeros(MB, 8),
                                 virtual_stages=v)
-    opt = torch.optim.AdamW(pipe.model.parameters(), lr=1e-2)
+    layers = layer_specs(pipe.model)  # this stage's layers, read before ZeRO-3 frees the parameters
+    if zero3:
+        opt = engine.Zero3(pipe.model, torch.optim.AdamW, lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(pipe.model.parameters(), lr=1e-2)
     x, y = _data()
     replica = grid.coord("data") * grid.size("depth") + grid.coord("depth")
     losses = []
+    rec = engine.CommRecorder(grid)
+    after_schedule: dict[str, Any] = {}
     for s in range(STEPS):
         rows = slice(s * GLOBAL + replica * local, s * GLOBAL + (replica + 1) * local)
         opt.zero_grad()
-        loss = engine.forward_backward(pipe.model, x[rows], y[rows], pipeline=pipe)
-        engine.step(pipe.model, opt)
+        with rec if s == STEPS - 1 else contextlib.nullcontext():
+            loss = engine.forward_backward(pipe.model, x[rows], y[rows], pipeline=pipe)
+            if zero3 and s == STEPS - 1:  # what the schedule's step did by itself
+                after_schedule = {"data_calls": rec.calls_per_group()["data"],
+                                  "freed": all(u.full is None for u in opt.units),
+                                  "reduced": all(u.shard.grad is not None for u in opt.units)}
+            engine.step(pipe.model, opt)
         losses.append(loss)
-    return {"losses": losses, "last": pipe.is_last}
+    return {"losses": losses, "last": pipe.is_last, "layers": layers, "bytes": rec.bytes_per_group(),
+            "calls": rec.calls_per_group(), "table": rec.table(), "after_schedule": after_schedule,
+            "units": len(opt.units) if zero3 else 0}
 
 
 CASES = [({"G_inter": 2, "G_data": 2}, "1f1b", 1), ({"G_inter": 2, "G_intra_r": 2}, "gpipe", 1),
@@ -83,6 +99,39 @@ def test_block_pipeline_matches_single_process(degrees, schedule, v):
     mean = [sum(ls[s] for ls in per_replica) / len(per_replica) for s in range(STEPS)] \
         if degrees.get("G_data", 1) == 1 else [sum(r[s] for r in last) / len(last) for s in range(STEPS)]
     assert mean == pytest.approx(ref, rel=1e-5)
+
+
+def _predicted_data_traffic(layers: Any, degrees: dict[str, int]) -> tuple[float, float]:
+    """perfmodels.traffic's data-axis bytes and calls per step for this stage's layers (ZeRO-3, 1F1B)."""
+    from perfmodels.plans import from_plans
+    from perfmodels.specs import Model, Plan, Training
+    from perfmodels.traffic import bytes_per_group, calls_per_group
+
+    plan = Plan(**degrees, micro_batch_size=MB, schedule="1f1b", zero_stage=3)
+    arrays, training = from_plans([plan]), Training(global_batch_size=GLOBAL, dtype="fp32")
+    model = Model(layers=tuple(layers))
+    return (float(bytes_per_group(model, training, arrays)["data"][0]),
+            float(calls_per_group(model, training, arrays)["data"][0]))
+
+
+def test_block_pipeline_zero3_gathers_once_per_step_and_matches_single_process():
+    """engine.Zero3 on data2 x inter2: each stage's units are gathered once before the schedule and
+    reduce-scattered once after it (inside forward_backward; nothing left for the optimizer step),
+    the data group carries perfmodels.traffic's bytes and calls (zero_stage=3, G_inter > 1), and
+    training equals one process at 1e-5."""
+    degrees = {"G_inter": 2, "G_data": 2}
+    ref = isolated(_reference)
+    results = launch(_body, 4, args=(degrees, "1f1b", 1, True), timeout_s=120)
+    last = [r["losses"] for r in results if r["last"]]
+    assert len(last) == 2
+    assert [sum(r[s] for r in last) / 2 for s in range(STEPS)] == pytest.approx(ref, rel=1e-5)
+    for r in results:
+        want_bytes, want_calls = _predicted_data_traffic(r["layers"], degrees)
+        assert r["units"] == 2
+        assert float(r["bytes"]["data"]) == want_bytes, r["table"]
+        # 1 gather + 1 reduce-scatter per unit
+        assert float(r["calls"]["data"]) == want_calls == 2 * r["units"], r["table"]
+        assert r["after_schedule"] == {"data_calls": want_calls, "freed": True, "reduced": True}
 
 
 def test_block_pipeline_rejects_bad_arguments_before_any_collective():

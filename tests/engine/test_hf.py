@@ -29,17 +29,37 @@ def _llama() -> Any:
     return transformers.LlamaForCausalLM(cfg)
 
 
+def _gpt2() -> Any:
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+BUILD = {"llama": _llama, "gpt2": _gpt2}
+
+
+def _splittable(model: torch.nn.Module) -> int:
+    """nn.Linears not tied to another module (GPT-2's head shares the embedding) plus Conv1Ds."""
+    from transformers.pytorch_utils import Conv1D
+
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    return sum(1 for m in model.modules()
+               if isinstance(m, Conv1D) or (type(m) is torch.nn.Linear and id(m.weight) not in tied))
+
+
 def _tokens() -> torch.Tensor:
     return torch.randint(0, VOCAB, (STEPS * GLOBAL, SEQ + 1), generator=torch.Generator().manual_seed(4))
 
 
-def _run(rank: int, world: int, degrees: dict[str, int] | None, path: str | None) -> dict[str, Any]:
+def _run(rank: int, world: int, degrees: dict[str, int] | None, path: str | None,
+         kind: str = "llama") -> dict[str, Any]:
     torch.set_num_threads(1)
     import engine
 
     grid = engine.init(**(degrees or {}))
-    model = _llama()
-    n_linear = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
+    model = BUILD[kind]()
+    n_linear = _splittable(model)
     if degrees is not None:
         model = engine.wrap(engine.parallelize(model, grid), grid=grid)
     split = sum(1 for m in model.modules() if isinstance(m, engine.Linear))
@@ -104,3 +124,30 @@ def _auto(rank: int, world: int) -> Any:
 def test_engine_train_auto_trains_a_built_llama():
     report = launch(_auto, 2, timeout_s=180)[0]
     assert report.losses[-1] < report.losses[0]
+
+
+@pytest.mark.parametrize("degrees", [{"G_intra_r": 2, "G_intra_c": 2}, {"G_intra_r": 2, "G_data": 2},
+                                     {"G_intra_d": 2, "G_intra_r": 2}, {"G_intra_d": 2, "G_intra_c": 2}],
+                         ids=["r2xc2", "r2xd2", "depth2xr2", "depth2xc2"])
+def test_gpt2_conv1d_split_equals_single_process_and_loads_into_transformers(degrees, tmp_path):
+    """Every Conv1D (c_attn with q, k, v fused, c_proj, c_fc, mlp.c_proj) becomes an engine.Linear;
+    training equals one process at 1e-5 and the consolidated file has Conv1D's [in, out] shapes."""
+    ref = isolated(_run, 0, 1, None, None, "gpt2")
+    assert ref["n_linear"] == 8  # 4 Conv1Ds per block; the head is tied to the embedding
+    path = str(tmp_path / "gpt2.pt")
+    results = launch(_run, 4, args=(degrees, path, "gpt2"), timeout_s=180)
+    by_replica = {r["replica"]: r["losses"] for r in results}
+    mean = [sum(ls[s] for ls in by_replica.values()) / len(by_replica) for s in range(STEPS)]
+    assert mean == pytest.approx(ref["losses"], rel=1e-5)
+    assert ref["losses"][-1] < ref["losses"][0]  # it trains
+    assert all(r["split"] == 8 for r in results)
+    for r in results:
+        assert (r["logits"] - ref["logits"]).abs().max().item() <= 1e-4
+    state = torch.load(path)
+    assert tuple(state["transformer.h.0.attn.c_attn.weight"].shape) == (32, 96)  # Conv1D: [in, out]
+    assert tuple(state["transformer.h.1.mlp.c_proj.weight"].shape) == (128, 32)
+    fresh = _gpt2()
+    fresh.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        again = fresh(_tokens()[:2, :-1]).logits
+    assert (again - ref["logits"]).abs().max().item() <= 1e-4

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from engine.launch import RankFailed, launch
+from engine.launch import launch
 from engine.models.gpt import GPT
 from perfmodels.specs import Plan
 from tests.engine.harness import GLOBAL_BATCH, LR, STEPS, batches, config, isolated, make_optimizer
@@ -347,7 +347,7 @@ def test_dataloader_arguments_and_size_one_groups():
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. engine.train runs zero_stage=1, 2, 3 and recompute="full" (same losses as without)
+# 8. engine.train runs zero_stage=1, 2, 3 (also pipelined) and recompute="full" (same losses as without)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -372,8 +372,11 @@ def test_train_runs_zero1_and_full_recompute():
         z = launch(_train_plan, 2, args=(zero_plan,), timeout_s=120)[0]
         assert z.plan.zero_stage == stage
         assert z.losses == pytest.approx(base.losses, rel=1e-5), stage
-    with pytest.raises(RankFailed, match="zero_stage=3 runs with G_inter=1"):
-        launch(_train_plan, 2, args=(Plan(G_inter=2, micro_batch_size=1, zero_stage=3),), timeout_s=60)
+    # ZeRO-3 under a pipeline (each stage gathered once per step): the same losses
+    piped = launch(_train_plan, 4, args=(Plan(G_data=2, G_inter=2, micro_batch_size=1, zero_stage=3),),
+                   timeout_s=120)[0]
+    assert piped.plan.zero_stage == 3 and piped.plan.G_inter == 2
+    assert piped.losses == pytest.approx(base.losses, rel=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------

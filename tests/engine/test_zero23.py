@@ -2,7 +2,8 @@
 with tensor parallelism: the same training as one process at 1e-5, and the data group carries
 exactly the calls and bytes perfmodels.traffic predicts for zero_stage=2 and 3 (gridtune stack:
 ZeRO-2 reduce-scatters once per step; ZeRO-3 gathers each unit before its forward and backward and
-reduce-scatters its gradient per micro-batch).
+reduce-scatters its gradient per micro-batch, and under a pipeline (data2 x inter2) gathers each
+unit once per step and reduce-scatters its gradient once after the schedule).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/engine/test_zero23.py -q
 """
@@ -20,7 +21,10 @@ GRIDS4 = [
     {"data": 2, "inter": 1, "depth": 2, "row": 1, "col": 1},
     {"data": 2, "inter": 2, "depth": 1, "row": 1, "col": 1},
 ]
-CASES = [(g, 2) for g in GRIDS4] + [(g, 3) for g in GRIDS4 if g["inter"] == 1]
+# ZeRO-3 on data2 x inter2 (and x depth2, 8 ranks: per-unit depth all-reduce, prefetched depth
+# gathers across the stage's gathered blocks): gathered once per step
+PIPED_DEPTH8 = {"data": 2, "inter": 2, "depth": 2, "row": 1, "col": 1}
+CASES = [(g, 2) for g in GRIDS4] + [(g, 3) for g in GRIDS4] + [(PIPED_DEPTH8, 3)]
 
 
 def _options(degrees: dict[str, int], stage: int) -> dict:

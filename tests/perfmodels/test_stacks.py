@@ -148,3 +148,22 @@ def test_recommend_with_a_stack_ranks_only_what_that_stack_runs():
     # the engine runs ZeRO-2 since issue 13 (engine.ZeroOptimizer(stage=2)); ZeRO-3 (engine.Zero3,
     # G_inter = G_intra_d = 1 only) is not offered to the gridtune stack's search yet
     assert all(c.plan.zero_stage in (0, 1, 2) and not c.plan.sequence_parallel for c in mg.candidates)
+
+
+def test_gridtune_prefetches_depth_communication_as_its_engine_does():
+    """engine.linear prefetches the depth all-gathers and runs the weight-grad reduce-scatters
+    asynchronously (engine.prefetch_depth, tests/engine/test_depth_prefetch.py), so the gridtune
+    preset says overlap_depth_comm=True. Hand-derived from steptime: the depth seconds D are exposed
+    as max(D - PREFETCH_COVER * compute, D / m * FIRST_GATHER_SHARE) instead of D, with
+    PREFETCH_COVER = 0.8 and FIRST_GATHER_SHARE = 0.05 (G_inter = 1: nothing else changes)."""
+    assert stacks.preset("gridtune").overlap_depth_comm is True
+    model = presets.model("gpt3-1.7b")
+    cluster = presets.cluster("eos", 16)
+    plan = Plan(G_data=2, G_intra_d=4, G_intra_r=2, micro_batch_size=1)
+    on = predict(model, cluster, Training(global_batch_size=16), plan)
+    off = predict(model, cluster, Training(global_batch_size=16, overlap_depth_comm=False), plan)
+    m = 16 // (2 * 4)
+    depth, compute = off.breakdown.tp_comm_depth_s, off.breakdown.compute_s
+    assert depth > 0
+    hidden = depth - max(depth - 0.8 * compute, depth / m * 0.05)
+    assert off.breakdown.exposed_comm_s - on.breakdown.exposed_comm_s == pytest.approx(hidden, rel=1e-9)
