@@ -12,7 +12,8 @@ walk over its modules gives the layer list the model needs.
   `Model` with the same sizes (`GPTConfig.to_spec`), which is what perfmodels.traffic counts;
 - any other `nn.Module`: each `nn.Linear` (and transformers' `Conv1D`) becomes
   `LayerSpec(kind="linear", in/out/bias, rows_per_sample)`, each other leaf module with parameters
-  (norms, embeddings, convolutions) `LayerSpec(kind="other", params=..., flops_per_sample=...)`; the result is `Model(layers=...)`.
+  (norms, embeddings, convolutions) `LayerSpec(kind="other", params=..., flops_per_sample=...)`;
+  the result is `Model(layers=...)`.
 """
 
 from __future__ import annotations
