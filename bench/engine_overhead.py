@@ -166,17 +166,24 @@ def _overlap4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float
             opt.step()
         return run
 
-    over_step, after_step = step_of(overlapped, opts[0]), step_of(after, opts[1])
-    t_over, t_after = [], []
+    after_s, overlap_s = _alternating_medians(step_of(after, opts[1]), step_of(overlapped, opts[0]),
+                                              steps, warmup)
+    return {"after_s": after_s, "overlap_s": overlap_s}
+
+
+def _alternating_medians(base: Any, other: Any, steps: int, warmup: int) -> tuple[float, float]:
+    """Median seconds of two step functions run in alternating order (so that neither always runs
+    first after the other's collectives), after `warmup` untimed pairs."""
+    t_base, t_other = [], []
     for i in range(warmup + steps):
         if i % 2:
-            b, a = _timed(over_step, True), _timed(after_step, True)
+            b, a = _timed(other, True), _timed(base, True)
         else:
-            a, b = _timed(after_step, True), _timed(over_step, True)
+            a, b = _timed(base, True), _timed(other, True)
         if i >= warmup:
-            t_after.append(a)
-            t_over.append(b)
-    return {"after_s": statistics.median(t_after), "overlap_s": statistics.median(t_over)}
+            t_base.append(a)
+            t_other.append(b)
+    return statistics.median(t_base), statistics.median(t_other)
 
 
 def _depth4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
@@ -203,17 +210,9 @@ def _depth4(rank: int, world: int, steps: int, warmup: int) -> dict[str, float]:
             opt.step()
         return run
 
-    pre_step, plain_step = step_of(prefetched, opts[0]), step_of(plain, opts[1])
-    t_pre, t_plain = [], []
-    for i in range(warmup + steps):
-        if i % 2:
-            b, a = _timed(pre_step, True), _timed(plain_step, True)
-        else:
-            a, b = _timed(plain_step, True), _timed(pre_step, True)
-        if i >= warmup:
-            t_plain.append(a)
-            t_pre.append(b)
-    return {"plain_s": statistics.median(t_plain), "prefetch_s": statistics.median(t_pre)}
+    plain_s, prefetch_s = _alternating_medians(step_of(plain, opts[1]), step_of(prefetched, opts[0]),
+                                               steps, warmup)
+    return {"plain_s": plain_s, "prefetch_s": prefetch_s}
 
 
 def main(argv: list[str] | None = None) -> None:

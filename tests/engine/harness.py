@@ -16,6 +16,7 @@ import itertools
 import os
 from typing import Any
 
+import pytest
 import torch
 
 from engine.models.gpt import GPT, GPTConfig
@@ -180,6 +181,17 @@ def global_losses(results: list[dict[str, Any]], degrees: dict[str, int]) -> lis
     assert len(last) == degrees["data"] * degrees["depth"]
     steps = len(last[0]["losses"])
     return [sum(r["losses"][s] for r in last) / len(last) for s in range(steps)]
+
+
+def assert_trains_as_one_process(results: list[dict[str, Any]], degrees: dict[str, int],
+                                 num_layers: int = 2) -> None:
+    """The grid's global losses and rank 0's full state dict equal single-process training at 1e-5."""
+    ref_losses, ref_state, _ = reference(num_layers)
+    assert global_losses(results, degrees) == pytest.approx(ref_losses, rel=1e-5)
+    state = results[0]["state"]
+    assert set(state) == set(ref_state)
+    for name, ref in ref_state.items():
+        assert (state[name] - ref).abs().max().item() <= 1e-5, name
 
 
 def predicted_traffic(degrees: dict[str, int], options: dict[str, Any],

@@ -23,6 +23,7 @@ from engine.launch import launch
 from tests.engine.harness import (
     GLOBAL_BATCH,
     STEPS,
+    assert_trains_as_one_process,
     global_losses,
     grid_id,
     options_for,
@@ -42,11 +43,7 @@ GRIDS = [
 def test_prefetched_depth_gathers_train_as_one_process_with_unchanged_traffic(degrees):
     options = {**options_for(degrees), "prefetch_depth": True}
     results = run_grid(degrees, options)
-    ref_losses, ref_state, _ = reference(2)
-    assert global_losses(results, degrees) == pytest.approx(ref_losses, rel=1e-5)
-    state = results[0]["state"]
-    for name, ref in ref_state.items():
-        assert (state[name] - ref).abs().max().item() <= 1e-5, name
+    assert_trains_as_one_process(results, degrees)
     local = GLOBAL_BATCH // (degrees["data"] * degrees["depth"])
     m = local // (options.get("micro_batch_size") or local)
     for r in results:

@@ -20,12 +20,11 @@ from tests.engine.harness import (
     AXES5,
     FIELDS,
     GLOBAL_BATCH,
+    assert_trains_as_one_process,
     config,
-    global_losses,
     grid_id,
     options_for,
     predicted_traffic,
-    reference,
     run_grid,
 )
 
@@ -42,10 +41,7 @@ GRIDS16 = [
 def test_16_ranks_match_single_process_and_traffic(degrees):
     options = options_for(degrees)
     results = run_grid(degrees, options)
-    ref_losses, ref_state, _ = reference(options.get("num_layers", 2))
-    assert global_losses(results, degrees) == pytest.approx(ref_losses, rel=1e-5)
-    for name, ref in ref_state.items():
-        assert (results[0]["state"][name] - ref).abs().max().item() <= 1e-5, name
+    assert_trains_as_one_process(results, degrees, options.get("num_layers", 2))
     for r in results:
         want_bytes, _ = predicted_traffic(degrees, options, r["coords"]["inter"])
         assert {k: float(v) for k, v in r["bytes"].items()} == want_bytes

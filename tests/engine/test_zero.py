@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.harness import global_losses, grid_id, predicted_traffic, reference, run_grid
+from tests.engine.harness import assert_trains_as_one_process, grid_id, predicted_traffic, run_grid
 
 CASES = [
     ({"data": 2, "inter": 1, "depth": 1, "row": 2, "col": 2}, {"micro_batch_size": 2}),
@@ -22,11 +22,7 @@ CASES = [
 def test_zero1_matches_single_process_and_traffic(degrees, options):
     options = {**options, "zero_stage": 1}
     results = run_grid(degrees, options)
-    ref_losses, ref_state, _ = reference(options.get("num_layers", 2))
-    assert global_losses(results, degrees) == pytest.approx(ref_losses, rel=1e-5)
-    state = results[0]["state"]
-    for name, ref in ref_state.items():
-        assert (state[name] - ref).abs().max().item() <= 1e-5, name
+    assert_trains_as_one_process(results, degrees, options.get("num_layers", 2))
     for r in results:
         want_bytes, want_calls = predicted_traffic(degrees, options, r["coords"]["inter"])
         assert {k: float(v) for k, v in r["bytes"].items()} == want_bytes, r["table"]

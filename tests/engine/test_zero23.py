@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.harness import global_losses, grid_id, predicted_traffic, reference, run_grid
+from tests.engine.harness import assert_trains_as_one_process, grid_id, predicted_traffic, run_grid
 
 GRIDS4 = [
     {"data": 4, "inter": 1, "depth": 1, "row": 1, "col": 1},
@@ -37,11 +37,7 @@ def _options(degrees: dict[str, int], stage: int) -> dict:
 def test_zero23_matches_single_process_and_traffic(degrees, stage):
     options = _options(degrees, stage)
     results = run_grid(degrees, options)
-    ref_losses, ref_state, _ = reference(2)
-    assert global_losses(results, degrees) == pytest.approx(ref_losses, rel=1e-5)
-    state = results[0]["state"]
-    for name, ref in ref_state.items():
-        assert (state[name] - ref).abs().max().item() <= 1e-5, name
+    assert_trains_as_one_process(results, degrees)
     for r in results:
         want_bytes, want_calls = predicted_traffic(degrees, options, r["coords"]["inter"])
         assert {k: float(v) for k, v in r["bytes"].items()} == want_bytes, r["table"]
