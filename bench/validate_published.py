@@ -8,7 +8,8 @@ instead) plus each `--csv` file. Each row is scored on the layout and stack it s
 leaves options empty, with the MEDIAN prediction over its candidates (the spread says how much the
 unknowns matter). Figures: iteration-time MAPE overall, per source and per framework (with median and
 p90), the fastest-fitting-candidate MAPE beside it (labelled: it flatters the model); per ranking
-group (rows with a stated layout, same model, cluster, GPU count, batch and framework, >= 3 runs) the
+group (rows with a stated layout, same model, sequence, precision, cluster, GPU count, batch and
+framework, >= 3 runs) the
 Spearman of predicted vs measured times and the predicted rank of the measured best; false OOM (runs
 that ran but are predicted not to fit; `--verbose` lists them), OOM rows caught, memory MAPE where a
 peak was measured; skipped rows with reasons; plans/s of the vectorized evaluator. Exit 1 when no row
