@@ -67,6 +67,7 @@ import numpy as np
 from perfmodels.layout import partition_layers
 from perfmodels.plans import RECOMPUTE_CODE, PlanArrays
 from perfmodels.specs import Model, Training
+from perfmodels.structure import Unit
 
 STAT_BYTES = 4  # norm statistics and loss reductions travel in fp32
 
@@ -120,6 +121,18 @@ def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str = "busiest
     first = np.full(n, s == 0)
     last = s == S - 1
     return StageShape(blocks=blocks, has_embedding=first, has_head=last, is_first=first, is_last=last)
+
+
+def units_on_stage(unit: Unit, st: StageShape, arrays: PlanArrays) -> np.ndarray:
+    """How many copies of `unit` the stage `st` holds: its blocks, the embedding on the first stage,
+    the head on the last, or 1/G_inter of a unit spread evenly over the stages."""
+    if unit.placement == "block":
+        return np.asarray(st.blocks, dtype=np.float64)
+    if unit.placement == "head":
+        return st.has_head
+    if unit.placement == "embedding":
+        return st.has_embedding
+    return 1.0 / arrays.G_inter
 
 
 def padded_vocab(vocab_size: int, G_r: np.ndarray, G_d: np.ndarray) -> np.ndarray:
