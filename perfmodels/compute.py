@@ -186,8 +186,9 @@ def _attention(model: Model, cluster: Cluster, training: Training, b: np.ndarray
 
 
 @dataclass(frozen=True)
-class _Rank:
-    """What every unit's evaluation shares: the plans, the rates, this rank's tensor degrees."""
+class Rank:
+    """What every unit's evaluation shares: the plans, the rates, a rank's tensor degrees (float)
+    and micro-batch, the padded vocabulary."""
 
     arrays: PlanArrays
     cluster: Cluster
@@ -199,6 +200,14 @@ class _Rank:
     G_d: np.ndarray
     b: np.ndarray
     V: np.ndarray
+
+    @classmethod
+    def of(cls, model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> Rank:
+        return cls(arrays=arrays, cluster=cluster, training=training, curve=gemm_curve(cluster, training),
+                   rate=hbm_rate(cluster),
+                   G_r=arrays.G_intra_r.astype(np.float64), G_c=arrays.G_intra_c.astype(np.float64),
+                   G_d=arrays.G_intra_d.astype(np.float64), b=arrays.micro_batch_size.astype(np.float64),
+                   V=padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64))
 
 
 @dataclass(frozen=True)
@@ -226,7 +235,7 @@ class UnitCompute:
         return 2.0 * self.gemm + self.attention_bwd + self.memory_bwd
 
 
-def linear_gemm_s(lin: Linear, rows: np.ndarray, rank: _Rank) -> np.ndarray:
+def linear_gemm_s(lin: Linear, rows: np.ndarray, rank: Rank) -> np.ndarray:
     """Forward GEMM seconds of one Linear on this rank: its local shard (m = rows, n and k divided
     by the degrees that split them), or the whole matrix where it stays replicated."""
     if lin.split == "grid":
@@ -244,7 +253,7 @@ def linear_gemm_s(lin: Linear, rows: np.ndarray, rank: _Rank) -> np.ndarray:
     return np.where(ok, gemm_time_s(rows, n / G_r, k / G_c, rank.curve), replicated)
 
 
-def _block_core(model: Model, rank: _Rank, gemm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                        np.ndarray, np.ndarray]:
     """A transformer block's work besides its Linears: (attention fwd, attention bwd, memory-bound
     fwd, memory-bound bwd, what selective recomputation repeats) seconds, for one block."""
@@ -282,7 +291,7 @@ def _block_core(model: Model, rank: _Rank, gemm: np.ndarray) -> tuple[np.ndarray
     return attn, attn_bwd, mem, mem_bwd, selective
 
 
-def unit_compute(model: Model, unit: Unit, rank: _Rank) -> UnitCompute:
+def unit_compute(model: Model, unit: Unit, rank: Rank) -> UnitCompute:
     """One copy of `unit` on this rank, per micro-batch: its layers in order (Linears by the GEMM
     curve, other layers at `OTHER_LAYER_EFFICIENCY` of it), then what a transformer block adds
     (`_block_core`) or the loss's fp32 logits. Units without a fused element-wise model of their
@@ -315,7 +324,7 @@ def unit_compute(model: Model, unit: Unit, rank: _Rank) -> UnitCompute:
                        selective=0.0, recomputed=True)
 
 
-def _optimizer_params(unit: Unit, count: np.ndarray | float, rank: _Rank) -> np.ndarray | float:
+def _optimizer_params(unit: Unit, count: np.ndarray | float, rank: Rank) -> np.ndarray | float:
     """Parameters of `count` copies of `unit` this rank steps: a transformer block's split over the
     3D tensor degrees (its norms with them), the embedding's tables split over col, every Linear's
     local shard (whole where it stays replicated), other layers whole."""
@@ -345,11 +354,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     copy's seconds, `unit_compute`), and the optimizer step over the stage's local parameters (a
     memory-bound pass over weights, gradients and optimizer state; ZeRO-1 and up shard it over the
     data ranks)."""
-    rank = _Rank(arrays=arrays, cluster=cluster, training=training, curve=gemm_curve(cluster, training),
-                 rate=hbm_rate(cluster),
-                 G_r=arrays.G_intra_r.astype(np.float64), G_c=arrays.G_intra_c.astype(np.float64),
-                 G_d=arrays.G_intra_d.astype(np.float64), b=arrays.micro_batch_size.astype(np.float64),
-                 V=padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64))
+    rank = Rank.of(model, cluster, training, arrays)
     full = arrays.recompute == RECOMPUTE_CODE["full"]
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
     zero = np.zeros(len(arrays))
