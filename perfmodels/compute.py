@@ -246,11 +246,10 @@ def linear_gemm_s(lin: Linear, rows: np.ndarray, rank: Rank) -> np.ndarray:
     replicated = gemm_time_s(rows, n, k, rank.curve)
     if lin.split == "plain":
         return replicated
-    # auto_parallelize's Linear, split where n divides over row, k over col and the shard over depth
-    # (the row/col roles are taken as untransposed here, as this model always has)
+    # auto_parallelize's Linear where its shapes divide (the row/col roles taken as untransposed here,
+    # as this model always has; traffic swaps them for a transposed one)
     G_r, G_c, G_d = rank.arrays.G_intra_r, rank.arrays.G_intra_c, rank.arrays.G_intra_d
-    ok = ((n % G_r) == 0) & ((k % G_c) == 0) & (((n // G_r) * (k // G_c)) % G_d == 0)
-    return np.where(ok, gemm_time_s(rows, n / G_r, k / G_c, rank.curve), replicated)
+    return np.where(lin.divides(G_r, G_c, G_d), gemm_time_s(rows, n / G_r, k / G_c, rank.curve), replicated)
 
 
 def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -342,9 +341,7 @@ def _optimizer_params(unit: Unit, count: np.ndarray | float, rank: Rank) -> np.n
         else:
             n, k = layer.n, layer.k
             Gi_r, Gi_c, Gi_d = rank.arrays.G_intra_r, rank.arrays.G_intra_c, rank.arrays.G_intra_d
-            ok = (layer.split == "auto") & ((n % Gi_r) == 0) & ((k % Gi_c) == 0) & (
-                ((n // Gi_r) * (k // Gi_c)) % Gi_d == 0)
-            local = local + np.where(ok, n * k / (Gi_r * Gi_c * Gi_d), n * k)
+            local = local + np.where(layer.divides(Gi_r, Gi_c, Gi_d), n * k / (Gi_r * Gi_c * Gi_d), n * k)
     return local * count
 
 

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 if TYPE_CHECKING:
     from perfmodels.specs import Model
 
 Split = Literal["grid", "auto", "plain"]
 Placement = Literal["block", "embedding", "head", "spread"]
+Degree = int | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,16 @@ class Linear:
     bias: bool = True
     split: Split = "grid"
     vocab: bool = False
+
+    def divides(self, out_split: Degree, in_split: Degree, depth: Degree) -> bool | np.ndarray:
+        """Whether this Linear is split on a grid whose output/input feature splits and depth degree
+        are these: always for a "grid" Linear, never for a "plain" one, and for an "auto" one where n
+        divides over `out_split`, k over `in_split` and the weight shard over `depth`."""
+        if self.split != "auto":
+            return self.split == "grid"
+        n, k = self.n, self.k
+        shard = (n // out_split) * (k // in_split)
+        return ((n % out_split) == 0) & ((k % in_split) == 0) & (shard % depth == 0)
 
     @property
     def flops_per_row(self) -> float:

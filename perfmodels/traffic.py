@@ -236,8 +236,7 @@ class _Stage:
         out_axis, in_axis = ("row", "col") if lin.transposed else ("col", "row")
         grid = lin.split == "grid"
         if not grid:
-            ok = (lin.split == "auto") & ((n % out_split) == 0) & ((k % in_split) == 0) & (
-                ((n // out_split) * (k // in_split)) % G_d == 0)
+            ok = lin.divides(out_split, in_split, G_d)
             count = ok * 1.0
         grad_in = count if grid else count * self.grad_flows
         sp = arrays.sequence_parallel if grid else np.zeros(len(arrays), bool)
