@@ -235,7 +235,8 @@ def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Uni
         local = sum(own * V * lin.k / (G_r * G_c * G_d) for lin in unit.linears)
         per_logit = stack.loss_bytes_per_logit if stack.loss_bytes_per_logit is not None else e + 4.0
         return UnitMemory(local=local, logits=count * model.seq_length * b * V / G_r * per_logit)
-    # a layer list spread over the stages: split Linears over the 3D tensor degrees, the rest whole;
+    # a layer list spread over the stages: parallel Linears split over the 3D tensor degrees (here
+    # whether or not their shapes divide; compute and traffic ask `Linear.divides`), the rest whole;
     # its activations averaged over its layers (the stage holds `st.blocks` of them)
     held: np.ndarray | float = 0.0
     acts = 0.0
@@ -245,7 +246,7 @@ def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Uni
             held = held + params / np.where(layer.split == "auto", G_r * G_c * G_d, 1)
             acts = acts + layer.rows_per_sample * (layer.k + layer.n)
         else:
-            held = held + layer.params / np.ones(len(arrays))
+            held = held + layer.params
             acts = acts + layer.activation_elements_per_sample
     local = held * count
     layers = max(1, len(unit.layers))
