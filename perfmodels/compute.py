@@ -365,7 +365,8 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         u = unit_compute(model, unit, rank)
         u_fwd = u.fwd
         gemm = gemm + count * u.gemm
-        attention = attention + count * u.attention
+        if isinstance(u.attention, np.ndarray):
+            attention = attention + count * u.attention
         memory = memory + count * u.memory
         fwd = fwd + count * u_fwd
         bwd = bwd + count * u.bwd

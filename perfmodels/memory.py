@@ -206,6 +206,10 @@ class UnitMemory:
     logits: np.ndarray | float = 0.0
 
 
+def _is_zero(x: np.ndarray | float) -> bool:
+    return isinstance(x, float) and x == 0.0
+
+
 def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Unit,
                  st: StageShape) -> UnitMemory:
     """The memory of `unit`'s copies on the stage `st` (`units_on_stage`)."""
@@ -260,16 +264,11 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     blocks = st.blocks.astype(np.float64)
     stack = training.effective_stack
 
-    local, linear_local, gathered, per_unit, act_layer, layer_input, logits = (np.zeros(len(arrays)),) * 7
-    for unit in model.units:
-        part = _unit_memory(model, training, arrays, unit, st)
-        local = local + part.local
-        linear_local = linear_local + part.linear_local
-        gathered = gathered + part.gathered
-        per_unit = per_unit + part.zero3_unit
-        act_layer = act_layer + part.act_layer
-        layer_input = layer_input + part.layer_input
-        logits = logits + part.logits
+    parts = [_unit_memory(model, training, arrays, unit, st) for unit in model.units]
+    zero = np.zeros(len(arrays))
+    local, linear_local, gathered, per_unit, act_layer, layer_input, logits = (
+        sum((getattr(p, name) for p in parts if not _is_zero(getattr(p, name))), zero)
+        for name in ("local", "linear_local", "gathered", "zero3_unit", "act_layer", "layer_input", "logits"))
 
     states = model_state_bytes(training, local, arrays, linear_local)
     mixed = training.dtype not in ("fp32", "tf32")
