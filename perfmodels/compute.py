@@ -24,7 +24,8 @@ import numpy as np
 
 from perfmodels.plans import RECOMPUTE_CODE, PlanArrays
 from perfmodels.specs import Cluster, Model, Training
-from perfmodels.traffic import StageShape, padded_vocab
+from perfmodels.structure import Linear, Unit
+from perfmodels.traffic import StageShape, padded_vocab, units_on_stage
 
 DEFAULT_GEMM_HALF_SIZE = {"nvidia": 56.0, "amd": 96.0, "cpu": 8.0}
 KERNEL_OVERHEAD_US = {"nvidia": 4.0, "amd": 6.0, "cpu": 2.0}
@@ -121,19 +122,23 @@ class StageCompute:
 
 
 def model_flops_per_token(model: Model) -> float:
-    """Forward FLOPs per token as MFU counts them (dense, full s x s attention, no recompute)."""
-    if not model.is_transformer:
-        total = 0.0
-        for layer in model.layers:
-            if layer.kind == "linear":
-                total += 2.0 * layer.in_features * layer.out_features * layer.rows_per_sample
+    """Forward FLOPs per token as MFU counts them (dense, full s x s attention, no recompute): per
+    sample for a layer list (`Model.tokens_per_sample` is 1), summed over the model's units."""
+    total = 0.0
+    for unit in model.units:
+        if unit.attention:
+            per_block = block_flops_per_token(hidden=model.hidden_size, kv_hidden=model.kv_hidden_size,
+                                              ffn=float(model.ffn_hidden_size), gated=model.gated_mlp,
+                                              span=model.span)
+            total = total + unit.count * per_block
+            continue
+        for layer in unit.layers:
+            if isinstance(layer, Linear):
+                flops = layer.flops_per_row * (layer.rows_per_sample / model.tokens_per_sample)
             else:
-                total += layer.flops_per_sample
-        return total  # per sample (rows are inside)
-    h, f, span = model.hidden_size, float(model.ffn_hidden_size), model.span
-    per_layer = block_flops_per_token(hidden=h, kv_hidden=model.kv_hidden_size, ffn=f, gated=model.gated_mlp,
-                                      span=span)
-    return model.num_layers * per_layer + 2.0 * h * model.vocab_size
+                flops = layer.flops_per_sample
+            total = total + unit.count * flops
+    return total
 
 
 def block_flops_per_token(*, hidden: int, kv_hidden: int, ffn: float, gated: bool, span: int) -> float:
@@ -180,44 +185,85 @@ def _attention(model: Model, cluster: Cluster, training: Training, b: np.ndarray
     return attn, 2.0 * attn, SCORE_PASSES * bh * s * span
 
 
-def _optimizer_step(model: Model, training: Training, arrays: PlanArrays, st: StageShape, V: np.ndarray,
-                    rate: float) -> np.ndarray:
-    """Seconds of the optimizer step over this stage's local parameters (a memory-bound pass over
-    weights, gradients and optimizer state; ZeRO-1 and up shard it over the data ranks)."""
-    G_r, G_c, G_d = (a.astype(np.float64) for a in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
-    h = model.hidden_size
-    blocks = st.blocks.astype(np.float64)
-    per_block_params = model.params_per_layer / (G_r * G_c * G_d)
-    local = blocks * per_block_params + st.has_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
-        model.vocab_size * h / G_c)
-    local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
-    stack = training.effective_stack
-    return local * stack.optimizer_step_bytes / rate if training.optimizer != "sgd" else local * 12.0 / rate
+@dataclass(frozen=True)
+class Rank:
+    """What every unit's evaluation shares: the plans, the rates, a rank's tensor degrees (float)
+    and micro-batch, the padded vocabulary."""
+
+    arrays: PlanArrays
+    cluster: Cluster
+    training: Training
+    curve: GemmCurve
+    rate: float
+    G_r: np.ndarray
+    G_c: np.ndarray
+    G_d: np.ndarray
+    b: np.ndarray
+    V: np.ndarray
+
+    @classmethod
+    def of(cls, model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> Rank:
+        return cls(arrays=arrays, cluster=cluster, training=training, curve=gemm_curve(cluster, training),
+                   rate=hbm_rate(cluster),
+                   G_r=arrays.G_intra_r.astype(np.float64), G_c=arrays.G_intra_c.astype(np.float64),
+                   G_d=arrays.G_intra_d.astype(np.float64), b=arrays.micro_batch_size.astype(np.float64),
+                   V=padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64))
 
 
-def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                  st: StageShape) -> StageCompute:
-    curve = gemm_curve(cluster, training)
-    rate = hbm_rate(cluster)
+@dataclass(frozen=True)
+class UnitCompute:
+    """Per-micro-batch seconds of one copy of a unit on this rank (arrays over plans).
+
+    Backward runs the GEMMs twice (input grad and weight grad; `gemm` is the weight-grad half),
+    `attention_bwd` and `memory_bwd`; full recomputation repeats the forward of `recomputed` units,
+    selective recomputation `selective`."""
+
+    gemm: np.ndarray
+    attention: np.ndarray | float
+    attention_bwd: np.ndarray | float
+    memory: np.ndarray
+    memory_bwd: np.ndarray
+    selective: np.ndarray | float
+    recomputed: bool
+
+    @property
+    def fwd(self) -> np.ndarray:
+        return self.gemm + self.attention + self.memory
+
+    @property
+    def bwd(self) -> np.ndarray:
+        return 2.0 * self.gemm + self.attention_bwd + self.memory_bwd
+
+
+def linear_gemm_s(lin: Linear, rows: np.ndarray, rank: Rank) -> np.ndarray:
+    """Forward GEMM seconds of one Linear on this rank: its local shard (m = rows, n and k divided
+    by the degrees that split them), or the whole matrix where it stays replicated."""
+    if lin.split == "grid":
+        n = rank.V if lin.vocab else lin.n
+        out_split, in_split = (rank.G_c, rank.G_r) if lin.transposed else (rank.G_r, rank.G_c)
+        return gemm_time_s(rows, n / out_split, lin.k / in_split, rank.curve)
+    k, n = lin.k, lin.n
+    replicated = gemm_time_s(rows, n, k, rank.curve)
+    if lin.split == "plain":
+        return replicated
+    # auto_parallelize's Linear where its shapes divide (the row/col roles taken as untransposed here,
+    # as this model always has; traffic swaps them for a transposed one)
+    G_r, G_c, G_d = rank.arrays.G_intra_r, rank.arrays.G_intra_c, rank.arrays.G_intra_d
+    return np.where(lin.divides(G_r, G_c, G_d), gemm_time_s(rows, n / G_r, k / G_c, rank.curve), replicated)
+
+
+def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                       np.ndarray, np.ndarray]:
+    """A transformer block's work besides its Linears: (attention fwd, attention bwd, memory-bound
+    fwd, memory-bound bwd, what selective recomputation repeats) seconds, for one block."""
+    training, cluster, arrays, rate, curve = rank.training, rank.cluster, rank.arrays, rank.rate, rank.curve
     e = training.bytes_per_element
-    G_r, G_c, G_d = (a.astype(np.float64) for a in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
-    b = arrays.micro_batch_size.astype(np.float64)
-    rc = arrays.recompute
-    if not model.is_transformer:
-        return _layer_list_compute(model, cluster, training, arrays, curve, rate)
-
+    G_r, G_c, G_d, b = rank.G_r, rank.G_c, rank.G_d, rank.b
     s, h, f = model.seq_length, model.hidden_size, float(model.ffn_hidden_size)
     a, kv = model.num_attention_heads, model.kv_hidden_size
     T = b * s
     f_up = (2.0 if model.gated_mlp else 1.0) * f
-    sp = arrays.sequence_parallel
-    resid_split = np.where(sp, G_r, G_c)
-
-    # four Linear layers of a block: (m, n, k) of the local forward GEMM
-    gemm = (gemm_time_s(T, (h + 2 * kv) / G_r, h / G_c, curve)
-            + gemm_time_s(T, h / G_c, h / G_r, curve)
-            + gemm_time_s(T, f_up / G_r, h / G_c, curve)
-            + gemm_time_s(T, h / G_c, f / G_r, curve))
+    resid_split = np.where(arrays.sequence_parallel, G_r, G_c)
     stack = training.effective_stack
     attn, attn_bwd, score_elems = _attention(model, cluster, training, b, a / G_r)
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
@@ -235,79 +281,112 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         linear_grads = T * ((h + 2 * kv) / G_r + h / G_c + f_up / G_r + h / G_c)
         mem = mem + linear_inputs * FP8_CAST_BYTES_PER_ELEMENT / rate
         mem_bwd = mem_bwd + 2.0 * linear_grads * FP8_CAST_BYTES_PER_ELEMENT / rate
-    fwd_block = gemm + attn + mem
-    bwd_block = 2.0 * gemm + attn_bwd + mem_bwd
-    wgrad_block = gemm  # the weight-grad half of the backward GEMMs (what async input-grad comm hides behind)
-
-    blocks = st.blocks.astype(np.float64)
-    V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
-    head_gemm = gemm_time_s(T, V / G_r, h / G_c, curve)
-    head_mem = T * V / G_r * 4.0 * 3.0 / rate  # fp32 logits through softmax + cross entropy
-    head_fwd = st.has_head * (head_gemm + head_mem)
-    head_bwd = st.has_head * (2.0 * head_gemm + head_mem)
-
-    fwd = blocks * fwd_block + head_fwd
-    bwd = blocks * bwd_block + head_bwd
-    full = rc == RECOMPUTE_CODE["full"]
-    selective = rc == RECOMPUTE_CODE["selective"]
     if stack.selective_recompute == "per-op":
         # torchtitan's op-level policy keeps matmul and attention outputs (every other matmul's is
         # dropped) and recomputes the element-wise ops
-        selective_part = mem + PER_OP_SELECTIVE_GEMM_SHARE * gemm
+        selective = mem + PER_OP_SELECTIVE_GEMM_SHARE * gemm
     else:  # Megatron: the attention core (scores, softmax, dropout; the fused kernel's forward)
-        selective_part = attn + score_elems * e / rate
-    recompute = blocks * np.where(full, fwd_block, np.where(selective, selective_part, 0.0))
+        selective = attn + score_elems * e / rate
+    return attn, attn_bwd, mem, mem_bwd, selective
 
-    optimizer = _optimizer_step(model, training, arrays, st, V, rate)
 
+def unit_compute(model: Model, unit: Unit, rank: Rank) -> UnitCompute:
+    """One copy of `unit` on this rank, per micro-batch: its layers in order (Linears by the GEMM
+    curve, other layers at `OTHER_LAYER_EFFICIENCY` of it), then what a transformer block adds
+    (`_block_core`) or the loss's fp32 logits. Units without a fused element-wise model of their
+    own (a layer list) pay each layer's activations through HBM."""
+    e = rank.training.bytes_per_element
+    b, rate = rank.b, rank.rate
+    own_traffic = not (unit.attention or unit.loss)
+    gemm: np.ndarray = np.zeros(len(rank.arrays))
+    mem: np.ndarray = np.zeros(len(rank.arrays))
+    for layer in unit.layers:
+        if isinstance(layer, Linear):
+            rows = b * layer.rows_per_sample
+            gemm = gemm + linear_gemm_s(layer, rows, rank)
+            if own_traffic:
+                mem = mem + rows * (layer.n + layer.k) * e / rate
+        else:
+            flops = b * layer.flops_per_sample
+            gemm = gemm + flops / (rank.curve.tflops_max * 1e12 * OTHER_LAYER_EFFICIENCY)
+            mem = mem + b * layer.activation_elements_per_sample * 2 * e / rate
+    if unit.attention:
+        attn, attn_bwd, core_mem, core_mem_bwd, selective = _block_core(model, rank, gemm)
+        return UnitCompute(gemm=gemm, attention=attn, attention_bwd=attn_bwd, memory=mem + core_mem,
+                           memory_bwd=2.0 * mem + core_mem_bwd, selective=selective, recomputed=True)
+    if unit.loss:
+        mem = mem + (b * model.seq_length) * rank.V / rank.G_r * 4.0 * 3.0 / rate  # fp32 logits: softmax + CE
+        # the loss's backward passes over the logits once; the head is not recomputed
+        return UnitCompute(gemm=gemm, attention=0.0, attention_bwd=0.0, memory=mem, memory_bwd=mem,
+                           selective=0.0, recomputed=False)
+    return UnitCompute(gemm=gemm, attention=0.0, attention_bwd=0.0, memory=mem, memory_bwd=2.0 * mem,
+                       selective=0.0, recomputed=True)
+
+
+def _optimizer_params(unit: Unit, count: np.ndarray | float, rank: Rank) -> np.ndarray | float:
+    """Parameters of `count` copies of `unit` this rank steps: a transformer block's split over the
+    3D tensor degrees (its norms with them), the embedding's tables split over col, every Linear's
+    local shard (whole where it stays replicated), other layers whole."""
+    G_r, G_c, G_d = rank.G_r, rank.G_c, rank.G_d
+    if unit.attention:
+        return count * (unit.params / (G_r * G_c * G_d))
+    if not unit.layers:  # the embedding's tables, split over col along h
+        return count * (unit.params / G_c)
+    local: np.ndarray | float = 0.0
+    for layer in unit.layers:
+        if not isinstance(layer, Linear):
+            local = local + layer.params
+        elif layer.split == "grid":
+            local = local + (rank.V if layer.vocab else layer.n) * layer.k / (G_r * G_c * G_d)
+        else:
+            n, k = layer.n, layer.k
+            Gi_r, Gi_c, Gi_d = rank.arrays.G_intra_r, rank.arrays.G_intra_c, rank.arrays.G_intra_d
+            local = local + np.where(layer.divides(Gi_r, Gi_c, Gi_d), n * k / (Gi_r * Gi_c * Gi_d), n * k)
+    return local * count
+
+
+def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                  st: StageShape) -> StageCompute:
+    """Compute of the stage `st`: the sum over the model's units of (copies on the stage) x (one
+    copy's seconds, `unit_compute`), and the optimizer step over the stage's local parameters (a
+    memory-bound pass over weights, gradients and optimizer state; ZeRO-1 and up shard it over the
+    data ranks)."""
+    rank = Rank.of(model, cluster, training, arrays)
+    full = arrays.recompute == RECOMPUTE_CODE["full"]
+    selective = arrays.recompute == RECOMPUTE_CODE["selective"]
+    zero = np.zeros(len(arrays))
+    gemm, attention, memory, fwd, bwd, recompute, head_fwd = (zero,) * 7
+    local: np.ndarray | float = 0.0
+    for unit in model.units:
+        count = units_on_stage(unit, st, arrays)
+        local = local + _optimizer_params(unit, count, rank)
+        if not (unit.layers or unit.attention):
+            continue
+        u = unit_compute(model, unit, rank)
+        u_fwd = u.fwd
+        gemm = gemm + count * u.gemm
+        if isinstance(u.attention, np.ndarray):
+            attention = attention + count * u.attention
+        memory = memory + count * u.memory
+        fwd = fwd + count * u_fwd
+        bwd = bwd + count * u.bwd
+        if u.recomputed:
+            recompute = recompute + count * np.where(full, u_fwd, np.where(selective, u.selective, 0.0))
+        if unit.loss:
+            head_fwd = head_fwd + count * u_fwd
+    local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+    stack = training.effective_stack
+    step_bytes = stack.optimizer_step_bytes if training.optimizer != "sgd" else 12.0
     return StageCompute(
-        gemm_fwd_s=blocks * gemm + st.has_head * head_gemm,
-        attention_fwd_s=blocks * attn,
-        memory_fwd_s=blocks * mem + st.has_head * head_mem,
+        gemm_fwd_s=gemm,
+        attention_fwd_s=attention,
+        memory_fwd_s=memory,
         fwd_s=fwd,
         bwd_s=bwd,
         recompute_s=recompute,
-        optimizer_s=optimizer,
-        wgrad_s=blocks * wgrad_block + st.has_head * head_gemm,
+        optimizer_s=local * step_bytes / rank.rate,
+        wgrad_s=gemm,  # the weight-grad half of the backward GEMMs (what async input-grad comm hides behind)
         head_fwd_s=head_fwd,
-    )
-
-
-def _layer_list_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                        curve: GemmCurve, rate: float) -> StageCompute:
-    e = training.bytes_per_element
-    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
-    b = arrays.micro_batch_size.astype(np.float64)
-    n_plans = len(arrays)
-    gemm = np.zeros(n_plans)
-    mem = np.zeros(n_plans)
-    local_params = np.zeros(n_plans)
-    # a pipeline stage holds about 1/G_inter of the layers
-    share = 1.0 / arrays.G_inter
-    for layer in model.layers:
-        if layer.kind == "linear":
-            k, n = layer.in_features, layer.out_features
-            ok = layer.parallel & ((n % G_r) == 0) & ((k % G_c) == 0) & (((n // G_r) * (k // G_c)) % G_d == 0)
-            rows = b * layer.rows_per_sample
-            t_par = gemm_time_s(rows, n / G_r, k / G_c, curve)
-            t_rep = gemm_time_s(rows, n, k, curve)
-            gemm = gemm + np.where(ok, t_par, t_rep)
-            mem = mem + rows * (n + k) * e / rate
-            local_params = local_params + np.where(ok, n * k / (G_r * G_c * G_d), n * k)
-        else:
-            flops = b * layer.flops_per_sample
-            gemm = gemm + flops / (curve.tflops_max * 1e12 * OTHER_LAYER_EFFICIENCY)
-            mem = mem + b * layer.activation_elements_per_sample * 2 * e / rate
-            local_params = local_params + layer.params
-    gemm, mem, local_params = gemm * share, mem * share, local_params * share
-    fwd = gemm + mem
-    full = arrays.recompute == RECOMPUTE_CODE["full"]
-    local_params = local_params / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
-    return StageCompute(
-        gemm_fwd_s=gemm, attention_fwd_s=np.zeros(n_plans), memory_fwd_s=mem, fwd_s=fwd, bwd_s=2 * fwd,
-        recompute_s=np.where(full, fwd, 0.0),
-        optimizer_s=local_params * training.effective_stack.optimizer_step_bytes / rate,
-        wgrad_s=gemm, head_fwd_s=np.zeros(n_plans),
     )
 
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
 from perfmodels.specs import Cluster, Model, Training
-from perfmodels.traffic import StageShape, padded_vocab
+from perfmodels.structure import Linear, Unit
+from perfmodels.traffic import StageShape, padded_vocab, units_on_stage
 
 GIB = float(1 << 30)
 RESIDUAL_BYTES_NO_DROPOUT = 8.0
@@ -187,50 +188,87 @@ def in_flight_layers(arrays: PlanArrays, m: np.ndarray, position: str) -> np.nda
     return np.where(sched == SCHEDULE_CODE["interleaved-1f1b"], interleaved, out)
 
 
-def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
-                 m: np.ndarray, position: str = "first") -> StageMemory:
-    G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
-    S = arrays.G_inter.astype(np.float64)
-    e = training.bytes_per_element
-    blocks = st.blocks.astype(np.float64)
-    stack = training.effective_stack
+@dataclass(frozen=True)
+class UnitMemory:
+    """What one unit puts in a stage's memory (bytes or parameter counts, arrays over plans or 0):
+    `local` parameters this rank holds of it (all its copies on the stage), of which
+    `linear_local` have FP8 weight copies cached; `gathered` parameters depth sharding gathers for
+    one block at a time; `zero3_unit` parameters in one ZeRO-3 gather unit; per micro-batch and per
+    layer of the stage, `act_layer` activation bytes saved for backward and `layer_input` bytes of
+    the input that full recomputation keeps; `logits` bytes of the loss's logits."""
 
-    if model.is_transformer:
-        h = model.hidden_size
-        V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
-        per_block = model.params_per_layer / (G_r * G_c * G_d)
-        # a tied LM head shares the word embedding's weights where both sit on one stage
-        own_head = st.has_head * (1.0 - model.tied_embeddings * st.has_embedding)
+    local: np.ndarray | float = 0.0
+    linear_local: np.ndarray | float = 0.0
+    gathered: np.ndarray | float = 0.0
+    zero3_unit: np.ndarray | float = 0.0
+    act_layer: np.ndarray | float = 0.0
+    layer_input: np.ndarray | float = 0.0
+    logits: np.ndarray | float = 0.0
+
+
+def _is_zero(x: np.ndarray | float) -> bool:
+    return isinstance(x, float) and x == 0.0
+
+
+def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Unit,
+                 st: StageShape) -> UnitMemory:
+    """The memory of `unit`'s copies on the stage `st` (`units_on_stage`)."""
+    G_r, G_c, G_d = (x.astype(np.float64) for x in (arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d))
+    e = training.bytes_per_element
+    b = arrays.micro_batch_size.astype(np.float64)
+    stack = training.effective_stack
+    count = units_on_stage(unit, st, arrays)
+    if unit.attention:  # a transformer block: its weights and norms split over the 3D tensor degrees
+        per_block = unit.params / (G_r * G_c * G_d)
+        local = count * per_block
+        s, h = model.seq_length, model.hidden_size
+        return UnitMemory(
+            local=local, linear_local=local, zero3_unit=per_block,
+            gathered=np.where(G_d > 1, 2.0 * unit.params / 4 / (G_r * G_c), 0.0),  # two Linear blocks
+            act_layer=activation_bytes_per_layer(model, training, arrays),
+            layer_input=2.0 * s * b * h / np.where(arrays.sequence_parallel, G_r, G_c) * (e / 2.0),
+        )
+    if unit.placement == "embedding":
         # Megatron-style stacks split the embedding's vocabulary over the tensor-parallel ranks; the
         # engine splits its hidden dimension over col
         emb_split = G_r * G_c if stack.vocab_parallel_embedding else G_c
-        local = blocks * per_block + own_head * V * h / (G_r * G_c * G_d) + st.has_embedding * (
-            model.vocab_size + model.seq_length) * h / emb_split
-        gathered = np.where(G_d > 1, 2.0 * model.params_per_layer / 4 / (G_r * G_c), 0.0)  # two Linear blocks
-        per_unit = per_block
-        linear_local = blocks * per_block
-        act_layer = activation_bytes_per_layer(model, training, arrays)
-        s, b = model.seq_length, arrays.micro_batch_size.astype(np.float64)
-        layer_input = 2.0 * s * b * h / np.where(arrays.sequence_parallel, G_r, G_c) * (e / 2.0)
+        return UnitMemory(local=count * (model.vocab_size + model.seq_length) * model.hidden_size / emb_split)
+    if unit.loss:  # the LM head: a tied one shares the word embedding's weights where both sit on one stage
+        own = count * (1.0 - model.tied_embeddings * st.has_embedding)
+        V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
+        local = sum(own * V * lin.k / (G_r * G_c * G_d) for lin in unit.linears)
         per_logit = stack.loss_bytes_per_logit if stack.loss_bytes_per_logit is not None else e + 4.0
-        logits = st.has_head * s * b * V / G_r * per_logit
-    else:
-        local = np.zeros(len(arrays))
-        for layer in model.layers:
-            local = local + layer.num_params / np.where(
-                layer.parallel and layer.kind == "linear", G_r * G_c * G_d, 1
-            )
-        local = local / S
-        gathered = np.zeros(len(arrays))
-        per_unit = local / max(1, len(model.layers))
-        linear_local = None
-        b = arrays.micro_batch_size.astype(np.float64)
-        acts = sum(
-            (layer.rows_per_sample * (layer.in_features + layer.out_features) if layer.kind == "linear"
-             else layer.activation_elements_per_sample) for layer in model.layers)
-        act_layer = b * acts * e / max(1, len(model.layers))
-        layer_input = act_layer / 2
-        logits = np.zeros(len(arrays))
+        return UnitMemory(local=local, logits=count * model.seq_length * b * V / G_r * per_logit)
+    # a layer list spread over the stages: parallel Linears split over the 3D tensor degrees (here
+    # whether or not their shapes divide; compute and traffic ask `Linear.divides`), the rest whole;
+    # its activations averaged over its layers (the stage holds `st.blocks` of them)
+    held: np.ndarray | float = 0.0
+    acts = 0.0
+    for layer in unit.layers:
+        if isinstance(layer, Linear):
+            params = layer.k * layer.n + (layer.n if layer.bias else 0)
+            held = held + params / np.where(layer.split == "auto", G_r * G_c * G_d, 1)
+            acts = acts + layer.rows_per_sample * (layer.k + layer.n)
+        else:
+            held = held + layer.params
+            acts = acts + layer.activation_elements_per_sample
+    local = held * count
+    layers = max(1, len(unit.layers))
+    act_layer = b * acts * e / layers
+    return UnitMemory(local=local, linear_local=local, zero3_unit=local / layers, act_layer=act_layer,
+                      layer_input=act_layer / 2)
+
+
+def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
+                 m: np.ndarray, position: str = "first") -> StageMemory:
+    blocks = st.blocks.astype(np.float64)
+    stack = training.effective_stack
+
+    parts = [_unit_memory(model, training, arrays, unit, st) for unit in model.units]
+    zero = np.zeros(len(arrays))
+    local, linear_local, gathered, per_unit, act_layer, layer_input, logits = (
+        sum((getattr(p, name) for p in parts if not _is_zero(getattr(p, name))), zero)
+        for name in ("local", "linear_local", "gathered", "zero3_unit", "act_layer", "layer_input", "logits"))
 
     states = model_state_bytes(training, local, arrays, linear_local)
     mixed = training.dtype not in ("fp32", "tf32")

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from perfmodels import stacks
 from perfmodels.stacks import DEFAULT_STACK, Stack
+
+if TYPE_CHECKING:
+    from perfmodels.structure import Unit
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -140,11 +143,18 @@ class Model:
             object.__setattr__(self, "layers", tuple(self.layers))
             if self.num_layers == 0:
                 object.__setattr__(self, "num_layers", len(self.layers))
+            if self.num_layers != len(self.layers):
+                raise ValueError(f"model.num_layers={self.num_layers} but model.layers lists "
+                                 f"{len(self.layers)} layers: leave num_layers out for a layer list")
             if not any(layer.kind == "linear" or layer.flops_per_sample > 0 for layer in self.layers):
                 raise ValueError("model.layers do no work: give at least one linear layer or a layer with "
                                  "flops_per_sample > 0")
             return
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+            if getattr(self, name) == 0 and not isinstance(getattr(self, name), bool):
+                # left at its default: say that a transformer needs it, and what the other kind is
+                raise ValueError(f"model.{name} must be a positive integer, got 0 (a transformer needs it; "
+                                 "give model.layers for another network)")
             _positive_int("model", name, getattr(self, name))
         for name in ("gated_mlp", "tied_embeddings", "dropout"):
             if not isinstance(getattr(self, name), bool):
@@ -171,14 +181,40 @@ class Model:
                 f"model.num_query_groups={self.num_query_groups}"
             )
 
+    @classmethod
+    def from_layers(cls, layers: tuple[LayerSpec, ...] | list[LayerSpec], name: str = "custom") -> Model:
+        """An arbitrary network given as its layers (what `engine.extract` reads from an nn.Module)."""
+        return cls(name=name, layers=tuple(layers))
+
+    @property
+    def kind(self) -> Literal["transformer", "layers"]:
+        """"transformer" (given by its shape) or "layers" (an explicit layer list). Both describe
+        themselves as `units`, which is all the cost model reads; only the plan rules on a
+        transformer's head and hidden splits, and the engine's choice of GPT or auto_parallelize,
+        ask for the kind."""
+        return "layers" if self.layers else "transformer"
+
     @property
     def is_transformer(self) -> bool:
-        return not self.layers
+        return self.kind == "transformer"
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        """The units the cost model evaluates (`perfmodels.structure`)."""
+        from perfmodels.structure import units_of  # structure reads Model; imported here to avoid a cycle
+
+        return units_of(self)
 
     @property
     def depth(self) -> int:
-        """The layers a pipeline splits: `num_layers` of a transformer, else the explicit list's length."""
-        return self.num_layers if self.is_transformer else len(self.layers)
+        """The layers a pipeline splits: `num_layers` (a layer list's length for a layer list)."""
+        return self.num_layers
+
+    @property
+    def tokens_per_sample(self) -> int:
+        """Tokens one sample counts as in tokens/s and MFU: the sequence, or 1 for a layer list (whose
+        FLOPs are per sample)."""
+        return self.seq_length if self.kind == "transformer" else 1
 
     @property
     def head_dim(self) -> int:
@@ -576,7 +612,7 @@ def plan_problems(model: Model, training: Training, plan: Plan) -> list[str]:
     if not rules.enough_layers(model.depth, plan.G_inter, plan.virtual_stages):
         problems.append(
             f"model.num_layers={model.num_layers} is fewer than G_inter*virtual_stages = "
-            f"{plan.G_inter}*{plan.virtual_stages} = {chunks} pipeline chunks" if model.is_transformer else
+            f"{plan.G_inter}*{plan.virtual_stages} = {chunks} pipeline chunks" if not model.layers else
             f"model has {model.depth} layers, fewer than G_inter*virtual_stages = {chunks}"
         )
     if plan.schedule == "interleaved-1f1b" and plan.G_inter > 1:
@@ -598,7 +634,7 @@ def _shape_problems(model: Model, plan: Plan) -> list[str]:
     given as an explicit layer list has its own per-layer `parallel` flags instead)."""
     from perfmodels import rules
 
-    if not model.is_transformer:
+    if model.kind != "transformer":
         return []
     problems: list[str] = []
     r, c = plan.G_intra_r, plan.G_intra_c

@@ -50,7 +50,7 @@ from perfmodels.specs import (
     validate_combination,
 )
 from perfmodels.stacks import Stack
-from perfmodels.traffic import CommEvent, StageShape, comm_events, stage_shape
+from perfmodels.traffic import CommEvent, StageShape, comm_events, stage_shape, units_on_stage
 
 TP_TAGS = ("tp_fwd", "tp_bwd", "norm", "loss", "convert")
 DEPTH_TAGS = ("depth_ag", "depth_rs")
@@ -195,9 +195,9 @@ def _prefetched_exposed(
 
 
 def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
+    """The mean stage: 1/G_inter of the blocks, the embedding and the head (a spread unit is already
+    1/G_inter of itself on every stage)."""
     S = arrays.G_inter.astype(np.float64)
-    if not model.is_transformer:
-        return stage_shape(1, arrays)
     return StageShape(blocks=model.num_layers / S, has_embedding=1.0 / S, has_head=1.0 / S,
                       is_first=np.ones(len(arrays), bool), is_last=np.ones(len(arrays), bool))
 
@@ -230,10 +230,14 @@ def _host_seconds_per_microbatch(model: Model, cluster: Cluster, training: Train
                                  st: StageShape) -> np.ndarray:
     """Host time to issue one micro-batch of the busiest stage: each block's forward, backward
     (twice the ops) and recomputation, dearer per split tensor-parallel axis (more, smaller ops).
-    Layer-list models: per-layer host costs are inside their compute, so none here."""
+    Units spread over the stages (layer lists): per-layer host costs are inside their compute, so
+    none here (`Unit.issues_host_ops`)."""
     stack = training.effective_stack
     passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
-    blocks_issued = (st.blocks + st.has_head) if model.is_transformer else np.zeros(len(arrays))
+    blocks_issued = np.zeros(len(arrays))
+    for unit in model.units:
+        if unit.issues_host_ops:
+            blocks_issued = blocks_issued + units_on_stage(unit, st, arrays)
     cost_r, cost_c, cost_d = stack.host_split_axis_costs
     axis_factor = (
         1.0
@@ -362,7 +366,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     optimizer = comp.optimizer_s * c_compute
 
     iteration = m * t_mb + bubble + p2p + dp_exposed + depth_grad + optimizer
-    tokens = float(training.global_batch_size * (model.seq_length if model.is_transformer else 1))
+    tokens = float(training.global_batch_size * model.tokens_per_sample)
     # model FLOPs (forward + backward = 3x forward, recomputation not counted), as MFU is defined
     flops = 3.0 * model_flops_per_token(model) * tokens
     peak = cluster.gpu.peak_tflops(training.dtype) * 1e12

@@ -68,6 +68,7 @@ import numpy as np
 from perfmodels.layout import partition_layers
 from perfmodels.plans import RECOMPUTE_CODE, PlanArrays
 from perfmodels.specs import Model, Training
+from perfmodels.structure import Linear, Unit
 
 STAT_BYTES = 4  # norm statistics and loss reductions travel in fp32
 
@@ -123,6 +124,18 @@ def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str = "busiest
     return StageShape(blocks=blocks, has_embedding=first, has_head=last, is_first=first, is_last=last)
 
 
+def units_on_stage(unit: Unit, st: StageShape, arrays: PlanArrays) -> np.ndarray:
+    """How many copies of `unit` the stage `st` holds: its blocks, the embedding on the first stage,
+    the head on the last, or 1/G_inter of a unit spread evenly over the stages."""
+    if unit.placement == "block":
+        return np.asarray(st.blocks, dtype=np.float64)
+    if unit.placement == "head":
+        return st.has_head
+    if unit.placement == "embedding":
+        return st.has_embedding
+    return 1.0 / arrays.G_inter
+
+
 def padded_vocab(vocab_size: int, G_r: np.ndarray, G_d: np.ndarray) -> np.ndarray:
     """Vocabulary padded so the LM head's rows split evenly over row and its shards over depth."""
     m = G_r * G_d
@@ -172,19 +185,13 @@ def _norm_events(ev: _Events, st: StageShape, m: np.ndarray, full_rc: np.ndarray
     return norms
 
 
-def _zero3_units(training: Training, arrays: PlanArrays, st: StageShape, bias: bool, norm_params: int, *,
-                 block_linears: np.ndarray, emb: np.ndarray, vocab: np.ndarray, e: float,
-                 hidden: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """ZeRO-3 gather units on this stage, and their bytes when the stack pads each unit: whole
-    layers (blocks, embedding, final norm + head), each one flat vector zero-padded to a multiple of
-    G_data (engine.zero3, FSDP1); or every parameter tensor (4 weights (+4 biases) and 2 norms
-    (weight, +bias) per block), whose bytes are the parameters' (None)."""
+def _zero3_layer_units(arrays: PlanArrays, st: StageShape, norm_params: int, *, block_linears: np.ndarray,
+                       emb: np.ndarray, vocab: np.ndarray, e: float,
+                       hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-3 gather units of a transformer stage gathered whole layer by whole layer (blocks,
+    embedding, final norm + head; engine.zero3, FSDP1), and their bytes: each one flat vector
+    zero-padded to a multiple of G_data."""
     blocks = st.blocks.astype(np.float64)
-    if training.effective_stack.zero3_gather != "layer":
-        per_block = 4 * (1 + bias) + 2 * norm_params
-        return blocks * per_block + st.has_embedding * (2 if bias else 1) + st.has_head * (
-            1 + norm_params
-        ), None
     units = blocks + st.has_embedding + st.has_head
     G = arrays.G_data
     G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
@@ -199,84 +206,125 @@ def _zero3_units(training: Training, arrays: PlanArrays, st: StageShape, bias: b
     return units, unit_bytes
 
 
+class _Stage:
+    """The events of one rank's stage and the parameters it holds, as its layers add them."""
+
+    def __init__(self, training: Training, arrays: PlanArrays) -> None:
+        self.ev = _Events(arrays)
+        self.arrays = arrays
+        self.e = training.bytes_per_element
+        self.m = arrays.num_microbatches(training)
+        self.full_rc = arrays.recompute == RECOMPUTE_CODE["full"]
+        self.local_params = np.zeros(len(arrays))  # parameters this rank holds (for the data-parallel sync)
+        self.replicated = np.zeros(len(arrays))  # of those, replicated over depth (grads need depth AR)
+        self.grad_flows = False  # does an input gradient reach the next layer? (layers in list order)
+
+    def linear(self, lin: Linear, count: np.ndarray | float, n: np.ndarray | int | None = None,
+               recomputed: bool = True, output_recomputed: bool = True) -> None:
+        """`count` copies of a 3D-parallel Linear, per micro-batch (see the module docstring).
+
+        A "grid" Linear (a transformer's) is always split and works on split activations; under
+        Megatron sequence parallelism its row all-reduces are replaced (`_sequence_parallel_events`).
+        An "auto" one (auto_parallelize) is split only where its shapes divide, else it holds
+        replicated parameters and issues nothing; it takes and returns ordinary activations, so it
+        also all-gathers its output over the input axis (fwd) and its input grad over the output axis
+        (bwd: "convert"), and gets no input gradient where no earlier layer has parameters."""
+        ev, arrays, e, m = self.ev, self.arrays, self.e, self.m
+        G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+        k, n = lin.k, lin.n if n is None else n
+        rows = arrays.micro_batch_size * lin.rows_per_sample
+        out_split, in_split = (G_c, G_r) if lin.transposed else (G_r, G_c)
+        out_axis, in_axis = ("row", "col") if lin.transposed else ("col", "row")
+        grid = lin.split == "grid"
+        if not grid:
+            ok = lin.divides(out_split, in_split, G_d)
+            count = ok * 1.0
+        grad_in = count if grid else count * self.grad_flows
+        sp = arrays.sequence_parallel if grid else np.zeros(len(arrays), bool)
+        w_block = n * k / (G_r * G_c)
+        if_sp = sp & (out_axis == "row")
+        ev.add("depth", "all_gather", "fwd", "depth_ag", w_block * e, count * m)
+        ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", rows * n / out_split * e, count * m * ~if_sp)
+        if not grid:
+            ev.add(in_axis, "all_gather", "fwd", "convert", rows * n * e, count * m)
+        ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, count * m)
+        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", rows * k / in_split * e,
+               grad_in * m * ~(sp & (in_axis == "row")))
+        if not grid:
+            ev.add(out_axis, "all_gather", "bwd", "convert", rows * k * e, grad_in * m)
+        ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
+        # recomputation repeats the forward communication
+        rc = self.full_rc & recomputed
+        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, count * m * rc)
+        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", rows * n / out_split * e,
+               count * m * (rc & output_recomputed) * ~if_sp)
+        if grid:
+            self.local_params = self.local_params + count * w_block / G_d
+            if lin.bias:
+                self.local_params = self.local_params + count * n / out_split
+                self.replicated = self.replicated + count * n / out_split
+        else:
+            ev.add(in_axis, "all_gather", "recompute", "convert", rows * n * e, count * m * rc)
+            b = n / out_split if lin.bias else 0.0
+            whole = k * n + (n if lin.bias else 0)
+            self.local_params = self.local_params + np.where(ok, w_block / G_d + b, whole)
+            self.replicated = self.replicated + np.where(ok, b, whole)
+        self.grad_flows = True
+
+    def replicated_params(self, params: np.ndarray | float) -> None:
+        """Parameters every depth rank holds whole (biases, norms, embeddings, plain layers)."""
+        self.local_params = self.local_params + params
+        self.replicated = self.replicated + params
+
+
 def comm_events(
     model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
 ) -> list[CommEvent]:
-    """All communication of one rank in one optimizer step (steady state)."""
-    if not model.is_transformer:
-        return _layer_list_events(model, training, arrays, stage)
-    e = training.bytes_per_element
-    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
-    m = arrays.num_microbatches(training)
-    T = arrays.micro_batch_size * model.seq_length
-    full_rc = arrays.recompute == RECOMPUTE_CODE["full"]
+    """All communication of one rank in one optimizer step (steady state): the Linears of the
+    model's units (`_Stage.linear`), for a transformer also its norms, loss and pipeline transfers;
+    then the gradient sync of every parameter the stage holds."""
+    rank = _Stage(training, arrays)
+    if model.layers:
+        return _layer_list_events(model, training, rank)
     st = stage_shape(model.num_layers, arrays, stage)
-    ev = _Events(arrays)
-    h, f = model.hidden_size, int(model.ffn_hidden_size)
-    kv = model.kv_hidden_size
-    gated = model.gated_mlp
-    bias = not gated  # GPT-style blocks carry biases and LayerNorm; Llama-style neither (RMSNorm)
+    e, m, ev = rank.e, rank.m, rank.ev
+    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
+    T = arrays.micro_batch_size * model.seq_length
+    h = model.hidden_size
+    bias = not model.gated_mlp  # GPT-style blocks carry biases and LayerNorm; Llama-style neither (RMSNorm)
     norm_params = 2 if bias else 1
-    sp = arrays.sequence_parallel
-
-    # (k, n, transposed) of the four Linear layers of one block
-    linears = [(h, h + 2 * kv, False), (h, h, True), (h, (2 if gated else 1) * f, False), (f, h, True)]
+    block, head, _embedding = model.units
     blocks = st.blocks.astype(np.float64)
 
-    local_params = np.zeros(len(arrays))  # parameters this rank holds (for the data-parallel sync)
-    replicated_over_depth = np.zeros(len(arrays))  # of those, replicated over depth (grads need depth AR)
-
-    def linear(k: int | np.ndarray, n: int | np.ndarray, transposed: bool, count: np.ndarray, has_bias: bool,
-               recomputed: bool = True, output_recomputed: bool = True) -> None:
-        nonlocal local_params, replicated_over_depth
-        w_block = n * k / (G_r * G_c)
-        out_split, in_split = (G_c, G_r) if transposed else (G_r, G_c)
-        out_axis, in_axis = ("row", "col") if transposed else ("col", "row")
-        ev.add("depth", "all_gather", "fwd", "depth_ag", w_block * e, count * m)
-        if_sp = sp & (out_axis == "row")
-        ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", T * n / out_split * e, count * m * ~if_sp)
-        ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, count * m)
-        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", T * k / in_split * e,
-               count * m * ~(sp & (in_axis == "row")))
-        ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, count * m)
-        # recomputation repeats the forward communication
-        rc = full_rc & recomputed
-        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, count * m * rc)
-        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", T * n / out_split * e,
-               count * m * (rc & output_recomputed) * ~if_sp)
-        local_params = local_params + count * w_block / G_d
-        if has_bias:
-            local_params = local_params + count * n / out_split
-            replicated_over_depth = replicated_over_depth + count * n / out_split
-
-    for i, (k, n, tr) in enumerate(linears):
+    for i, lin in enumerate(block.linears):
         # recomputation stops once backward has what it saved: the block's last output all-reduce
         # (fc2's) feeds only the residual add, which saves nothing, so it is not repeated
-        linear(k, n, tr, blocks, bias, output_recomputed=i != len(linears) - 1)
-    block_linears = local_params / np.maximum(blocks, 1.0)  # one block's Linear parameters (for ZeRO-3 units)
+        rank.linear(lin, blocks, output_recomputed=i != len(block.linears) - 1)
+    block_linears = rank.local_params / np.maximum(blocks, 1.0)  # one block's Linear parameters (ZeRO-3)
 
-    _sequence_parallel_events(ev, blocks * m * sp, full_rc, T * h * e)
-
-    norms = _norm_events(ev, st, m, full_rc, T, stats=2 if bias else 1)
-    norm_local = norms * norm_params * h / G_c
-    local_params = local_params + norm_local
-    replicated_over_depth = replicated_over_depth + norm_local
+    _sequence_parallel_events(ev, blocks * m * arrays.sequence_parallel, rank.full_rc, T * h * e)
+    norms = _norm_events(ev, st, m, rank.full_rc, T, stats=2 if bias else 1)
+    rank.replicated_params(norms * norm_params * h / G_c)
 
     # embedding (first stage): word (+ learned positions for GPT) tables split over col along h
     emb = st.has_embedding * (model.vocab_size + (model.seq_length if bias else 0)) * h / G_c
-    local_params = local_params + emb
-    replicated_over_depth = replicated_over_depth + emb
+    rank.replicated_params(emb)
 
     # LM head (last stage): a normal 3D Linear h -> padded vocab, then a cross entropy over the
     # row-split vocabulary (max, sum of exponentials, target logit: three fp32 all-reduces over row)
     V = padded_vocab(model.vocab_size, G_r, G_d)
-    head = st.has_head.astype(np.float64)
-    linear(h, V, False, head, False, recomputed=False)  # full recomputation covers the blocks only
-    ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * head * m)
+    has_head = st.has_head.astype(np.float64)
+    for lin in head.linears:  # full recomputation covers the blocks only
+        rank.linear(lin, has_head, n=V if lin.vocab else None, recomputed=False)
+    ev.add("row", "all_reduce", "fwd", "loss", T * STAT_BYTES, 3 * has_head * m)
 
-    units, unit_bytes = _zero3_units(training, arrays, st, bias, norm_params, block_linears=block_linears,
-                                     emb=emb, vocab=V, e=e, hidden=h)
-    _grad_sync_events(ev, arrays, training, local_params, replicated_over_depth, m, units, unit_bytes)
+    if training.effective_stack.zero3_gather == "layer":
+        units, unit_bytes = _zero3_layer_units(arrays, st, norm_params, block_linears=block_linears, emb=emb,
+                                               vocab=V, e=e, hidden=h)
+    else:  # every parameter tensor: 4 weights (+4 biases) and 2 norms (weight, +bias) per block
+        units, unit_bytes = blocks * (4 * (1 + bias) + 2 * norm_params) + st.has_embedding * (
+            2 if bias else 1) + st.has_head * (1 + norm_params), None
+    _grad_sync_events(ev, arrays, training, rank.local_params, rank.replicated, m, units, unit_bytes)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
 
@@ -348,65 +396,25 @@ def _p2p_events(
         ev.add("inter", op, phase, "p2p", act_bytes, calls * m)
 
 
-def _layer_list_events(
-    model: Model, training: Training, arrays: PlanArrays, stage: int | str
-) -> list[CommEvent]:
-    """Arbitrary networks under auto_parallelize: each parallel Linear takes and returns ordinary
-    activations (local batch, full features), so around it the engine slices its input (free),
-    all-gathers its output over row (fwd) and all-gathers its input grad over col (bwd); transposed
-    layers swap row and col.
-
-    Layers are taken to run in list order. A layer before which no layer has parameters gets no
-    input gradient (it works on the data), so autograd never runs its input-gradient collectives:
-    neither the input-grad all-reduce nor the input-grad conversion all-gather is counted for it.
-    Plain (non-parallel) layers and "other" layers hold replicated parameters: their gradients are
+def _layer_list_events(model: Model, training: Training, rank: _Stage) -> list[CommEvent]:
+    """Arbitrary networks under auto_parallelize: "auto" Linears (`_Stage.linear`), run in list
+    order. The rank holds the whole list (the engine pipelines only transformers). Plain
+    (non-parallel) layers and other layers hold replicated parameters: their gradients are
     all-reduced over depth and data like the biases."""
-    e = training.bytes_per_element
-    G_r, G_c, G_d = arrays.G_intra_r, arrays.G_intra_c, arrays.G_intra_d
-    m = arrays.num_microbatches(training)
-    full_rc = arrays.recompute == RECOMPUTE_CODE["full"]
-    ev = _Events(arrays)
-    n_plans = len(arrays)
-    local_params = np.zeros(n_plans)
-    replicated = np.zeros(n_plans)
-    layers = model.layers
-    grad_flows = False  # does an input gradient reach this layer?
-    for layer in layers:
-        if layer.kind != "linear":
-            local_params = local_params + layer.params
-            replicated = replicated + layer.params
-            grad_flows = grad_flows or layer.params > 0
-            continue
-        k, n = layer.in_features, layer.out_features
-        rows = arrays.micro_batch_size * layer.rows_per_sample
-        out_split, in_split = (G_c, G_r) if layer.transpose else (G_r, G_c)
-        ok = (layer.parallel & ((n % out_split) == 0) & ((k % in_split) == 0)
-              & (((n // out_split) * (k // in_split)) % G_d == 0))
-        w_block = n * k / (G_r * G_c)
-        out_axis, in_axis = ("row", "col") if layer.transpose else ("col", "row")
-        c = ok * 1.0
-        ev.add("depth", "all_gather", "fwd", "depth_ag", w_block * e, c * m)
-        ev.add(out_axis, "all_reduce", "fwd", "tp_fwd", rows * n / out_split * e, c * m)
-        ev.add(in_axis, "all_gather", "fwd", "convert", rows * n * e, c * m)
-        ev.add("depth", "all_gather", "bwd", "depth_ag", w_block * e, c * m)
-        gi = c * grad_flows
-        ev.add(in_axis, "all_reduce", "bwd", "tp_bwd", rows * k / in_split * e, gi * m)
-        ev.add(out_axis, "all_gather", "bwd", "convert", rows * k * e, gi * m)
-        ev.add("depth", "reduce_scatter", "bwd", "depth_rs", w_block * e, c * m)
-        ev.add("depth", "all_gather", "recompute", "depth_ag", w_block * e, c * m * full_rc)
-        ev.add(out_axis, "all_reduce", "recompute", "tp_fwd", rows * n / out_split * e, c * m * full_rc)
-        ev.add(in_axis, "all_gather", "recompute", "convert", rows * n * e, c * m * full_rc)
-        b = n / out_split if layer.bias else 0.0
-        local_params = local_params + np.where(ok, w_block / G_d + b, k * n + (n if layer.bias else 0))
-        replicated = replicated + np.where(ok, b, k * n + (n if layer.bias else 0))
-        grad_flows = True
+    (unit,) = model.units
+    for layer in unit.layers:
+        if isinstance(layer, Linear):
+            rank.linear(layer, 1.0)
+        else:
+            rank.replicated_params(layer.params)
+            rank.grad_flows = rank.grad_flows or layer.params > 0
     if training.effective_stack.zero3_gather == "layer":
-        units: float = sum(1.0 for layer in layers if layer.params > 0 or layer.kind == "linear")
+        units: float = sum(1.0 for layer in unit.layers if isinstance(layer, Linear) or layer.params > 0)
     else:
-        units = sum((2.0 if layer.bias else 1.0) if layer.kind == "linear" else float(layer.params > 0)
-                    for layer in layers)
-    _grad_sync_events(ev, arrays, training, local_params, replicated, m, units)
-    return ev.items
+        units = sum((2.0 if layer.bias else 1.0) if isinstance(layer, Linear) else float(layer.params > 0)
+                    for layer in unit.layers)
+    _grad_sync_events(rank.ev, rank.arrays, training, rank.local_params, rank.replicated, rank.m, units)
+    return rank.ev.items
 
 
 def bytes_per_group(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest",

@@ -45,7 +45,7 @@ def _none(n: int) -> Rejection:
 
 def heads_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     r = cols["G_intra_r"]
-    if not model.is_transformer:
+    if model.kind != "transformer":  # a layer list splits each Linear only where it divides
         return _none(len(r))
     a = model.num_attention_heads
     return Rejection(~rules.heads_split(a, r), f"G_intra_r does not divide model.num_attention_heads={a}",
@@ -54,7 +54,7 @@ def heads_split(model: Model, cluster: Cluster, training: Training, cols: Column
 
 def query_groups_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     r = cols["G_intra_r"]
-    if not model.is_transformer:
+    if model.kind != "transformer":  # a layer list splits each Linear only where it divides
         return _none(len(r))
     g = int(model.num_query_groups)
     return Rejection(~rules.query_groups_split(g, r),
@@ -64,7 +64,7 @@ def query_groups_split(model: Model, cluster: Cluster, training: Training, cols:
 
 def hidden_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     r, c = cols["G_intra_r"], cols["G_intra_c"]
-    if not model.is_transformer:
+    if model.kind != "transformer":  # a layer list splits each Linear only where it divides
         return _none(len(r))
     h, f = model.hidden_size, int(model.ffn_hidden_size)
     bad = ~rules.hidden_split(h, r, c) | ~rules.hidden_split(f, r, c)
@@ -146,7 +146,8 @@ def selective_without_scores(model: Model, cluster: Cluster, training: Training,
 
     stack = training.effective_stack
     pointless = (
-        stack.flash_attention and stack.selective_recompute == "attention-core" and model.is_transformer
+        stack.flash_attention and stack.selective_recompute == "attention-core"
+        and any(unit.attention for unit in model.units)
     )
     bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(pointless)
     return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",

@@ -124,7 +124,7 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
         if len(grids) == 0:
             return
     per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
-    layers = model.num_layers if model.is_transformer else len(model.layers)
+    layers = model.depth
 
     sched_opts: list[tuple[int, int]] = []
     allowed_sched = options.schedule or ("gpipe", "1f1b", "interleaved-1f1b")
@@ -145,8 +145,9 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
         mb_values = sorted(set(options.micro_batch_size))
     pending: list[dict[str, np.ndarray]] = []
     size = 0
-    # explicit layer lists cost a pass per layer: smaller batches keep the time budget honest
-    chunk = CHUNK_PLANS if model.is_transformer else max(2_000, CHUNK_PLANS // max(1, len(model.layers) // 4))
+    # a transformer's repeated block is evaluated once per batch, an explicit layer list layer by layer:
+    # smaller batches keep the time budget honest
+    chunk = max(2_000, CHUNK_PLANS // max(1, len(model.layers) // 4))
     for mb in mb_values:
         ok = per_replica % mb == 0
         if not ok.any():

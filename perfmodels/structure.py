@@ -1,0 +1,148 @@
+"""What a network is made of, as the cost model reads it: the units a pipeline stage holds.
+
+Every `Model` describes itself as a tuple of `Unit`s (`Model.units`), and compute, memory and the
+model FLOPs evaluate that one description, whichever kind of model it came from:
+
+- a transformer is three units: its block (four grid-split Linears, the attention core and the
+  residual stream's element-wise work) repeated `num_layers` times, the LM head (a vocabulary
+  Linear and the loss) on the last stage, and the embedding on the first;
+- an explicit layer list (`Model(layers=...)`, what `engine.extract` reads from an `nn.Module`) is
+  one unit holding all its layers in order, spread evenly over the pipeline stages, each Linear
+  split where auto_parallelize splits it.
+
+A stage's cost is the sum over units of (how many of the unit the stage holds) x (the unit's cost).
+The vectorized transformer formulas are that sum for the repeated-block case: the block is
+evaluated once, over all plans at once, and multiplied by the stage's block count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from perfmodels.specs import Model
+
+Split = Literal["grid", "auto", "plain"]
+Placement = Literal["block", "embedding", "head", "spread"]
+Degree = int | np.ndarray
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Linear(k -> n) applied to `rows_per_sample` rows of every sample.
+
+    `split`: "grid" is a 3D-parallel Linear whose shapes the plan rules make divide (a transformer's:
+    a "normal" one splits n over row and k over col, a `transposed` one the other way round);
+    "auto" is auto_parallelize's: 3D-parallel where its shapes divide, else replicated; "plain" is
+    replicated on every rank. `vocab`: n is a vocabulary, padded to a multiple of G_r*G_d.
+    """
+
+    name: str
+    k: int
+    n: int
+    rows_per_sample: int
+    transposed: bool = False
+    bias: bool = True
+    split: Split = "grid"
+    vocab: bool = False
+
+    def divides(self, out_split: Degree, in_split: Degree, depth: Degree) -> bool | np.ndarray:
+        """Whether this Linear is split on a grid whose output/input feature splits and depth degree
+        are these: always for a "grid" Linear, never for a "plain" one, and for an "auto" one where n
+        divides over `out_split`, k over `in_split` and the weight shard over `depth`."""
+        if self.split != "auto":
+            return self.split == "grid"
+        n, k = self.n, self.k
+        shard = (n // out_split) * (k // in_split)
+        return ((n % out_split) == 0) & ((k % in_split) == 0) & (shard % depth == 0)
+
+    @property
+    def flops_per_row(self) -> float:
+        """Forward FLOPs per row (2 per multiply-add, unpadded shapes)."""
+        return 2.0 * self.k * self.n
+
+
+@dataclass(frozen=True)
+class Other:
+    """A layer known only by its parameters, forward FLOPs and the activation elements it keeps per
+    sample (norms, embeddings, convolutions of a layer list; replicated on every rank)."""
+
+    name: str
+    params: int
+    flops_per_sample: float
+    activation_elements_per_sample: float
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One part of a network and where the pipeline puts it.
+
+    `placement`: "block" units repeat `count` times and are split over the stages by
+    `traffic.stage_shape` (a stage holds `StageShape.blocks` of them); the "embedding" sits on the
+    first stage, the "head" on the last; a "spread" unit is divided evenly, 1/G_inter of it on
+    every stage. `layers` run in order (Linears and `Other`s). `attention`: the unit is a
+    transformer block, so it also has the attention core, the residual stream's norms and
+    element-wise kernels and Korthikanti's activations, shaped by the Model's fields. `loss`: the
+    unit ends in the loss (its logits go through softmax and cross entropy). `params`: the
+    parameters one copy of the unit holds, as the memory model counts them.
+    """
+
+    name: str
+    placement: Placement
+    count: int = 1
+    layers: tuple[Linear | Other, ...] = ()
+    params: int = 0
+    attention: bool = False
+    loss: bool = False
+
+    @property
+    def linears(self) -> tuple[Linear, ...]:
+        return tuple(layer for layer in self.layers if isinstance(layer, Linear))
+
+    @property
+    def issues_host_ops(self) -> bool:
+        """Whether the host's per-block issue time (`compute.host_seconds_per_block`) applies: to
+        transformer blocks and the head; a spread layer list's host costs are inside its compute."""
+        return self.placement in ("block", "head")
+
+
+def _transformer_units(model: Model) -> tuple[Unit, ...]:
+    h, f, kv, s = model.hidden_size, int(model.ffn_hidden_size), model.kv_hidden_size, model.seq_length
+    gated = model.gated_mlp
+    block = Unit(
+        name="block", placement="block", count=model.num_layers, params=model.params_per_layer,
+        attention=True, layers=(
+            Linear("qkv", h, h + 2 * kv, s, bias=not gated),
+            Linear("out_proj", h, h, s, transposed=True, bias=not gated),
+            Linear("fc1", h, (2 if gated else 1) * f, s, bias=not gated),
+            Linear("fc2", f, h, s, transposed=True, bias=not gated),
+        ),
+    )
+    embedding = Unit(name="embedding", placement="embedding", params=model.embedding_params)
+    lm_head = Linear("lm_head", h, model.vocab_size, s, bias=False, vocab=True)
+    head = Unit(name="head", placement="head", loss=True, layers=(lm_head,),
+                params=0 if model.tied_embeddings else model.embedding_params)
+    return (block, head, embedding)
+
+
+def _layer_list_units(model: Model) -> tuple[Unit, ...]:
+    layers: list[Linear | Other] = []
+    for spec in model.layers:
+        if spec.kind == "linear":
+            layers.append(Linear(spec.name, spec.in_features, spec.out_features, spec.rows_per_sample,
+                                 transposed=spec.transpose, bias=spec.bias,
+                                 split="auto" if spec.parallel else "plain"))
+        else:
+            layers.append(Other(spec.name, spec.params, float(spec.flops_per_sample),
+                                float(spec.activation_elements_per_sample)))
+    return (Unit(name="layers", placement="spread", layers=tuple(layers), params=model.num_params),)
+
+
+@lru_cache(maxsize=128)
+def units_of(model: Model) -> tuple[Unit, ...]:
+    """The units of `model` (see the module docstring); `Model.units` calls this."""
+    return _transformer_units(model) if model.kind == "transformer" else _layer_list_units(model)
