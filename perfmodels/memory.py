@@ -130,12 +130,12 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     # after the MLP), which a model trained without dropout never draws
     replicated = (RESIDUAL_BYTES_NO_DROPOUT + DROPOUT_MASK_BYTES * model.dropout) * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
-    if training.dtype == "fp8":
+    stack = training.effective_stack
+    if training.dtype == "fp8" and stack.fp8_saves_fp8_inputs:
         # Transformer Engine saves each linear layer's input for backward in FP8 (1 byte), not bf16:
         # the QKV and fc1 inputs on the residual stream, the out-proj and fc2 inputs inside
         replicated = replicated - 2.0 * s * b * h
         split = split - s * b * (h + f)
-    stack = training.effective_stack
     # unfused attention keeps the softmax output (2 bytes per score), and with dropout also its mask
     # (1) and the dropped-out scores that multiply V (2)
     per_score = SCORE_BYTES_NO_DROPOUT + SCORE_DROPOUT_BYTES * model.dropout

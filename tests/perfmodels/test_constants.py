@@ -333,3 +333,20 @@ def test_pre_hopper_flash_kernels_reach_ampere_rates_times_the_sm_clock_speedup(
     assert flash_rates(A100, old, 312e12) == pytest.approx((0.45 * 312e12, 0.35 * 312e12))
     assert stacks.preset("fsdp").flash_kernel == "pre-hopper"
     assert stacks.preset("torchtitan").flash_kernel == "native"
+
+
+def test_fp8_saved_inputs_are_one_byte_under_transformer_engine_and_16_bit_under_torchao():
+    """Transformer Engine saves a linear layer's input for backward in FP8: the QKV and fc1 inputs
+    (2 s b h) and the out-proj and fc2 inputs (s b (h + f)) shrink by a byte per element. torchtitan's
+    torchao Float8Linear saves them in bf16, so its FP8 activations equal its bf16 ones."""
+    model = presets.model("llama3-8b")
+    arrays = from_plans([Plan(micro_batch_size=1)])
+    s, h, f = model.seq_length, model.hidden_size, model.ffn_hidden_size
+
+    def act(stack: str, dtype: str) -> float:
+        training = Training(global_batch_size=8, dtype=dtype, stack=stack)
+        return float(activation_bytes_per_layer(model, training, arrays)[0])
+
+    saved = act("megatron-core", "bf16") - act("megatron-core", "fp8")
+    assert saved == pytest.approx(2 * s * h + s * (h + f))
+    assert act("torchtitan", "fp8") == act("torchtitan", "bf16")

@@ -31,6 +31,7 @@ def test_vendored_files_load_with_known_usable_and_skipped_counts():
         "published_torchtitan_h100.csv": (2, 0),
         "published_nemo_perf_summary.csv": (16, 0),
         "published_llmfoundry_h100.csv": (77, 0),
+        "published_torchtitan_compiled.csv": (12, 0),
     }
     reasons = sorted(s.reason.split(":")[0] for s in per_file["published_dev.csv"].skipped)
     assert reasons == ["global batch size or GPU count not stated"] * 2 + [
