@@ -68,6 +68,8 @@ MUTATIONS: list[tuple[str, float, float]] = [
     ("stack:torchtitan:loss_bytes_per_logit", 12.0, 6.0),
     ("gpu:H100-96GB:peak_tflops_bf16", 912.0, 989.0),
     ("perfmodels.compute:AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER", (132 / 108) * (1.98 / 1.41), 1.0),
+    ("gpu:B200:gemm_efficiency_fp8", 0.70 * 0.50 / 0.62, 0.70),
+    ("gpu:GB200:peak_tflops_bf16", 2500.0, 2250.0),
 ]
 
 PLUGIN = '''

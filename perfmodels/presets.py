@@ -33,6 +33,12 @@ HOPPER_FP8_GEMM = 0.50
 GEMMs (`torch._scaled_mm`, per-tensor scales) measure 0.61 on one H100 (`bench/hopper_kernels.py`);
 the same in-step losses as bf16 bring that to ~0.5, which is what NVIDIA's NeMo FP8 recipes show
 (1.3-1.5x over bf16 end to end, not 2x)."""
+BLACKWELL_GEMM = 0.70
+"""Sustained fraction of the bf16 dense peak of Blackwell (B200, GB200) training GEMMs (no measurement
+of ours yet: `gridtune profile` on the card replaces it)."""
+BLACKWELL_FP8_GEMM = BLACKWELL_GEMM * HOPPER_FP8_GEMM / HOPPER_GEMM
+"""FP8 GEMMs of Transformer Engine keep a smaller share of their (twice as high) peak than bf16 ones:
+the ratio measured on Hopper (0.50 / 0.62) applied to Blackwell's bf16 share, about 0.56."""
 HOPPER_FLASH = {"flash_fwd_efficiency": 0.45, "flash_bwd_efficiency": 0.40}
 """Fused causal attention on Hopper (PyTorch SDPA, head dim 128), measured by `bench/hopper_kernels.py`
 on an H100: forward 0.42-0.55 of the bf16 peak (median 0.465), backward 0.34-0.49 (median 0.40; it
@@ -75,7 +81,12 @@ _GPUS: dict[str, GPU] = {
             gemm_efficiency_max=0.65, vendor="amd"),
         GPU(name="B200", peak_tflops_fp32=80.0, peak_tflops_tf32=1100.0, peak_tflops_bf16=2250.0,
             peak_tflops_fp16=2250.0, peak_tflops_fp8=4500.0, memory_gib=180.0, hbm_bandwidth_GBps=8000.0,
-            gemm_efficiency_max=0.70),
+            gemm_efficiency_max=BLACKWELL_GEMM, gemm_efficiency_fp8=BLACKWELL_FP8_GEMM),
+        # Grace-Blackwell GB200 (NVL72 racks): the B200 die at up to 1,200 W, 2.5 PFLOP/s dense bf16,
+        # 5 dense fp8, 186 GB HBM3e at 8 TB/s; 72 GPUs share one NVLink domain (900 GB/s per direction)
+        GPU(name="GB200", peak_tflops_fp32=80.0, peak_tflops_tf32=1250.0, peak_tflops_bf16=2500.0,
+            peak_tflops_fp16=2500.0, peak_tflops_fp8=5000.0, memory_gib=186.0, hbm_bandwidth_GBps=8000.0,
+            gemm_efficiency_max=BLACKWELL_GEMM, gemm_efficiency_fp8=BLACKWELL_FP8_GEMM),
         # China-market Hopper (compute cut to 148 TFLOP/s, full HBM3 and NVLink).
         GPU(name="H20", peak_tflops_fp32=44.0, peak_tflops_tf32=74.0, peak_tflops_bf16=148.0,
             peak_tflops_fp16=148.0, peak_tflops_fp8=296.0, memory_gib=96.0, hbm_bandwidth_GBps=4000.0,
@@ -151,6 +162,8 @@ _CLUSTERS: dict[str, Cluster] = {
         # DGX H200 / B200 nodes on NDR.
         _cluster("dgx-h200", "H200", 8, 450.0, 50.0, 1024),
         _cluster("dgx-b200", "B200", 8, 900.0, 50.0, 1024),
+        # GB200 NVL72: one NVLink domain of 72 GPUs per rack, 400 Gb/s InfiniBand per GPU between racks.
+        _cluster("gb200-nvl72", "GB200", 72, 900.0, 50.0, 576),
         # Meta's Grand Teton hosts as torchtitan benchmarked them: 8x H100 96 GB HBM2e at 500 W, NVLink,
         # 400 Gb/s RDMA per GPU.
         _cluster("grand-teton", "H100-96GB", 8, 450.0, 50.0, 512),

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from perfmodels import presets
 from perfmodels.specs import GPU, Cluster
 
-_FAMILIES = ("GH200", "H200", "H100", "H20", "B200", "MI300X", "MI250X", "MI210", "L40S", "A100", "V100")
+_FAMILIES = ("GH200", "GB200", "H200", "H100", "H20", "B200",
+             "MI300X", "MI250X", "MI210", "L40S", "A100", "V100")
 
 _NVLINK_PER_DIRECTION = {
     "V100": 150.0,
@@ -28,6 +29,7 @@ _NVLINK_PER_DIRECTION = {
     "GH200": 450.0,
     "H20": 450.0,
     "B200": 900.0,
+    "GB200": 900.0,
     "MI250X": 100.0,
     "MI300X": 448.0,
     "MI210": 150.0,
@@ -35,11 +37,13 @@ _NVLINK_PER_DIRECTION = {
 }
 """NVLink / Infinity Fabric GB/s per GPU per direction of each generation."""
 
-_DEFAULT_NETWORK_GBPS = {"V100": 12.5 / 8, "A100": 25.0, "H100": 50.0, "H200": 50.0, "B200": 50.0}
+_DEFAULT_NETWORK_GBPS = {"V100": 12.5 / 8, "A100": 25.0, "H100": 50.0, "H200": 50.0, "B200": 50.0,
+                         "GB200": 50.0}
 """Network GB/s per GPU of the usual fabric of a GPU generation, when the row names no rate."""
 
-_PLAIN_NAMES = (("GH200", "GH200"), ("L40S", "L40S"), ("MI210", "MI210"), ("H200", "H200"), ("B200", "B200"),
-                ("MI300", "MI300X"), ("MI250", "MI250X-GCD"))
+# GB200 before B200, GH200 before H200: the longer name is the other card
+_PLAIN_NAMES = (("GH200", "GH200"), ("GB200", "GB200"), ("L40S", "L40S"), ("MI210", "MI210"),
+                ("H200", "H200"), ("B200", "B200"), ("MI300", "MI300X"), ("MI250", "MI250X-GCD"))
 
 
 def gpu_preset(text: str) -> str:
@@ -132,7 +136,11 @@ def cluster_from_columns(*, gpu_type: str, memory_gb: float | None, num_gpus: in
     """The cluster of a published_dev/modern row and the card memory its fit verdict uses."""
     gpu, memory = card(gpu_type, memory_gb)
     fam = family(gpu.name)
+    # the NVLink domain when the row does not say: a DGX-2 has 16 GPUs; a GB200 NVL72 rack 72, of which
+    # jobs use a whole number of GPUs (64-GPU slices where 72 do not divide the job)
     gpn = gpus_per_node or (16 if "DGX-2" in gpu_type else 8)
+    if fam == "GB200" and not gpus_per_node:
+        gpn = next((n for n in (72, 64, 36, 32, 16, 8, 4) if num_gpus % n == 0), 1)
     gpn = min(gpn, num_gpus)
     intra = intra_per_gpu_GBps(intra_text, fam)
     if re.search(r"[AH]800", gpu_type.upper()):

@@ -350,3 +350,14 @@ def test_fp8_saved_inputs_are_one_byte_under_transformer_engine_and_16_bit_under
     saved = act("megatron-core", "bf16") - act("megatron-core", "fp8")
     assert saved == pytest.approx(2 * s * h + s * (h + f))
     assert act("torchtitan", "fp8") == act("torchtitan", "bf16")
+
+
+def test_blackwell_fp8_gemms_keep_hoppers_fp8_to_bf16_share():
+    """Blackwell's sustained FP8 share is its bf16 share (0.70) times the FP8/bf16 ratio measured on
+    Hopper (0.50 / 0.62), about 0.565; GB200 is the same die at a higher power limit (2.5 / 5 PFLOP/s)."""
+    for name in ("B200", "GB200"):
+        g = presets.gpu(name)
+        assert g.gemm_efficiency("bf16") == pytest.approx(0.70)
+        assert g.gemm_efficiency("fp8") == pytest.approx(0.70 * 0.50 / 0.62)
+    gb = presets.gpu("GB200")
+    assert (gb.peak_tflops_bf16, gb.peak_tflops_fp8, gb.memory_gib) == (2500.0, 5000.0, 186.0)

@@ -60,3 +60,16 @@ def test_export_parts_map_to_their_family_with_halved_nvlink():
                                         ("4x 25 GB/s Slingshot", 12.5), ("1600 Gbps node-node (RoCE)", 25.0)])
 def test_network_rates_per_gpu(text, gbps):
     assert inter_per_gpu_GBps(text, 8, "A100") == pytest.approx(gbps)
+
+
+def test_gb200_rows_get_the_gb200_card_and_its_nvlink_domain():
+    """"GB200" is not read as a B200; an NVL72 rack is one NVLink domain (72 GPUs, or 64-GPU slices
+    when 72 does not divide the job) unless the row states its GPUs per node."""
+    assert gpu_preset("DGX-GB200 (NVL72)") == "GB200" and gpu_preset("DGX B200") == "B200"
+    for gpus, domain in ((72, 72), (256, 64), (8, 8)):
+        cluster, _ = cluster_from_columns(gpu_type="GB200", memory_gb=186.0, num_gpus=gpus,
+                                          gpus_per_node=None, intra_text="", inter_text="")
+        assert (cluster.gpu.name, cluster.gpus_per_node) == ("GB200", domain)
+    cluster, _ = cluster_from_columns(gpu_type="GB200", memory_gb=186.0, num_gpus=64, gpus_per_node=4,
+                                      intra_text="", inter_text="")
+    assert cluster.gpus_per_node == 4
