@@ -275,6 +275,20 @@ _FSDP = dict(weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes
              zero2_grad_reduce="per_microbatch", overlap_grad_reduce=True, overlap_param_gather=True,
              fp8_weight_cache_bytes=0.0)
 
+_MEGATRON_CORE = Stack(
+    name="megatron-core",
+    summary="Megatron-Core / NeMo with Transformer Engine: flash attention, "
+    "distributed optimizer reducing once per step behind the last backward, overlapped gathers",
+    overlap_grad_reduce=True,
+    overlap_param_gather=True,
+    flash_attention=True,
+    zero2_grad_bytes=2.0,
+    zero2_master_bytes=2.0,
+    zero_stages=(0, 1, 2),
+    **_MEGATRON,
+)
+"""Megatron-Core as Megatron-LM runs it; the `nemo` preset is this with NeMo's bf16 gradients."""
+
 STACK_PRESETS: dict[str, Stack] = {
     s.name: s
     for s in (
@@ -288,32 +302,17 @@ STACK_PRESETS: dict[str, Stack] = {
             zero_stages=(0,),
             **_MEGATRON,
         ),
-        Stack(
-            name="megatron-core",
-            summary="Megatron-Core / NeMo with Transformer Engine: flash attention, "
-            "distributed optimizer reducing once per step behind the last backward, overlapped gathers",
-            overlap_grad_reduce=True,
-            overlap_param_gather=True,
-            flash_attention=True,
-            zero2_grad_bytes=2.0,
-            zero2_master_bytes=2.0,
-            zero_stages=(0, 1, 2),
-            **_MEGATRON,
-        ),
-        Stack(
+        _MEGATRON_CORE,
+        replace(
+            _MEGATRON_CORE,
             name="nemo",
             summary="NeMo's performance recipes on Megatron-Core: as megatron-core, with gradients "
             "accumulated and reduced in bf16 (NeMo 1.x optim.grad_sync_dtype: bf16; NeMo 2 / "
             "Megatron-Bridge performance overrides grad_reduce_in_fp32=False)",
-            overlap_grad_reduce=True,
-            overlap_param_gather=True,
-            flash_attention=True,
-            zero2_grad_bytes=2.0,
-            zero2_master_bytes=2.0,
+            grad_bytes_bf16=2.0,
             # ZeRO-3: Megatron FSDP (`use_megatron_fsdp`, sharding strategy optim_grads_params),
             # which NeMo's 2025 recipes use where it is faster
             zero_stages=(0, 1, 2, 3),
-            **{**_MEGATRON, "grad_bytes_bf16": 2.0},
         ),
         # host_exposed_fraction stays 0: an additive host cost (0.5) improved vTrain's 3.6B group (10.3% ->
         # 7.3%) but worsened its 39.1B ranking (0.60 -> 0.53) and the single-node runs (+32% on 4 GPUs),
