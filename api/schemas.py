@@ -288,6 +288,7 @@ class ClusterIn(_In):
 
 StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]
 BytesPerParam = Annotated[float, Field(ge=0, le=64)]
+TorchCompile = Literal["none", "blocks", "blocks+loss"]
 
 
 class StackIn(_In):
@@ -326,6 +327,10 @@ class StackIn(_In):
     tensor_parallel_3d: bool | None = None
     sequence_parallel: bool | None = None
     vocab_parallel_embedding: bool | None = None
+    loss_bytes_per_logit: BytesPerParam | None = None
+    loss_parallel_bytes_per_logit: BytesPerParam | None = None
+    sp_saves_gathered_inputs: bool | None = None
+    torch_compile: TorchCompile | None = None
 
 
 class TrainingIn(_In):
@@ -346,6 +351,7 @@ class TrainingIn(_In):
     zero3_gather: Literal["layer", "tensor"] | None = None
     host_us_per_block: Latency | None = None
     host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
+    torch_compile: TorchCompile | None = None
 
 
 class PlanIn(_In):

@@ -95,6 +95,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     )
     g.add_argument("--no-overlap-param-gather", action="store_true",
                    help="ZeRO-3 fetches parameters on demand instead of prefetching")
+    g.add_argument("--torch-compile", choices=["none", "blocks", "blocks+loss"],
+                   help="what torch.compile covers: fused element-wise traffic in compiled blocks, a "
+                   "4-byte-per-logit loss when the loss is compiled (default: the stack's, eager)")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -216,6 +219,7 @@ def training_from_args(args: argparse.Namespace) -> Training:
         "overlap_depth_comm": False if getattr(args, "no_overlap_depth_comm", False) else None,
         "zero3_gather": args.zero3_gather,
         "overlap_param_gather": False if args.no_overlap_param_gather else None,
+        "torch_compile": getattr(args, "torch_compile", None),
     })
 
 

@@ -33,6 +33,9 @@ GIB = float(1 << 30)
 RESIDUAL_BYTES_NO_DROPOUT = 8.0
 """Bytes per token per hidden unit a block saves on its residual stream without dropout
 (Korthikanti et al. 2022, Sec. 4.1: two LayerNorm inputs 4, the QKV and fc1 inputs 4)."""
+GEMM_INPUT_BYTES = 4.0
+"""Of `RESIDUAL_BYTES_NO_DROPOUT`, the 16-bit inputs of the QKV and fc1 GEMMs (2 + 2): what
+sequence parallelism all-gathers before those GEMMs."""
 DROPOUT_MASK_BYTES = 2.0
 """Bytes per token per hidden unit of the two 1-byte dropout masks (after attention, after the MLP)."""
 SCORE_BYTES_NO_DROPOUT = 2.0
@@ -131,11 +134,17 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     replicated = (RESIDUAL_BYTES_NO_DROPOUT + DROPOUT_MASK_BYTES * model.dropout) * s * b * h
     split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
     stack = training.effective_stack
+    gemm_inputs = GEMM_INPUT_BYTES * s * b * h  # the QKV and fc1 inputs, part of `replicated`
     if training.dtype == "fp8" and stack.fp8_saves_fp8_inputs:
         # Transformer Engine saves each linear layer's input for backward in FP8 (1 byte), not bf16:
         # the QKV and fc1 inputs on the residual stream, the out-proj and fc2 inputs inside
-        replicated = replicated - 2.0 * s * b * h
+        replicated = replicated - gemm_inputs / 2.0
+        gemm_inputs = gemm_inputs / 2.0
         split = split - s * b * (h + f)
+    if stack.sp_saves_gathered_inputs:
+        # the QKV and fc1 GEMMs save the full-sequence input their all-gather produced: G_r times the
+        # sequence shard Megatron keeps (it all-gathers again in backward)
+        replicated = replicated - gemm_inputs + gemm_inputs * np.where(sp, G_r, 1.0)
     # unfused attention keeps the softmax output (2 bytes per score), and with dropout also its mask
     # (1) and the dropped-out scores that multiply V (2)
     per_score = SCORE_BYTES_NO_DROPOUT + SCORE_DROPOUT_BYTES * model.dropout
@@ -237,7 +246,7 @@ def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Uni
         own = count * (1.0 - model.tied_embeddings * st.has_embedding)
         V = padded_vocab(model.vocab_size, arrays.G_intra_r, arrays.G_intra_d).astype(np.float64)
         local = sum(own * V * lin.k / (G_r * G_c * G_d) for lin in unit.linears)
-        per_logit = stack.loss_bytes_per_logit if stack.loss_bytes_per_logit is not None else e + 4.0
+        per_logit = stack.loss_bytes(e, G_r > 1)
         return UnitMemory(local=local, logits=count * model.seq_length * b * V / G_r * per_logit)
     # a layer list spread over the stages: parallel Linears split over the 3D tensor degrees (here
     # whether or not their shapes divide; compute and traffic ask `Linear.divides`), the rest whole;

@@ -451,6 +451,7 @@ class Training:
     zero3_gather: Literal["layer", "tensor"] | None = None
     host_us_per_block: float | None = None
     host_exposed_fraction: float | None = None
+    torch_compile: Literal["none", "blocks", "blocks+loss"] | None = None
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
@@ -458,6 +459,8 @@ class Training:
         if self.attention_dtype is not None:
             _choice("training", "attention_dtype", self.attention_dtype, ("fp32", "tf32", "bf16", "fp16"))
         _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
+        if self.torch_compile is not None:
+            _choice("training", "torch_compile", self.torch_compile, ("none", "blocks", "blocks+loss"))
         if self.zero3_gather is not None:
             _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
         if self.host_us_per_block is not None:
@@ -466,7 +469,7 @@ class Training:
             value = getattr(self, name)
             if (
                 value is not None
-                and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction")
+                and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction", "torch_compile")
                 and not isinstance(value, bool)
             ):
                 raise ValueError(f"training.{name} must be true, false or null, got {value!r}")
@@ -509,7 +512,7 @@ class Training:
 
 _STACK_OVERRIDES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_param_gather", "overlap_depth_comm",
                     "flash_attention", "p2p_scatter_gather", "zero3_gather", "host_us_per_block",
-                    "host_exposed_fraction")
+                    "host_exposed_fraction", "torch_compile")
 """Training fields that, when set, override the stack's behaviour of the same name."""
 
 

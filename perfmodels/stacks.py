@@ -39,6 +39,18 @@ TORCHTITAN_EAGER_ELEMENTWISE = 2.8
 `Stack.elementwise_bytes_scale`: fp32 RMSNorm and complex fp32 RoPE; counted per op, not fitted)."""
 EAGER_LOSS_BYTES_PER_LOGIT = 12.0
 """Bytes per logit when eager cross entropy over fp32-upcast logits starts its backward (2 + 4 + 4 + 2)."""
+LOSS_PARALLEL_BYTES_PER_LOGIT = 16.0
+"""Bytes per logit at the peak of PyTorch's `loss_parallel` cross entropy (DTensor, vocabulary split
+over the tensor-parallel ranks; torch/distributed/tensor/parallel/loss.py). Its log-softmax and NLL
+are decomposed into separate fp32 ops around the all-reduces: the forward holds the 16-bit logits,
+their fp32 upcast, the shifted logits and their exponentials (2 + 4 + 4 + 4 = 14); the fused
+backward holds the saved log-softmax 4, a zero-filled gradient 4, exp of the log-softmax 4 and their
+sum 4 (16), where eager `F.cross_entropy` on one rank holds 12."""
+COMPILED_LOSS_BYTES_PER_LOGIT = 4.0
+"""Bytes per logit of a cross entropy compiled by torch.compile (Inductor fuses the fp32 upcast,
+log-softmax and NLL into one reduction that saves only its 16-bit input and a per-row logsumexp, and
+writes the 16-bit gradient directly): the saved logits 2 + their gradient 2."""
+TorchCompile = Literal["none", "blocks", "blocks+loss"]
 SelectiveKind = Literal["attention-core", "per-op"]
 
 
@@ -127,6 +139,20 @@ class Stack:
       16-bit logits and one fp32 buffer, Megatron's fused vocab-parallel cross entropy, 2 + 4).
       Eager `F.cross_entropy(logits.float(), ...)` holds the 16-bit logits, the fp32 log-softmax
       output, its fp32 gradient and the 16-bit gradient together: 2 + 4 + 4 + 2 = 12.
+    - `loss_parallel_bytes_per_logit`: the same where the tensor-parallel ranks split the vocabulary
+      and the loss runs on the shards (torchtitan's `loss_parallel`, DTensor's decomposed fp32
+      log-softmax: `LOSS_PARALLEL_BYTES_PER_LOGIT`); None: as without tensor parallelism.
+    - `sp_saves_gathered_inputs`: with sequence parallelism, the QKV and fc1 GEMMs save the
+      full-sequence input their all-gather produced (DTensor's `ColwiseParallel` after
+      `SequenceParallel` norms, as torchtitan runs it), where Megatron saves the sequence shard and
+      all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2).
+    - `torch_compile`: what torch.compile covers. "blocks": each transformer block is compiled
+      (torchtitan's `training.compile`, per block): Inductor fuses every element-wise chain (fp32
+      RMSNorm, RoPE, SwiGLU, residual adds) into single kernels, so the block streams the fused
+      element-wise bytes (`elementwise_bytes_scale` no longer applies). "blocks+loss": the loss is
+      compiled too (torchtitan from 2025 compiles `cross_entropy_loss` when `training.compile` is on;
+      its December 2024 trainer left it eager, "compiling loss function causes CUDA errors"), so the
+      loss holds `COMPILED_LOSS_BYTES_PER_LOGIT` per logit instead of `loss_bytes_per_logit`.
     - `vocab_parallel_embedding`: the word embedding's rows (vocabulary) are split over the
       tensor-parallel ranks (Megatron's VocabParallelEmbedding); the engine splits its hidden
       dimension over the col axis instead.
@@ -170,6 +196,9 @@ class Stack:
     optimizer_step_bytes: float = 30.0
     elementwise_bytes_scale: float = 1.0
     loss_bytes_per_logit: float | None = None
+    loss_parallel_bytes_per_logit: float | None = None
+    sp_saves_gathered_inputs: bool = False
+    torch_compile: TorchCompile = "none"
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     zero_stages: tuple[int, ...] = (0, 1)
     tensor_parallel: bool = True
@@ -196,6 +225,9 @@ class Stack:
         if self.flash_kernel not in ("native", "pre-hopper"):
             raise ValueError(
                 f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
+        if self.torch_compile not in ("none", "blocks", "blocks+loss"):
+            raise ValueError(f"stack.torch_compile must be 'none', 'blocks' or 'blocks+loss', "
+                             f"got {self.torch_compile!r}")
         if self.zero3_gather not in ("layer", "tensor"):
             raise ValueError(f"stack.zero3_gather must be 'layer' or 'tensor', got {self.zero3_gather!r}")
         if self.selective_recompute not in ("attention-core", "per-op"):
@@ -219,11 +251,11 @@ class Stack:
             raise ValueError(
                 f"stack.optimizer_step_bytes must be in [0, 1000], got {self.optimizer_step_bytes!r}"
             )
-        loss_b = self.loss_bytes_per_logit
-        if loss_b is not None and (isinstance(loss_b, bool) or not isinstance(loss_b, (int, float))
-                                   or not 0.0 <= loss_b <= 64.0):
-            raise ValueError(f"stack.loss_bytes_per_logit must be null or a number in [0, 64], "
-                             f"got {self.loss_bytes_per_logit!r}")
+        for name in ("loss_bytes_per_logit", "loss_parallel_bytes_per_logit"):
+            loss_b = getattr(self, name)
+            if loss_b is not None and (isinstance(loss_b, bool) or not isinstance(loss_b, (int, float))
+                                       or not 0.0 <= loss_b <= 64.0):
+                raise ValueError(f"stack.{name} must be null or a number in [0, 64], got {loss_b!r}")
         for name in ("host_scale", "split_axis_memory_passes", "elementwise_bytes_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
@@ -255,6 +287,20 @@ class Stack:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 64.0:
                 raise ValueError(f"stack.{name} must be a number in [0, 64], got {value!r}")
+
+    @property
+    def fused_elementwise_bytes_scale(self) -> float:
+        """Element-wise HBM bytes relative to a fused block: 1 once torch.compile fuses the blocks."""
+        return 1.0 if self.torch_compile != "none" else self.elementwise_bytes_scale
+
+    def loss_bytes(self, activation_bytes: float, vocab_split: np.ndarray) -> np.ndarray:
+        """Bytes per logit at the loss's peak, for `activation_bytes`-byte logits, per plan
+        (`vocab_split`: the tensor-parallel ranks split the vocabulary)."""
+        if self.torch_compile == "blocks+loss":
+            return np.full(np.shape(vocab_split), COMPILED_LOSS_BYTES_PER_LOGIT)
+        plain = self.loss_bytes_per_logit if self.loss_bytes_per_logit is not None else activation_bytes + 4.0
+        split = self.loss_parallel_bytes_per_logit
+        return np.where(vocab_split, plain if split is None else split, plain)
 
     def grad_bytes(self, dtype: str) -> float:
         """Bytes per parameter of the gradient buffer for a training dtype."""
@@ -364,6 +410,8 @@ STACK_PRESETS: dict[str, Stack] = {
             fp8_saves_fp8_inputs=False,
             elementwise_bytes_scale=TORCHTITAN_EAGER_ELEMENTWISE,
             loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT,
+            loss_parallel_bytes_per_logit=LOSS_PARALLEL_BYTES_PER_LOGIT,
+            sp_saves_gathered_inputs=True,
             schedules=("gpipe", "1f1b", "interleaved-1f1b"),
             zero_stages=(0, 2, 3),
             **_FSDP,

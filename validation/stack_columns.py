@@ -48,6 +48,9 @@ RECOMPUTE_VALUES: dict[str, str] = {"none": "none", "selective": "selective", "f
                                     # torchtitan's per-op selective: the stack says what it keeps
                                     "selective-op": "selective"}
 
+COMPILE_VALUES = ("none", "blocks", "blocks+loss")
+"""`torch_compile` column values (see `perfmodels.stacks.Stack.torch_compile`)."""
+
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
@@ -108,6 +111,10 @@ class StackOptions:
     placement: tuple[str, ...] | None
     unknown: tuple[str, ...]
     """Columns left empty (their options hold every value)."""
+    torch_compile: str | None = None
+    """What torch.compile covered ('none', 'blocks', 'blocks+loss'); None: the stack's default. An
+    optional column: the shared files do not carry it, and a run that leaves it out is scored as its
+    stack runs by default (eager for every preset), not as a median over compile options."""
 
     def trainings(self, global_batch_size: int) -> tuple[Training, ...]:
         """Every Training the run could have used: the product of the training options."""
@@ -117,7 +124,8 @@ class StackOptions:
                 self.overlap_param_gather, self.overlap_tp_comm):
             out.append(Training(global_batch_size=global_batch_size, dtype=dtype, stack=stack,  # type: ignore[arg-type]
                                 attention_dtype=self.attention_dtype, flash_attention=flash,
-                                overlap_grad_reduce=ogr, overlap_param_gather=opg, overlap_tp_comm=otp))
+                                overlap_grad_reduce=ogr, overlap_param_gather=opg, overlap_tp_comm=otp,
+                                torch_compile=self.torch_compile))  # type: ignore[arg-type]
         return tuple(out)
 
 
@@ -184,8 +192,12 @@ def read_stack(row: Mapping[str, str], gpu: GPU) -> StackOptions:
             unknown.append(column)
         flags[column] = _both(value)
 
+    compiled = cell("torch_compile").lower() or None
+    if compiled is not None and compiled not in COMPILE_VALUES:
+        raise ValueError(f"torch_compile={compiled!r} is not one of {list(COMPILE_VALUES)}")
+
     return StackOptions(
-        framework=framework, stacks=stacks, zero_stages=zeros, recomputes=recomputes,
+        torch_compile=compiled, framework=framework, stacks=stacks, zero_stages=zeros, recomputes=recomputes,
         recompute_full_stated=stated_rc == "full", flash_attention=flags["flash_attention"], dtypes=dtypes,
         attention_dtype=attention, overlap_grad_reduce=flags["overlap_grad_reduce"],
         overlap_param_gather=flags["overlap_param_gather"], overlap_tp_comm=flags["tp_comm_overlap"],

@@ -313,9 +313,64 @@ def test_torchtitan_eager_elementwise_traffic_and_loss_memory():
 
 
 def test_h100_96gb_variant_is_the_power_capped_hbm2e_card():
-    """The 96 GB HBM2e H100 at 500 W: 2.4 TB/s and a bf16 peak midway between SXM (989) and NVL (835)."""
+    """The 96 GB HBM2e H100 at 500 W: 2.4 TB/s and the 400 W NVL part's rated peaks (835 bf16, 1670
+    fp8), the low end of the "between SXM and NVL" its users give."""
     g = presets.gpu("H100-96GB")
-    assert (g.memory_gib, g.hbm_bandwidth_GBps, g.peak_tflops_bf16) == (96.0, 2400.0, 912.0)
+    assert (g.memory_gib, g.hbm_bandwidth_GBps, g.peak_tflops_bf16, g.peak_tflops_fp8) == (
+        96.0, 2400.0, 835.0, 1670.0)
+
+
+def test_torch_compile_fuses_block_elementwise_traffic_and_a_compiled_loss_holds_four_bytes():
+    """Compiled blocks stream a fused block's element-wise bytes (torchtitan eager: 2.8x); a compiled
+    cross entropy holds the 16-bit logits and their 16-bit gradient, 2 + 2 = 4 bytes per logit, where
+    torchtitan's eager one holds 12: 8 x s x V bytes less on one GPU at micro-batch 1."""
+    model = presets.model("llama3-8b")
+    plan = Plan(micro_batch_size=1)
+    eager = Training(global_batch_size=8, stack="torchtitan")
+    blocks = Training(global_batch_size=8, stack="torchtitan", torch_compile="blocks")
+    both = Training(global_batch_size=8, stack="torchtitan", torch_compile="blocks+loss")
+    fused = Training(global_batch_size=8, stack=stacks.preset("torchtitan", elementwise_bytes_scale=1.0))
+    assert _compute(model, H100, blocks, plan).memory_fwd_s[0] == pytest.approx(
+        _compute(model, H100, fused, plan).memory_fwd_s[0], rel=1e-12)
+    assert _compute(model, H100, eager, plan).memory_fwd_s[0] > 1.5 * _compute(
+        model, H100, blocks, plan).memory_fwd_s[0]
+    one = presets.cluster("eos", 1)
+    act = {t.torch_compile: predict(model, one, t, plan).memory.activations_gib for t in (eager, blocks, both)}
+    assert act[None] == pytest.approx(act["blocks"], rel=1e-12)
+    assert (act[None] - act["blocks+loss"]) * GIB == pytest.approx(model.seq_length * 128256 * (12.0 - 4.0),
+                                                                   rel=1e-6)
+
+
+def test_loss_parallel_holds_sixteen_bytes_per_logit_of_each_vocabulary_shard():
+    """torchtitan's loss_parallel (DTensor's decomposed fp32 log-softmax) peaks at 16 bytes per logit
+    (saved log-softmax 4, zero-filled gradient 4, exp 4, their sum 4) on each rank's V/G_r shard;
+    without tensor parallelism the eager 12 stays."""
+    model = presets.model("llama3-8b")
+    one, two = presets.cluster("eos", 1), presets.cluster("eos", 2)
+    plan = Plan(G_intra_r=2, micro_batch_size=1, placement=("col", "row", "depth", "data", "inter"))
+    tt = Training(global_batch_size=8, stack="torchtitan")
+    plain = Training(global_batch_size=8, stack=stacks.preset("torchtitan", loss_parallel_bytes_per_logit=None))
+    diff = predict(model, two, tt, plan).memory.activations_gib - predict(model, two, plain, plan).memory.activations_gib
+    assert diff * GIB == pytest.approx(model.seq_length * 128256 / 2 * (16.0 - 12.0), rel=1e-6)
+    solo = Plan(micro_batch_size=1)
+    assert predict(model, one, tt, solo).memory.activations_gib == pytest.approx(
+        predict(model, one, plain, solo).memory.activations_gib, rel=1e-12)
+
+
+def test_dtensor_sequence_parallel_saves_the_gathered_qkv_and_fc1_inputs():
+    """With sequence parallelism over G_r = 4, Megatron keeps the 4 s b h bytes of the QKV and fc1
+    inputs as sequence shards (/4) and all-gathers them again in backward; DTensor's ColwiseParallel
+    (torchtitan) saves the gathered full-sequence inputs: 4 s b h (1 - 1/4) more bytes per layer."""
+    model = presets.model("llama3-8b")
+    arrays = from_plans([Plan(G_intra_r=4, micro_batch_size=2, sequence_parallel=True)])
+    tt = Training(global_batch_size=8, stack="torchtitan")
+    shard = Training(global_batch_size=8, stack=stacks.preset("torchtitan", sp_saves_gathered_inputs=False))
+    s, b, h = model.seq_length, 2, model.hidden_size
+    diff = activation_bytes_per_layer(model, tt, arrays) - activation_bytes_per_layer(model, shard, arrays)
+    assert diff[0] == pytest.approx(4.0 * s * b * h * (1 - 1 / 4), rel=1e-9)
+    no_sp = from_plans([Plan(G_intra_r=4, micro_batch_size=2)])
+    assert activation_bytes_per_layer(model, tt, no_sp)[0] == pytest.approx(
+        activation_bytes_per_layer(model, shard, no_sp)[0], rel=1e-12)
 
 
 def test_pre_hopper_flash_kernels_reach_ampere_rates_times_the_sm_clock_speedup():

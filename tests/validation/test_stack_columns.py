@@ -115,6 +115,19 @@ def test_a_bad_flag_value_is_skipped_naming_the_column(tmp_path: Path):
     assert "tp_comm_overlap='maybe'" in loaded.skipped[0].reason
 
 
+@pytest.mark.parametrize("value", ["none", "blocks", "blocks+loss"])
+def test_torch_compile_column_sets_what_the_compiler_covers(tmp_path: Path, value):
+    training, _ = _one(_case(tmp_path, framework="torchtitan", torch_compile=value))
+    assert training.effective_stack.torch_compile == value
+
+
+def test_an_absent_torch_compile_column_keeps_the_stack_default_and_a_bad_one_is_skipped(tmp_path: Path):
+    training, _ = _one(_case(tmp_path, framework="torchtitan"))
+    assert training.effective_stack.torch_compile == "none"
+    loaded = loader.load([write(tmp_path / "r.csv", row(torch_compile="inductor"))])
+    assert "torch_compile='inductor'" in loaded.skipped[0].reason
+
+
 def test_gpu_memory_column_sets_the_card_and_peak_memory_the_measurement(tmp_path: Path):
     case = _case(tmp_path, gpu_type="H100", gpu_memory_gb="96", peak_memory_gib="61.5")
     assert case.cluster.gpu.memory_gib == 96.0 and not case.card_memory.assumed
