@@ -270,7 +270,8 @@ def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray,
     # activation function on the FFN hidden, bias/reshape of q, k, v
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
     elems = T * (RESIDUAL_PASSES * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
-    mem = elems * e * stack.fused_elementwise_bytes_scale / rate + ELEMENTWISE_KERNELS_PER_BLOCK * curve.overhead_s
+    mem = (elems * e * stack.fused_elementwise_bytes_scale / rate
+           + ELEMENTWISE_KERNELS_PER_BLOCK * curve.overhead_s)
     # layout conversions of stacks that split more than rows (the engine's col/depth axes)
     split_axes = (G_r > 1).astype(float) + (G_c > 1) + (G_d > 1)
     mem = mem * (1.0 + stack.split_axis_memory_passes * split_axes)

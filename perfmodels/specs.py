@@ -469,7 +469,7 @@ class Training:
             value = getattr(self, name)
             if (
                 value is not None
-                and name not in ("zero3_gather", "host_us_per_block", "host_exposed_fraction", "torch_compile")
+                and name not in _NON_BOOL_OVERRIDES
                 and not isinstance(value, bool)
             ):
                 raise ValueError(f"training.{name} must be true, false or null, got {value!r}")
@@ -514,6 +514,7 @@ _STACK_OVERRIDES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_param_gat
                     "flash_attention", "p2p_scatter_gather", "zero3_gather", "host_us_per_block",
                     "host_exposed_fraction", "torch_compile")
 """Training fields that, when set, override the stack's behaviour of the same name."""
+_NON_BOOL_OVERRIDES = ("zero3_gather", "host_us_per_block", "host_exposed_fraction", "torch_compile")
 
 
 @dataclass(frozen=True, kw_only=True)

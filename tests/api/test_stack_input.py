@@ -120,8 +120,9 @@ def test_torch_compile_through_rest_and_cli_shrinks_the_loss_memory(client, caps
     body["training"]["torch_compile"] = "inductor"
     bad = client.post("/v1/predict", json=body)
     assert bad.status_code == 422 and "torch_compile" in bad.text and "inductor" in bad.text
-    args = ["predict", "--model", "llama3-8b", "--cluster", "grand-teton", "--gpus", "8", "--global-batch-size",
-            "16", "--stack", "torchtitan", "--plan", "G_data=8,micro_batch_size=2,zero_stage=3", "--json"]
+    args = ["predict", "--model", "llama3-8b", "--cluster", "grand-teton", "--gpus", "8",
+            "--global-batch-size", "16", "--stack", "torchtitan",
+            "--plan", "G_data=8,micro_batch_size=2,zero_stage=3", "--json"]
     assert main(args) == 0
     cli_eager = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]["memory"]
     assert main([*args, "--torch-compile", "blocks+loss"]) == 0

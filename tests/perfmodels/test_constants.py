@@ -335,7 +335,8 @@ def test_torch_compile_fuses_block_elementwise_traffic_and_a_compiled_loss_holds
     assert _compute(model, H100, eager, plan).memory_fwd_s[0] > 1.5 * _compute(
         model, H100, blocks, plan).memory_fwd_s[0]
     one = presets.cluster("eos", 1)
-    act = {t.torch_compile: predict(model, one, t, plan).memory.activations_gib for t in (eager, blocks, both)}
+    act = {t.torch_compile: predict(model, one, t, plan).memory.activations_gib
+           for t in (eager, blocks, both)}
     assert act[None] == pytest.approx(act["blocks"], rel=1e-12)
     assert (act[None] - act["blocks+loss"]) * GIB == pytest.approx(model.seq_length * 128256 * (12.0 - 4.0),
                                                                    rel=1e-6)
@@ -349,8 +350,10 @@ def test_loss_parallel_holds_sixteen_bytes_per_logit_of_each_vocabulary_shard():
     one, two = presets.cluster("eos", 1), presets.cluster("eos", 2)
     plan = Plan(G_intra_r=2, micro_batch_size=1, placement=("col", "row", "depth", "data", "inter"))
     tt = Training(global_batch_size=8, stack="torchtitan")
-    plain = Training(global_batch_size=8, stack=stacks.preset("torchtitan", loss_parallel_bytes_per_logit=None))
-    diff = predict(model, two, tt, plan).memory.activations_gib - predict(model, two, plain, plan).memory.activations_gib
+    plain = Training(global_batch_size=8,
+                     stack=stacks.preset("torchtitan", loss_parallel_bytes_per_logit=None))
+    diff = (predict(model, two, tt, plan).memory.activations_gib
+            - predict(model, two, plain, plan).memory.activations_gib)
     assert diff * GIB == pytest.approx(model.seq_length * 128256 / 2 * (16.0 - 12.0), rel=1e-6)
     solo = Plan(micro_batch_size=1)
     assert predict(model, one, tt, solo).memory.activations_gib == pytest.approx(
