@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from api import examples
-from perfmodels.stacks import STACK_PRESETS
+from perfmodels.stacks import STACK_PRESETS, TORCH_COMPILE_VALUES
 from tuner.catalog import PLAUSIBLE, plausible_range  # noqa: F401 - api.errors quotes the ranges from here
 from tuner.store import Measurement
 
@@ -288,7 +288,7 @@ class ClusterIn(_In):
 
 StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]
 BytesPerParam = Annotated[float, Field(ge=0, le=64)]
-TorchCompile = Literal["none", "blocks", "blocks+loss"]
+TorchCompile = Literal[TORCH_COMPILE_VALUES]  # type: ignore[valid-type]
 
 
 class StackIn(_In):

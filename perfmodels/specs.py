@@ -460,7 +460,7 @@ class Training:
             _choice("training", "attention_dtype", self.attention_dtype, ("fp32", "tf32", "bf16", "fp16"))
         _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
         if self.torch_compile is not None:
-            _choice("training", "torch_compile", self.torch_compile, ("none", "blocks", "blocks+loss"))
+            _choice("training", "torch_compile", self.torch_compile, stacks.TORCH_COMPILE_VALUES)
         if self.zero3_gather is not None:
             _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
         if self.host_us_per_block is not None:

@@ -28,7 +28,7 @@ precision (bf16/fp16/fp8 compute), before ZeRO sharding, by stack (d = G_data):
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -51,6 +51,8 @@ COMPILED_LOSS_BYTES_PER_LOGIT = 4.0
 log-softmax and NLL into one reduction that saves only its 16-bit input and a per-row logsumexp, and
 writes the 16-bit gradient directly): the saved logits 2 + their gradient 2."""
 TorchCompile = Literal["none", "blocks", "blocks+loss"]
+TORCH_COMPILE_VALUES: tuple[str, ...] = get_args(TorchCompile)
+"""What `Stack.torch_compile` may say (the one list the specs, the loader and the REST schema use)."""
 SelectiveKind = Literal["attention-core", "per-op"]
 
 
@@ -225,7 +227,7 @@ class Stack:
         if self.flash_kernel not in ("native", "pre-hopper"):
             raise ValueError(
                 f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
-        if self.torch_compile not in ("none", "blocks", "blocks+loss"):
+        if self.torch_compile not in TORCH_COMPILE_VALUES:
             raise ValueError(f"stack.torch_compile must be 'none', 'blocks' or 'blocks+loss', "
                              f"got {self.torch_compile!r}")
         if self.zero3_gather not in ("layer", "tensor"):

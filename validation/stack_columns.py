@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfmodels.specs import GPU, Training
+from perfmodels.stacks import TORCH_COMPILE_VALUES
 
 FRAMEWORK_STACKS: dict[str, str] = {
     "megatron-lm": "megatron-lm",
@@ -47,9 +48,6 @@ RANK_ORDER: dict[str, tuple[str, ...] | None] = {
 RECOMPUTE_VALUES: dict[str, str] = {"none": "none", "selective": "selective", "full": "full",
                                     # torchtitan's per-op selective: the stack says what it keeps
                                     "selective-op": "selective"}
-
-COMPILE_VALUES = ("none", "blocks", "blocks+loss")
-"""`torch_compile` column values (see `perfmodels.stacks.Stack.torch_compile`)."""
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
@@ -193,8 +191,8 @@ def read_stack(row: Mapping[str, str], gpu: GPU) -> StackOptions:
         flags[column] = _both(value)
 
     compiled = cell("torch_compile").lower() or None
-    if compiled is not None and compiled not in COMPILE_VALUES:
-        raise ValueError(f"torch_compile={compiled!r} is not one of {list(COMPILE_VALUES)}")
+    if compiled is not None and compiled not in TORCH_COMPILE_VALUES:
+        raise ValueError(f"torch_compile={compiled!r} is not one of {list(TORCH_COMPILE_VALUES)}")
 
     return StackOptions(
         torch_compile=compiled, framework=framework, stacks=stacks, zero_stages=zeros, recomputes=recomputes,
