@@ -35,7 +35,7 @@ from perfmodels.io import (
     training_from_dict,
 )
 from perfmodels.specs import Cluster, Model, Training
-from perfmodels.stacks import DEFAULT_STACK, STACK_PRESETS
+from perfmodels.stacks import DEFAULT_STACK, STACK_PRESETS, TORCH_COMPILE_VALUES
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -95,7 +95,7 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     )
     g.add_argument("--no-overlap-param-gather", action="store_true",
                    help="ZeRO-3 fetches parameters on demand instead of prefetching")
-    g.add_argument("--torch-compile", choices=["none", "blocks", "blocks+loss"],
+    g.add_argument("--torch-compile", choices=TORCH_COMPILE_VALUES,
                    help="what torch.compile covers: fused element-wise traffic in compiled blocks, a "
                    "4-byte-per-logit loss when the loss is compiled (default: the stack's, eager)")
 

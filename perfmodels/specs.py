@@ -451,7 +451,7 @@ class Training:
     zero3_gather: Literal["layer", "tensor"] | None = None
     host_us_per_block: float | None = None
     host_exposed_fraction: float | None = None
-    torch_compile: Literal["none", "blocks", "blocks+loss"] | None = None
+    torch_compile: stacks.TorchCompile | None = None
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)

@@ -228,7 +228,7 @@ class Stack:
             raise ValueError(
                 f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
         if self.torch_compile not in TORCH_COMPILE_VALUES:
-            raise ValueError(f"stack.torch_compile must be 'none', 'blocks' or 'blocks+loss', "
+            raise ValueError(f"stack.torch_compile must be one of {list(TORCH_COMPILE_VALUES)}, "
                              f"got {self.torch_compile!r}")
         if self.zero3_gather not in ("layer", "tensor"):
             raise ValueError(f"stack.zero3_gather must be 'layer' or 'tensor', got {self.zero3_gather!r}")
