@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from api import examples
-from perfmodels.stacks import STACK_PRESETS, TORCH_COMPILE_VALUES
+from perfmodels.stacks import FLASH_KERNEL_VALUES, STACK_PRESETS, TORCH_COMPILE_VALUES
 from tuner.catalog import PLAUSIBLE, plausible_range  # noqa: F401 - api.errors quotes the ranges from here
 from tuner.store import Measurement
 
@@ -289,6 +289,7 @@ class ClusterIn(_In):
 StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]
 BytesPerParam = Annotated[float, Field(ge=0, le=64)]
 TorchCompile = Literal[TORCH_COMPILE_VALUES]  # type: ignore[valid-type]
+FlashKernel = Literal[FLASH_KERNEL_VALUES]  # type: ignore[valid-type]
 
 
 class StackIn(_In):
@@ -302,6 +303,7 @@ class StackIn(_In):
     zero2_grad_reduce: Literal["per_step", "per_microbatch"] | None = None
     zero3_gather: Literal["layer", "tensor"] | None = None
     flash_attention: bool | None = None
+    flash_kernel: FlashKernel | None = None
     selective_recompute: Literal["attention-core", "per-op"] | None = None
     host_us_per_block: Latency | None = None
     host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -352,6 +354,7 @@ class TrainingIn(_In):
     host_us_per_block: Latency | None = None
     host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
     torch_compile: TorchCompile | None = None
+    flash_kernel: FlashKernel | None = None
 
 
 class PlanIn(_In):

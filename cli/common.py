@@ -35,7 +35,7 @@ from perfmodels.io import (
     training_from_dict,
 )
 from perfmodels.specs import Cluster, Model, Training
-from perfmodels.stacks import DEFAULT_STACK, STACK_PRESETS, TORCH_COMPILE_VALUES
+from perfmodels.stacks import DEFAULT_STACK, FLASH_KERNEL_VALUES, STACK_PRESETS, TORCH_COMPILE_VALUES
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -98,6 +98,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     g.add_argument("--torch-compile", choices=TORCH_COMPILE_VALUES,
                    help="what torch.compile covers: fused element-wise traffic in compiled blocks, a "
                    "4-byte-per-logit loss when the loss is compiled (default: the stack's, eager)")
+    g.add_argument("--flash-kernel", choices=FLASH_KERNEL_VALUES,
+                   help="the fused attention kernel: native to the GPU (cuDNN, FlashAttention-3) or "
+                   "pre-hopper (FlashAttention-2, PyTorch SDPA's flash backend; slower on H100/H200) "
+                   "(default: the stack's)")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -220,6 +224,7 @@ def training_from_args(args: argparse.Namespace) -> Training:
         "zero3_gather": args.zero3_gather,
         "overlap_param_gather": False if args.no_overlap_param_gather else None,
         "torch_compile": getattr(args, "torch_compile", None),
+        "flash_kernel": getattr(args, "flash_kernel", None),
     })
 
 

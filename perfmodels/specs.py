@@ -452,6 +452,7 @@ class Training:
     host_us_per_block: float | None = None
     host_exposed_fraction: float | None = None
     torch_compile: stacks.TorchCompile | None = None
+    flash_kernel: stacks.FlashKernel | None = None
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
@@ -461,6 +462,8 @@ class Training:
         _choice("training", "optimizer", self.optimizer, ("adam", "adamw", "sgd"))
         if self.torch_compile is not None:
             _choice("training", "torch_compile", self.torch_compile, stacks.TORCH_COMPILE_VALUES)
+        if self.flash_kernel is not None:
+            _choice("training", "flash_kernel", self.flash_kernel, stacks.FLASH_KERNEL_VALUES)
         if self.zero3_gather is not None:
             _choice("training", "zero3_gather", self.zero3_gather, ("layer", "tensor"))
         if self.host_us_per_block is not None:
@@ -512,9 +515,10 @@ class Training:
 
 _STACK_OVERRIDES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_param_gather", "overlap_depth_comm",
                     "flash_attention", "p2p_scatter_gather", "zero3_gather", "host_us_per_block",
-                    "host_exposed_fraction", "torch_compile")
+                    "host_exposed_fraction", "torch_compile", "flash_kernel")
 """Training fields that, when set, override the stack's behaviour of the same name."""
-_NON_BOOL_OVERRIDES = ("zero3_gather", "host_us_per_block", "host_exposed_fraction", "torch_compile")
+_NON_BOOL_OVERRIDES = ("zero3_gather", "host_us_per_block", "host_exposed_fraction", "torch_compile",
+                       "flash_kernel")
 
 
 @dataclass(frozen=True, kw_only=True)

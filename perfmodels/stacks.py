@@ -53,6 +53,9 @@ writes the 16-bit gradient directly): the saved logits 2 + their gradient 2."""
 TorchCompile = Literal["none", "blocks", "blocks+loss"]
 TORCH_COMPILE_VALUES: tuple[str, ...] = get_args(TorchCompile)
 """What `Stack.torch_compile` may say (the one list the specs, the loader and the REST schema use)."""
+FlashKernel = Literal["native", "pre-hopper"]
+FLASH_KERNEL_VALUES: tuple[str, ...] = get_args(FlashKernel)
+"""What `Stack.flash_kernel` may say (the one list the specs, the loader, the CLI and the REST schema use)."""
 SelectiveKind = Literal["attention-core", "per-op"]
 
 
@@ -87,7 +90,14 @@ class Stack:
       preset's flash efficiencies: cuDNN / Transformer Engine, PyTorch SDPA as measured), "pre-hopper"
       when it was written for Ampere and so on Hopper reaches only what its mma.sync instructions
       allow (`perfmodels.compute.flash_rates`): MPT's Triton FlashAttention as LLM
-      Foundry ran it in 2023.
+      Foundry ran it in 2023, and FlashAttention-2, which PyTorch's SDPA runs as its flash backend.
+      SDPA on Hopper picked FlashAttention-2 before cuDNN attention (a Hopper kernel): cuDNN was made
+      opt-in in torch 2.5.1 (pytorch/pytorch#138522; #142132 shows a December 2024 nightly's default
+      SDPA at 329 TFLOP/s on an H100 where cuDNN ran 631) until torch 2.9 made it the default on sm90
+      (#162073). torchtitan pinned the order itself: flash first, with cuDNN only on B200 at e7c0cae
+      (June 2025, `ScaledDotProductAttention._init_backend`); cuDNN first on every GPU from
+      September 2025. So a 2024-25 torchtitan run on an H100 or H200 ran a pre-Hopper kernel, a
+      current one a native kernel (the preset's default); say which with `Training.flash_kernel`.
     - `selective_recompute`: what `recompute="selective"` means: "attention-core" (Megatron:
       recompute the softmax/dropout over the scores; nothing to do once attention is fused) or
       "per-op" (torchtitan's op-level policy: keep matmul and attention outputs, recompute the
@@ -174,7 +184,7 @@ class Stack:
     zero2_grad_reduce: GradReduceTiming = "per_step"
     zero3_gather: Literal["layer", "tensor"] = "layer"
     flash_attention: bool = True
-    flash_kernel: Literal["native", "pre-hopper"] = "native"
+    flash_kernel: FlashKernel = "native"
     selective_recompute: SelectiveKind = "attention-core"
     host_us_per_block: float | None = None
     host_exposed_fraction: float = 0.0
@@ -224,9 +234,9 @@ class Stack:
         if self.zero2_grad_reduce not in ("per_step", "per_microbatch"):
             raise ValueError(f"stack.zero2_grad_reduce must be 'per_step' or 'per_microbatch', "
                              f"got {self.zero2_grad_reduce!r}")
-        if self.flash_kernel not in ("native", "pre-hopper"):
+        if self.flash_kernel not in FLASH_KERNEL_VALUES:
             raise ValueError(
-                f"stack.flash_kernel must be 'native' or 'pre-hopper', got {self.flash_kernel!r}")
+                f"stack.flash_kernel must be one of {list(FLASH_KERNEL_VALUES)}, got {self.flash_kernel!r}")
         if self.torch_compile not in TORCH_COMPILE_VALUES:
             raise ValueError(f"stack.torch_compile must be one of {list(TORCH_COMPILE_VALUES)}, "
                              f"got {self.torch_compile!r}")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfmodels.specs import GPU, Training
-from perfmodels.stacks import TORCH_COMPILE_VALUES
+from perfmodels.stacks import FLASH_KERNEL_VALUES, TORCH_COMPILE_VALUES
 
 FRAMEWORK_STACKS: dict[str, str] = {
     "megatron-lm": "megatron-lm",
@@ -113,6 +113,11 @@ class StackOptions:
     """What torch.compile covered ('none', 'blocks', 'blocks+loss'); None: the stack's default. An
     optional column: the shared files do not carry it, and a run that leaves it out is scored as its
     stack runs by default (eager for every preset), not as a median over compile options."""
+    flash_kernel: str | None = None
+    """Which fused attention kernel ran ('native' to the GPU, or 'pre-hopper': FlashAttention-2 or
+    an Ampere-era Triton kernel); None: the stack's default. Optional like `torch_compile`: what a
+    stack's attention runs on depends on its version (see `perfmodels.stacks.Stack.flash_kernel`), so
+    a file states it where the run's versions document it."""
 
     def trainings(self, global_batch_size: int) -> tuple[Training, ...]:
         """Every Training the run could have used: the product of the training options."""
@@ -123,7 +128,8 @@ class StackOptions:
             out.append(Training(global_batch_size=global_batch_size, dtype=dtype, stack=stack,  # type: ignore[arg-type]
                                 attention_dtype=self.attention_dtype, flash_attention=flash,
                                 overlap_grad_reduce=ogr, overlap_param_gather=opg, overlap_tp_comm=otp,
-                                torch_compile=self.torch_compile))  # type: ignore[arg-type]
+                                torch_compile=self.torch_compile,  # type: ignore[arg-type]
+                                flash_kernel=self.flash_kernel))  # type: ignore[arg-type]
         return tuple(out)
 
 
@@ -193,9 +199,13 @@ def read_stack(row: Mapping[str, str], gpu: GPU) -> StackOptions:
     compiled = cell("torch_compile").lower() or None
     if compiled is not None and compiled not in TORCH_COMPILE_VALUES:
         raise ValueError(f"torch_compile={compiled!r} is not one of {list(TORCH_COMPILE_VALUES)}")
+    kernel = cell("flash_kernel").lower() or None
+    if kernel is not None and kernel not in FLASH_KERNEL_VALUES:
+        raise ValueError(f"flash_kernel={kernel!r} is not one of {list(FLASH_KERNEL_VALUES)}")
 
     return StackOptions(
-        torch_compile=compiled, framework=framework, stacks=stacks, zero_stages=zeros, recomputes=recomputes,
+        torch_compile=compiled, flash_kernel=kernel, framework=framework, stacks=stacks, zero_stages=zeros,
+        recomputes=recomputes,
         recompute_full_stated=stated_rc == "full", flash_attention=flags["flash_attention"], dtypes=dtypes,
         attention_dtype=attention, overlap_grad_reduce=flags["overlap_grad_reduce"],
         overlap_param_gather=flags["overlap_param_gather"], overlap_tp_comm=flags["tp_comm_overlap"],

@@ -130,3 +130,35 @@ def test_torch_compile_through_rest_and_cli_shrinks_the_loss_memory(client, caps
     model = presets.model("llama3-8b")
     saved = 8192 * 2 * model.vocab_size * (12 - 4) / 2**30
     assert abs(cli_eager["activations_gib"] - cli_comp["activations_gib"] - saved) < 1e-6
+
+
+def test_flash_kernel_through_rest_and_cli_matches_perfmodels(client, capsys):
+    """`training.flash_kernel` / `training.stack.flash_kernel` (REST) and `--flash-kernel` (CLI): a
+    pre-Hopper kernel (FlashAttention-2, what SDPA ran on H100 in 2024-25) makes an H100 step slower,
+    by exactly what perfmodels predicts; a bad value is a 422 naming field and value."""
+    body = copy.deepcopy(examples.PREDICT)
+    body["training"] = {**body["training"], "stack": "torchtitan"}
+    body["cluster"] = {"preset": "eos", "num_gpus": 1024}  # H100s: on an A100 both kernels are native
+    native = client.post("/v1/predict", json=body)
+    body["training"]["flash_kernel"] = "pre-hopper"
+    fa2 = client.post("/v1/predict", json=body)
+    body["training"]["flash_kernel"] = None
+    body["training"]["stack"] = {"name": "torchtitan", "flash_kernel": "pre-hopper"}
+    fa2_stack = client.post("/v1/predict", json=body)
+    for r in (native, fa2, fa2_stack):
+        assert r.status_code == 200, r.text
+    assert fa2.json()["iteration_time_s"] > native.json()["iteration_time_s"]
+    assert fa2_stack.json()["iteration_time_s"] == fa2.json()["iteration_time_s"]
+    body["training"]["stack"] = "torchtitan"
+    body["training"]["flash_kernel"] = "fa3"
+    bad = client.post("/v1/predict", json=body)
+    assert bad.status_code == 422 and "flash_kernel" in bad.text and "fa3" in bad.text
+    args = ["predict", "--model", "llama3-8b", "--cluster", "grand-teton", "--gpus", "8",
+            "--global-batch-size", "16", "--stack", "torchtitan",
+            "--plan", "G_data=8,micro_batch_size=2,zero_stage=3,recompute=selective", "--json"]
+    assert main([*args, "--flash-kernel", "pre-hopper"]) == 0
+    cli = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]["iteration_time_s"]
+    want = predict(presets.model("llama3-8b"), presets.cluster("grand-teton", 8),
+                   Training(global_batch_size=16, stack="torchtitan", flash_kernel="pre-hopper"),
+                   Plan(G_data=8, micro_batch_size=2, zero_stage=3, recompute="selective"))
+    assert abs(cli - want.iteration_time_s) < 1e-9

@@ -313,11 +313,11 @@ def test_torchtitan_eager_elementwise_traffic_and_loss_memory():
 
 
 def test_h100_96gb_variant_is_the_power_capped_hbm2e_card():
-    """The 96 GB HBM2e H100 at 500 W: 2.4 TB/s and the 400 W NVL part's rated peaks (835 bf16, 1670
-    fp8), the low end of the "between SXM and NVL" its users give."""
+    """The 96 GB HBM2e H100 at 500 W: 2.4 TB/s and the midpoint of the "between SXM and NVL" its users
+    give: (989 + 835) / 2 = 912 bf16, twice that in fp8."""
     g = presets.gpu("H100-96GB")
     assert (g.memory_gib, g.hbm_bandwidth_GBps, g.peak_tflops_bf16, g.peak_tflops_fp8) == (
-        96.0, 2400.0, 835.0, 1670.0)
+        96.0, 2400.0, (989.0 + 835.0) / 2, 989.0 + 835.0)
 
 
 def test_torch_compile_fuses_block_elementwise_traffic_and_a_compiled_loss_holds_four_bytes():
@@ -391,6 +391,28 @@ def test_pre_hopper_flash_kernels_reach_ampere_rates_times_the_sm_clock_speedup(
     assert flash_rates(A100, old, 312e12) == pytest.approx((0.45 * 312e12, 0.35 * 312e12))
     assert stacks.preset("fsdp").flash_kernel == "pre-hopper"
     assert stacks.preset("torchtitan").flash_kernel == "native"
+
+
+def test_training_flash_kernel_states_which_kernel_ran_and_costs_attention_by_hand():
+    """`Training(flash_kernel=...)` overrides the stack's kernel (a torchtitan run of 2024-25 ran SDPA's
+    FlashAttention-2 on Hopper). Llama 3 8B on one H100, b = 2, s = 8192: causal attention FLOPs per
+    block forward 4 b s^2 d h / 2 (d h = 4096), forward at 241 instead of 445 TFLOP/s, backward 2.5x
+    at 187 instead of 396. A bad value names the field."""
+    model = presets.model("llama3-8b")
+    plan = Plan(micro_batch_size=2)
+    native = Training(global_batch_size=2, stack="torchtitan")
+    fa2 = Training(global_batch_size=2, stack="torchtitan", flash_kernel="pre-hopper")
+    assert (native.effective_stack.flash_kernel, fa2.effective_stack.flash_kernel) == ("native", "pre-hopper")
+    speedup = (132 / 108) * (1.98 / 1.41)
+    flops = 4 * 2 * 8192 * 8192 * 4096 / 2
+    a, b = _compute(model, H100, native, plan), _compute(model, H100, fa2, plan)
+    want_fwd = flops / (0.45 * 312e12 * speedup) - flops / (0.45 * 989e12)
+    per_block = (b.attention_fwd_s[0] - a.attention_fwd_s[0]) / model.num_layers  # the stage's 32 blocks
+    assert per_block == pytest.approx(want_fwd, rel=1e-9)
+    want_bwd = 2.5 * flops * (1 / (0.35 * 312e12 * speedup) - 1 / (0.40 * 989e12))
+    assert (b.bwd_s[0] - a.bwd_s[0]) / model.num_layers == pytest.approx(want_bwd, rel=1e-9)
+    with pytest.raises(ValueError, match=r"flash_kernel.*'fa3'"):
+        Training(global_batch_size=2, flash_kernel="fa3")  # type: ignore[arg-type]
 
 
 def test_fp8_saved_inputs_are_one_byte_under_transformer_engine_and_16_bit_under_torchao():

@@ -146,3 +146,17 @@ def test_sequence_parallel_virtual_stages_and_micro_batch_columns(tmp_path: Path
     _, plan = _one(_case(tmp_path, sequence_parallel="true", virtual_pp="3", micro_batch_size="2"))
     assert (plan.sequence_parallel, plan.virtual_stages, plan.schedule, plan.micro_batch_size) == (
         True, 3, "interleaved-1f1b", 2)
+
+
+@pytest.mark.parametrize("framework, value", [("torchtitan", "pre-hopper"), ("torchtitan", "native"),
+                                              ("fsdp", "native")])
+def test_flash_kernel_column_states_the_attention_kernel(tmp_path: Path, framework, value):
+    training, _ = _one(_case(tmp_path, framework=framework, flash_kernel=value))
+    assert training.effective_stack.flash_kernel == value
+
+
+def test_an_absent_flash_kernel_column_keeps_the_stack_default_and_a_bad_one_is_skipped(tmp_path: Path):
+    assert _one(_case(tmp_path, framework="torchtitan"))[0].effective_stack.flash_kernel == "native"
+    assert _one(_case(tmp_path, framework="fsdp"))[0].effective_stack.flash_kernel == "pre-hopper"
+    loaded = loader.load([write(tmp_path / "r.csv", row(flash_kernel="fa3"))])
+    assert "flash_kernel='fa3'" in loaded.skipped[0].reason
