@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # (target, current value, mutated value). Targets: "module:NAME", "module:NAME[key]",
-# "gpu:PRESET:field", "stack:PRESET:field".
+# "gpu:PRESET:field", "stack:PRESET:field", "cluster:PRESET:busbw_scale" (its measured collectives).
 MUTATIONS: list[tuple[str, float, float]] = [
     ("perfmodels.steptime:DP_OVERLAP_TAIL", 0.1, 0.6),
     ("perfmodels.steptime:PREFETCH_COVER", 0.8, 0.2),
@@ -73,6 +73,7 @@ MUTATIONS: list[tuple[str, float, float]] = [
     ("perfmodels.compute:AMPERE_SM_CLOCK_SPEEDUP_ON_HOPPER", (132 / 108) * (1.98 / 1.41), 1.0),
     ("gpu:B200:gemm_efficiency_fp8", 0.70 * 0.50 / 0.62, 0.70),
     ("gpu:GB200:peak_tflops_bf16", 2500.0, 2250.0),
+    ("cluster:vtrain-a100:busbw_scale", 1.0, 0.66),
 ]
 
 PLUGIN = '''
@@ -91,6 +92,13 @@ def pytest_configure(config):
         for ckey, cl in list(presets._CLUSTERS.items()):
             if cl.gpu.name == new.name:
                 presets._CLUSTERS[ckey] = dataclasses.replace(cl, gpu=new)
+    elif kind == "cluster":  # scale the bus bandwidth of every measured collective of a cluster preset
+        from perfmodels import presets
+        name, _ = rest.split(":")
+        cl = presets._CLUSTERS[name]
+        fits = tuple(dataclasses.replace(f, busbw_GBps=f.busbw_GBps * value) for f in cl.profile.collectives)
+        presets._CLUSTERS[name] = dataclasses.replace(
+            cl, profile=dataclasses.replace(cl.profile, collectives=fits))
     elif kind == "stack":
         from perfmodels import stacks
         name, field = rest.split(":")

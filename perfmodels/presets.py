@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from perfmodels.specs import GPU, Cluster, Model
+from perfmodels.specs import GPU, Cluster, CollectiveFit, Model, Profile
 
 # --------------------------------------------------------------------------------------------
 # GPUs (dense peak TFLOP/s; memory as sold; HBM bandwidth GB/s)
@@ -133,6 +133,24 @@ def gpu_names() -> list[str]:
 # Clusters (num_gpus is a default; callers replace it with the size they plan for)
 # --------------------------------------------------------------------------------------------
 
+VTRAIN_A100_ALL_REDUCE: tuple[tuple[int, float, float], ...] = (
+    (2, 23.7, 193.1), (3, 14.0, 209.7), (4, 14.6, 219.0), (5, 10.4, 222.6), (6, 11.8, 224.9),
+    (7, 12.4, 226.6), (8, 13.6, 227.7),
+)
+"""(GPUs, alpha us, bus GB/s) of NCCL all-reduce inside one node of the vTrain paper's A100 cluster: the
+nccl-tests tables the vTrain repository ships with its simulator (VIA-Research/vTrain f8dda84,
+trace/a100/AR_GPU{2..8}_1M_1024M_LUT: all_reduce_perf, fp32, 1 MiB to 1 GiB in 1 MiB steps, 1,024
+sizes each), fitted by `perfmodels.fitting.fit_alpha_beta` on the out-of-place times (r2 >= 0.998).
+The simulator costs its tensor-parallel all-reduces from these same tables; its configs' 150 GB/s is
+only used for groups larger than a node."""
+
+
+def _vtrain_a100_profile() -> Profile:
+    return Profile(profile_id="vtrain-a100-nccl-tests", collectives=tuple(
+        CollectiveFit(op="all_reduce", level="intra", group_size=g, alpha_us=alpha, busbw_GBps=bw)
+        for g, alpha, bw in VTRAIN_A100_ALL_REDUCE))
+
+
 
 def _cluster(name: str, gpu_name: str, gpus_per_node: int, intra: float, inter: float, num_gpus: int,
              **extra: object) -> Cluster:
@@ -154,9 +172,11 @@ _CLUSTERS: dict[str, Cluster] = {
         # CSCS Alps: 4x GH200 per node, NVLink4, 4x Slingshot-11 (25 GB/s each).
         _cluster("alps", "GH200", 4, 450.0, 25.0, 10752),
         # The A100 cluster of the vTrain paper (MICRO'24): 8 GPUs per node, NVLink, 800 Gb/s per
-        # node of InfiniBand (its configs: intra 150 GB/s, inter 800 Gb/s, node size 8).
-        # Its 150 GB/s is the achieved total, so it is taken as bus bandwidth (efficiency 1).
-        _cluster("vtrain-a100", "A100-80GB", 8, 150.0, 12.5, 512, link_efficiency_intra=1.0),
+        # node of InfiniBand (its configs: intra 150 GB/s, inter 800 Gb/s, node size 8). Its in-node
+        # all-reduces are the ones measured there (`VTRAIN_A100_ALL_REDUCE`, 193-228 GB/s bus
+        # bandwidth); 150 GB/s at efficiency 1 stays for what those tables do not cover.
+        _cluster("vtrain-a100", "A100-80GB", 8, 150.0, 12.5, 512, link_efficiency_intra=1.0,
+                 profile=_vtrain_a100_profile()),
         # DGX-2 (16x V100-32GB, NVSwitch 150 GB/s per direction, 8x EDR 100 Gb/s).
         _cluster("dgx2-v100", "V100-32GB", 16, 150.0, 6.25, 512),
         # A DGX-1-like V100-16GB cluster on 100 Gb/s InfiniBand per node (OneFlow DLPerf's).

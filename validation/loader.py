@@ -70,7 +70,9 @@ def load(paths: Iterable[Path]) -> Loaded:
 
 
 def load_file(path: Path) -> Loaded:
-    with open(path, newline="") as fh:
+    # utf-8-sig: vTrain's ground_truth_single.csv (and any spreadsheet export) starts with a byte-order
+    # mark, which would otherwise become part of the first column's name
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         header = fh.readline()
     make = _vtrain_case if "iteration time (ms)" in header else _published_case
     return _load_rows(path, make)
@@ -78,7 +80,7 @@ def load_file(path: Path) -> Loaded:
 
 def _load_rows(path: Path, make_case: Callable[[str, Mapping[str, str]], Case]) -> Loaded:
     out = Loaded()
-    with open(path, newline="") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         for i, row in enumerate(csv.DictReader(fh)):
             cid = f"{path.name}:{i + 2}"
             try:

@@ -73,6 +73,12 @@ def test_single_node_vtrain_layout_and_bad_rows(tmp_path: Path):
     assert (plan.G_intra_r, plan.G_data, plan.G_inter, plan.micro_batch_size) == (8, 1, 1, 1)
     assert case.measured_time_s == pytest.approx(0.815840026)
     assert [s.case_id for s in loaded.skipped] == ["single.csv:3"]
+    # vTrain's own ground_truth_single.csv starts with a UTF-8 byte-order mark: the same rows load
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + single.read_bytes())
+    again = loader.load([bom])
+    assert [c.measured_time_s for c in again.cases] == [case.measured_time_s]
+    assert [s.case_id for s in again.skipped] == ["bom.csv:3"]
 
 
 # --- no rule keyed to the source, year or notes
