@@ -105,6 +105,22 @@ def test_search_tries_sequence_parallelism_where_the_stack_has_it():
     assert not any(c.plan.sequence_parallel for c in ours.candidates)  # the engine has none
 
 
+_LLAMA_ON_GRAND_TETON = ["predict", "--model", "llama3-8b", "--cluster", "grand-teton", "--gpus", "8",
+                         "--global-batch-size", "16", "--stack", "torchtitan", "--json"]
+
+
+def _cli_prediction(capsys, plan: str, *flags: str) -> dict:
+    """`gridtune predict --json` for Llama 3 8B on 8 Grand Teton H100s under torchtitan: its prediction."""
+    assert main([*_LLAMA_ON_GRAND_TETON, "--plan", plan, *flags]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]
+
+
+def _assert_422_names(client, body: dict, field: str, value: str) -> None:
+    body["training"][field] = value
+    bad = client.post("/v1/predict", json=body)
+    assert bad.status_code == 422 and field in bad.text and value in bad.text
+
+
 def test_torch_compile_through_rest_and_cli_shrinks_the_loss_memory(client, capsys):
     """`training.torch_compile` (REST) and `--torch-compile` (CLI): compiled blocks run faster, and a
     compiled loss holds 4 bytes per logit where torchtitan's eager one holds 12 (8 x s x b x V bytes
@@ -117,16 +133,10 @@ def test_torch_compile_through_rest_and_cli_shrinks_the_loss_memory(client, caps
     assert eager.status_code == 200 and compiled.status_code == 200, (eager.text, compiled.text)
     # compiled blocks stream fused element-wise bytes: the example's step is faster
     assert compiled.json()["iteration_time_s"] < eager.json()["iteration_time_s"]
-    body["training"]["torch_compile"] = "inductor"
-    bad = client.post("/v1/predict", json=body)
-    assert bad.status_code == 422 and "torch_compile" in bad.text and "inductor" in bad.text
-    args = ["predict", "--model", "llama3-8b", "--cluster", "grand-teton", "--gpus", "8",
-            "--global-batch-size", "16", "--stack", "torchtitan",
-            "--plan", "G_data=8,micro_batch_size=2,zero_stage=3", "--json"]
-    assert main(args) == 0
-    cli_eager = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]["memory"]
-    assert main([*args, "--torch-compile", "blocks+loss"]) == 0
-    cli_comp = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]["memory"]
+    _assert_422_names(client, body, "torch_compile", "inductor")
+    plan = "G_data=8,micro_batch_size=2,zero_stage=3"
+    cli_eager = _cli_prediction(capsys, plan)["memory"]
+    cli_comp = _cli_prediction(capsys, plan, "--torch-compile", "blocks+loss")["memory"]
     model = presets.model("llama3-8b")
     saved = 8192 * 2 * model.vocab_size * (12 - 4) / 2**30
     assert abs(cli_eager["activations_gib"] - cli_comp["activations_gib"] - saved) < 1e-6
@@ -150,14 +160,9 @@ def test_flash_kernel_through_rest_and_cli_matches_perfmodels(client, capsys):
     assert fa2.json()["iteration_time_s"] > native.json()["iteration_time_s"]
     assert fa2_stack.json()["iteration_time_s"] == fa2.json()["iteration_time_s"]
     body["training"]["stack"] = "torchtitan"
-    body["training"]["flash_kernel"] = "fa3"
-    bad = client.post("/v1/predict", json=body)
-    assert bad.status_code == 422 and "flash_kernel" in bad.text and "fa3" in bad.text
-    args = ["predict", "--model", "llama3-8b", "--cluster", "grand-teton", "--gpus", "8",
-            "--global-batch-size", "16", "--stack", "torchtitan",
-            "--plan", "G_data=8,micro_batch_size=2,zero_stage=3,recompute=selective", "--json"]
-    assert main([*args, "--flash-kernel", "pre-hopper"]) == 0
-    cli = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]["iteration_time_s"]
+    _assert_422_names(client, body, "flash_kernel", "fa3")
+    plan = "G_data=8,micro_batch_size=2,zero_stage=3,recompute=selective"
+    cli = _cli_prediction(capsys, plan, "--flash-kernel", "pre-hopper")["iteration_time_s"]
     want = predict(presets.model("llama3-8b"), presets.cluster("grand-teton", 8),
                    Training(global_batch_size=16, stack="torchtitan", flash_kernel="pre-hopper"),
                    Plan(G_data=8, micro_batch_size=2, zero_stage=3, recompute="selective"))
