@@ -57,3 +57,21 @@ def test_no_usable_row_exits_1_naming_the_options(tmp_path: Path, capsys):
 def test_a_missing_extra_csv_is_named(tmp_path: Path, capsys):
     assert _bench().main(["--csv", str(tmp_path / "absent.csv")]) == 1
     assert "absent.csv" in capsys.readouterr().err
+
+
+def test_vtrain_residuals_starts_from_the_ranking_validate_published_reports(capsys):
+    """bench/vtrain_residuals.py: its unweighted line is the model as validate_published scores the same
+    vTrain groups (Spearman and the measured best's predicted rank)."""
+    from validation import loader, summary
+    from validation.scoring import score_case
+
+    spec = importlib.util.spec_from_file_location("vtrain_residuals", ROOT / "bench" / "vtrain_residuals.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = mod.runs()
+    got = mod.ranking(d, d["predicted"].to_numpy())
+    cases = loader.load([loader.DATA_DIR / "vtrain_multi.csv"]).cases
+    groups = summary.ranking_groups([(c, score_case(c)) for c in cases])
+    want = {g.group.split()[1]: (g.spearman, g.measured_best_predicted_rank) for g in groups}
+    assert {k: (round(r, 6), b) for k, (r, b) in got.items()} == {
+        k: (round(r, 6), b) for k, (r, b) in want.items()}
