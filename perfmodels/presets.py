@@ -65,7 +65,7 @@ _GPUS: dict[str, GPU] = {
         # 2.4 TB/s, and the power cap lowers tensor-core clocks; its users (torchtitan's 2024 benchmarks)
         # place its real peak "between SXM and NVL" (989 and 835 TFLOP/s), so the midpoint is taken.
         # (Its users' runs looked ~10% slower than the midpoint until their attention kernel was stated:
-        # SDPA ran FlashAttention-2 there, `Stack.flash_kernel`; they now sit within -2..+3%.)
+        # SDPA ran FlashAttention-2 there, `Stack.flash_kernel`; they now sit within -4..+3%.)
         GPU(name="H100-96GB", peak_tflops_fp32=61.0, peak_tflops_tf32=456.0, peak_tflops_bf16=912.0,
             peak_tflops_fp16=912.0, peak_tflops_fp8=1824.0, memory_gib=96.0, hbm_bandwidth_GBps=2400.0,
             gemm_efficiency_max=HOPPER_GEMM, gemm_efficiency_fp8=HOPPER_FP8_GEMM, **HOPPER_FLASH),
@@ -149,7 +149,6 @@ def _vtrain_a100_profile() -> Profile:
     return Profile(profile_id="vtrain-a100-nccl-tests", collectives=tuple(
         CollectiveFit(op="all_reduce", level="intra", group_size=g, alpha_us=alpha, busbw_GBps=bw)
         for g, alpha, bw in VTRAIN_A100_ALL_REDUCE))
-
 
 
 def _cluster(name: str, gpu_name: str, gpus_per_node: int, intra: float, inter: float, num_gpus: int,

@@ -92,12 +92,13 @@ class Stack:
       allow (`perfmodels.compute.flash_rates`): MPT's Triton FlashAttention as LLM
       Foundry ran it in 2023, and FlashAttention-2, which PyTorch's SDPA runs as its flash backend.
       SDPA on Hopper picked FlashAttention-2 before cuDNN attention (a Hopper kernel): cuDNN was made
-      opt-in in torch 2.5.1 (pytorch/pytorch#138522; #142132 shows a December 2024 nightly's default
-      SDPA at 329 TFLOP/s on an H100 where cuDNN ran 631) until torch 2.9 made it the default on sm90
-      (#162073). torchtitan pinned the order itself: flash first, with cuDNN only on B200 at e7c0cae
-      (June 2025, `ScaledDotProductAttention._init_backend`); cuDNN first on every GPU from
-      September 2025. So a 2024-25 torchtitan run on an H100 or H200 ran a pre-Hopper kernel, a
-      current one a native kernel (the preset's default); say which with `Training.flash_kernel`.
+      opt-in after the 2.5 release (pytorch/pytorch#138522; #142132 shows a December 2024 nightly's
+      default SDPA at 329 TFLOP/s on an H100 where cuDNN ran 631) until torch 2.9 made it the default
+      on sm90 (#162073; later gated on the cuDNN and CUDA versions). torchtitan pinned the order
+      itself: flash first, with cuDNN only on B200 at e7c0cae (June 2025,
+      `ScaledDotProductAttention._init_backend`); cuDNN first on every GPU from September 2025.
+      So a 2024-25 torchtitan run on an H100 or H200 ran a pre-Hopper kernel, a current one a native
+      kernel (the preset's default); say which with `Training.flash_kernel`.
     - `selective_recompute`: what `recompute="selective"` means: "attention-core" (Megatron:
       recompute the softmax/dropout over the scores; nothing to do once attention is fused) or
       "per-op" (torchtitan's op-level policy: keep matmul and attention outputs, recompute the
