@@ -28,6 +28,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,34 +243,35 @@ def _print_single(args: argparse.Namespace) -> None:
           f"engine/plain = {one['cpu_engine_s'] / one['cpu_plain_s']:.3f}")
 
 
+def _four_ranks(fn: Callable[[int, int, int, int], dict[str, float]], args: argparse.Namespace, num: str,
+                den: str) -> tuple[dict[str, float], float]:
+    """Run `fn` on 4 ranks: (rank 0's timings, median over ranks of timing `num` / timing `den`)."""
+    rows = launch(fn, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
+    return rows[0], statistics.median(r[num] / r[den] for r in rows)
+
+
 def _print_data4(args: argparse.Namespace) -> None:
-    four = launch(_data4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
-    ratios = [r["engine_s"] / r["ddp_s"] for r in four]
-    r0 = four[0]
+    r0, ratio = _four_ranks(_data4, args, "engine_s", "ddp_s")
     print(f"4 ranks G_data=4, GPT {DATA4.num_layers}x{DATA4.hidden_size} seq {DATA4.seq_length} global batch "
           f"{DATA4_BATCH}: DDP {r0['ddp_s'] * 1e3:.1f} ms, engine {r0['engine_s'] * 1e3:.1f} ms (rank 0), "
-          f"engine/DDP = {statistics.median(ratios):.3f} (median over ranks; target <= 1.10)")
+          f"engine/DDP = {ratio:.3f} (median over ranks; target <= 1.10)")
 
 
 def _print_overlap4(args: argparse.Namespace) -> None:
-    over = launch(_overlap4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
-    ratios = [r["overlap_s"] / r["after_s"] for r in over]
-    r0 = over[0]
+    r0, ratio = _four_ranks(_overlap4, args, "overlap_s", "after_s")
     print(f"4 ranks G_data=4, GPT {OVERLAP4.num_layers}x{OVERLAP4.hidden_size} seq {OVERLAP4.seq_length} "
           f"global batch {DATA4_BATCH}, {OVERLAP_BUCKET_BYTES >> 20} MiB buckets: reduce after backward "
           f"{r0['after_s'] * 1e3:.1f} ms, overlapped {r0['overlap_s'] * 1e3:.1f} ms (rank 0), "
-          f"overlapped/after = {statistics.median(ratios):.3f} (median over ranks; target <= 1.0)")
+          f"overlapped/after = {ratio:.3f} (median over ranks; target <= 1.0)")
 
 
 def _print_depth4(args: argparse.Namespace) -> None:
-    depth = launch(_depth4, world_size=4, args=(args.steps, args.warmup), timeout_s=600)
-    ratios = [r["prefetch_s"] / r["plain_s"] for r in depth]
-    r0 = depth[0]
+    r0, ratio = _four_ranks(_depth4, args, "prefetch_s", "plain_s")
     print(f"4 ranks G_intra_d=2 x G_intra_r=2, GPT {OVERLAP4.num_layers}x{OVERLAP4.hidden_size} seq "
           f"{OVERLAP4.seq_length} global batch {DATA4_BATCH}: depth gathers on use "
           f"{r0['plain_s'] * 1e3:.1f} ms, "
           f"prefetched {r0['prefetch_s'] * 1e3:.1f} ms (rank 0), prefetch/no prefetch = "
-          f"{statistics.median(ratios):.3f} (median over ranks)")
+          f"{ratio:.3f} (median over ranks)")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from perfmodels.plans import from_plans  # noqa: E402
 from perfmodels.steptime import predict_many  # noqa: E402
 from validation import loader  # noqa: E402
+from validation.summary import rank_agreement  # noqa: E402
 
 HOST_S_PER_LAYER_SLOT = 0.9e-3 * 4
 """An additive host cost per layer per pipeline slot: 0.9 ms per block forward (perfmodels.compute.
@@ -57,12 +57,8 @@ def runs() -> pd.DataFrame:
 
 def ranking(d: pd.DataFrame, predicted: np.ndarray) -> dict[str, tuple[float, int]]:
     """Per group: (Spearman of predicted vs measured, predicted rank of the measured best)."""
-    out = {}
-    for group, x in d.assign(q=predicted).groupby("group"):
-        q = x["q"].to_numpy()
-        rank = int((q < q[int(np.argmin(x["measured"].to_numpy()))]).sum()) + 1  # as validation.summary ranks
-        out[group] = (float(spearmanr(x["measured"], q).statistic), rank)
-    return out
+    return {group: rank_agreement(x["measured"].to_numpy(), x["q"].to_numpy())
+            for group, x in d.assign(q=predicted).groupby("group")}
 
 
 def line(name: str, d: pd.DataFrame, predicted: np.ndarray) -> str:

@@ -76,6 +76,17 @@ def parse_dtype(column: str, text: str | None) -> str | None:
     raise ValueError(f"{column}={text!r} is not one of bf16, fp16, fp8, fp32")
 
 
+def parse_choice(column: str, text: str | None, values: tuple[str, ...]) -> str | None:
+    """One of `values` (case-insensitive) from an optional column; None for an empty cell (the stack's
+    default); ValueError naming the column and the value otherwise."""
+    t = (text or "").strip().lower()
+    if not t:
+        return None
+    if t not in values:
+        raise ValueError(f"{column}={t!r} is not one of {list(values)}")
+    return t
+
+
 def half_dtypes(gpu: GPU) -> tuple[str, ...]:
     """Mixed-precision dtypes the card runs at more than its fp32 rate: the candidates of a run whose
     precision is not stated."""
@@ -196,16 +207,10 @@ def read_stack(row: Mapping[str, str], gpu: GPU) -> StackOptions:
             unknown.append(column)
         flags[column] = _both(value)
 
-    compiled = cell("torch_compile").lower() or None
-    if compiled is not None and compiled not in TORCH_COMPILE_VALUES:
-        raise ValueError(f"torch_compile={compiled!r} is not one of {list(TORCH_COMPILE_VALUES)}")
-    kernel = cell("flash_kernel").lower() or None
-    if kernel is not None and kernel not in FLASH_KERNEL_VALUES:
-        raise ValueError(f"flash_kernel={kernel!r} is not one of {list(FLASH_KERNEL_VALUES)}")
-
     return StackOptions(
-        torch_compile=compiled, flash_kernel=kernel, framework=framework, stacks=stacks, zero_stages=zeros,
-        recomputes=recomputes,
+        torch_compile=parse_choice("torch_compile", cell("torch_compile"), TORCH_COMPILE_VALUES),
+        flash_kernel=parse_choice("flash_kernel", cell("flash_kernel"), FLASH_KERNEL_VALUES),
+        framework=framework, stacks=stacks, zero_stages=zeros, recomputes=recomputes,
         recompute_full_stated=stated_rc == "full", flash_attention=flags["flash_attention"], dtypes=dtypes,
         attention_dtype=attention, overlap_grad_reduce=flags["overlap_grad_reduce"],
         overlap_param_gather=flags["overlap_param_gather"], overlap_tp_comm=flags["tp_comm_overlap"],

@@ -74,6 +74,13 @@ def by_key(scored: list[tuple[Case, CaseScore]], key: str) -> dict[str, ErrorSta
     return {k: error_stats(v) for k, v in sorted(buckets.items())}
 
 
+def rank_agreement(measured: np.ndarray, predicted: np.ndarray) -> tuple[float, int]:
+    """(Spearman of predicted vs measured, predicted rank of the measured best; ties rank it first)."""
+    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
+    best = int(np.argmin(measured))
+    return float(spearmanr(predicted, measured).statistic), int((predicted < predicted[best]).sum()) + 1
+
+
 def ranking_groups(scored: list[tuple[Case, CaseScore]], *, min_runs: int = MIN_GROUP) -> list[GroupRank]:
     groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for case, score in scored:
@@ -85,10 +92,8 @@ def ranking_groups(scored: list[tuple[Case, CaseScore]], *, min_runs: int = MIN_
             continue
         meas = np.array([m for m, _ in items])
         pred = np.array([p for _, p in items])
-        rho = float(spearmanr(pred, meas).statistic)
-        best = int(np.argmin(meas))
-        out.append(GroupRank(group=name, runs=len(items), spearman=rho,
-                             measured_best_predicted_rank=int((pred < pred[best]).sum()) + 1,
+        rho, rank = rank_agreement(meas, pred)
+        out.append(GroupRank(group=name, runs=len(items), spearman=rho, measured_best_predicted_rank=rank,
                              mape=float(np.mean(np.abs(pred - meas) / meas)),
                              worst_over_best=float(meas.max() / meas.min())))
     return out
