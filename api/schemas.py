@@ -38,8 +38,13 @@ from tuner.store import Measurement
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
-Axis = Literal["col", "row", "depth", "inter", "data"]
+Axis = Literal["col", "row", "cp", "depth", "inter", "data"]
 AXES = ("col", "row", "depth", "inter", "data")
+"""The five AxoNN axes; a placement may also place "cp" (context parallelism) among them."""
+
+
+def _is_ordering(order: list[str]) -> bool:
+    return sorted(order) in (sorted(AXES), sorted((*AXES, "cp")))
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
 
 PROFILE_EXTRAS = ("provenance", "fits", "expected", "holdout_median_abs_error")
@@ -175,6 +180,23 @@ class ModelIn(_In):
     dropout: bool | None = None
     attention_span: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
     layers: Annotated[list[LayerIn], Field(min_length=1, max_length=MAX_LAYERS)] | None = None
+    # mixture of experts and attention variants: Megatron-Core's names (perfmodels.specs.Model)
+    num_moe_experts: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    moe_router_topk: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    moe_ffn_hidden_size: Annotated[int, Field(ge=1, le=1 << 22)] | None = None
+    moe_shared_expert_intermediate_size: Annotated[int, Field(ge=0, le=1 << 22)] | None = None
+    moe_layer_freq: (
+        Annotated[int, Field(ge=1, le=100_000)]
+        | Annotated[list[Annotated[int, Field(ge=0, le=1)]], Field(min_length=1, max_length=100_000)]
+        | None
+    ) = None
+    kv_channels: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    multi_latent_attention: bool | None = None
+    q_lora_rank: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    kv_lora_rank: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    qk_head_dim: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    qk_pos_emb_head_dim: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    v_head_dim: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
 
 
 class GPUIn(_In):
@@ -367,13 +389,24 @@ class PlanIn(_In):
     G_intra_d: Degree = 1
     G_intra_r: Degree = 1
     G_intra_c: Degree = 1
+    G_cp: Degree = Field(1, description="context parallelism (multiplies the world size)")
+    G_ep: Degree = Field(1, description="expert parallelism: divides model.num_moe_experts")
+    G_etp: Degree | None = Field(None, description="expert tensor parallelism (null: G_intra_r)")
     micro_batch_size: Annotated[int, Field(ge=1, le=1 << 24)] = 1
     schedule: Schedule = "1f1b"
     virtual_stages: Annotated[int, Field(ge=1, le=1024)] = 1
     recompute: Recompute = "none"
     zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
-    placement: Annotated[list[Axis], Field(min_length=5, max_length=5)] | None = None
+    placement: Annotated[list[Axis], Field(min_length=5, max_length=6)] | None = None
     sequence_parallel: bool = False
+
+    @field_validator("placement")
+    @classmethod
+    def _placement_is_ordering(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not _is_ordering(value):
+            raise ValueError(
+                f"placement must be an ordering of {list(AXES)} (and optionally 'cp'), got {value}")
+        return value
 
 
 class SearchIn(_In):
@@ -385,6 +418,9 @@ class SearchIn(_In):
     G_intra_d: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
     G_intra_r: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
     G_intra_c: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
+    G_cp: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
+    G_ep: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
+    G_etp: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
     micro_batch_size: (
         Annotated[list[Annotated[int, Field(ge=1, le=1 << 24)]], Field(min_length=1, max_length=64)] | None
     ) = None
@@ -397,7 +433,7 @@ class SearchIn(_In):
         Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(min_length=1, max_length=4)] | None
     ) = None
     placement: Annotated[
-        list[Annotated[list[Axis], Field(min_length=5, max_length=5)]], Field(min_length=1, max_length=120)
+        list[Annotated[list[Axis], Field(min_length=5, max_length=6)]], Field(min_length=1, max_length=720)
     ] | None = None
     sequence_parallel: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = None
     max_micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | None = None
@@ -414,7 +450,7 @@ class SearchIn(_In):
     @classmethod
     def _placements_are_orderings(cls, value: list[list[str]] | None) -> list[list[str]] | None:
         for order in value or ():
-            if sorted(order) != sorted(AXES):
+            if not _is_ordering(order):
                 raise ValueError(f"each placement must be an ordering of {list(AXES)}, got {order}")
         return value
 
@@ -519,6 +555,9 @@ class PlanOut(_Out):
     G_intra_d: int
     G_intra_r: int
     G_intra_c: int
+    G_cp: int = 1
+    G_ep: int = 1
+    G_etp: int | None = None
     micro_batch_size: int
     schedule: str
     virtual_stages: int

@@ -251,6 +251,8 @@ def coerce(field: str, value: str) -> Any:
         raise ValueError(f"{field} must be true or false, got {value!r}")
     if field in ("schedule", "recompute"):
         return value
+    if field == "G_etp" and value.lower() in ("none", "null", "default"):
+        return None  # Megatron-Core's default: the tensor-parallel size
     try:
         return int(value)
     except ValueError:

@@ -31,7 +31,7 @@ from cli.common import (
 )
 from perfmodels.specs import Plan
 from tuner.launch import KINDS, all_launches, launch_for
-from tuner.report import recommendation_to_dict, write_candidates_csv
+from tuner.report import parallel_columns, recommendation_to_dict, write_candidates_csv
 from tuner.search import MAX_GPUS, recommend
 from tuner.types import Recommendation, SearchOptions
 
@@ -171,6 +171,9 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
         "exposed comm s",
     ):
         table.add_column(col, justify="right", no_wrap=True)
+    extra = parallel_columns([c.plan for c in rec.candidates])  # CP / EP / ETP where used
+    for name, _ in extra:
+        table.add_column(name, justify="right", no_wrap=True)
     for c in rec.candidates:
         p, pr = c.plan, c.prediction
         b = pr.breakdown
@@ -189,6 +192,7 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
             f"{pr.memory.per_gpu_gib:.1f}",
             f"{b.pp_bubble_s:.2f}",
             f"{b.exposed_comm_s:.2f}",
+            *(show(p) for _, show in extra),
         )
     console.print(table)
     scope = "" if rec.complete else f" (PARTIAL: {rec.num_not_evaluated:,} not evaluated)"

@@ -54,7 +54,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from perfmodels.layout import MESH_ORDER, rank_coords, rank_of
-from perfmodels.specs import AXES, AXIS_FIELDS
+from perfmodels.specs import AXES, AXIS_FIELDS, default_placement
 
 _CURRENT: list[Grid] = []  # the grid the last engine.init returned (see the module docstring)
 GRID_ATTR = "_gridtune_grid"  # engine.wrap records the model's grid here (read by grid_of)
@@ -222,7 +222,7 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
                                       or gpus_per_node < 1):
         raise GridError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
     degrees = {"data": G_data, "inter": G_inter, "depth": G_intra_d, "row": G_intra_r, "col": G_intra_c}
-    order = tuple(placement) if placement is not None else AXES
+    order = default_placement(tuple(placement)) if placement is not None else AXES
     if sorted(order) != sorted(AXES):
         raise GridError(f"placement must be an ordering of {list(AXES)}, got {list(order)}")
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()

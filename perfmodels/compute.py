@@ -126,6 +126,9 @@ def model_flops_per_token(model: Model) -> float:
     sample for a layer list (`Model.tokens_per_sample` is 1), summed over the model's units."""
     total = 0.0
     for unit in model.units:
+        if unit.attention and not _plain_dense(model):
+            total = total + unit.count * _general_block_flops_per_token(model, unit)
+            continue
         if unit.attention:
             per_block = block_flops_per_token(hidden=model.hidden_size, kv_hidden=model.kv_hidden_size,
                                               ffn=float(model.ffn_hidden_size), gated=model.gated_mlp,
@@ -139,6 +142,24 @@ def model_flops_per_token(model: Model) -> float:
                 flops = layer.flops_per_sample
             total = total + unit.count * flops
     return total
+
+
+def _plain_dense(model: Model) -> bool:
+    """A dense block with standard attention whose heads span the hidden size (the published-run
+    FLOPs formula, `block_flops_per_token`, counts exactly these)."""
+    return not (model.is_moe or model.multi_latent_attention or model.q_size != model.hidden_size)
+
+
+def _general_block_flops_per_token(model: Model, unit: Unit) -> float:
+    """Forward FLOPs per token of a block of any attention and MLP variant: its Linears (each
+    weighted by the share of layers that hold it), the attention core (scores over query-key heads,
+    values over value heads: 4 x span x heads x `Model.attention_core_dim`) and, in mixture-of-experts
+    layers, the router and the top-k routed experts (`perfmodels.experts.expert_flops_per_token`)."""
+    from perfmodels.experts import expert_flops_per_token
+
+    linears = sum(lin.flops_per_row * lin.share for lin in unit.linears)
+    core = 4.0 * model.span * model.num_attention_heads * model.attention_core_dim
+    return linears + core + model.moe_fraction * expert_flops_per_token(model)
 
 
 def block_flops_per_token(*, hidden: int, kv_hidden: int, ffn: float, gated: bool, span: int) -> float:
@@ -167,7 +188,7 @@ def _attention(model: Model, cluster: Cluster, training: Training, b: np.ndarray
                heads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | float]:
     """(forward, backward) seconds of one block's attention core over `heads` local heads, and the
     score-matrix elements that element-wise kernels touch (none when a fused kernel keeps them)."""
-    s, d = model.seq_length, model.head_dim
+    s, d = model.seq_length, model.attention_core_dim
     attn_curve = gemm_curve(cluster, training, training.attention_compute_dtype)
     span = float(model.span)  # keys per query: the whole sequence under context parallelism
     if training.effective_stack.flash_attention:
@@ -259,8 +280,8 @@ def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray,
     training, cluster, arrays, rate, curve = rank.training, rank.cluster, rank.arrays, rank.rate, rank.curve
     e = training.bytes_per_element
     G_r, G_c, G_d, b = rank.G_r, rank.G_c, rank.G_d, rank.b
-    s, h, f = model.seq_length, model.hidden_size, float(model.ffn_hidden_size)
-    a, kv = model.num_attention_heads, model.kv_hidden_size
+    s, h, f = model.seq_length, model.hidden_size, model.mean_dense_ffn
+    a, kv, q = model.num_attention_heads, model.kv_hidden_size, model.q_size
     T = b * s
     f_up = (2.0 if model.gated_mlp else 1.0) * f
     resid_split = np.where(arrays.sequence_parallel, G_r, G_c)
@@ -269,7 +290,7 @@ def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray,
     # element-wise traffic per block (elements): norms and residual+dropout on the residual stream,
     # activation function on the FFN hidden, bias/reshape of q, k, v
     act_elems = (3.0 if model.gated_mlp else 2.0) * f
-    elems = T * (RESIDUAL_PASSES * h / resid_split + act_elems / G_r + 2.0 * (h + 2 * kv) / G_r) + score_elems
+    elems = T * (RESIDUAL_PASSES * h / resid_split + act_elems / G_r + 2.0 * (q + 2 * kv) / G_r) + score_elems
     mem = (elems * e * stack.fused_elementwise_bytes_scale / rate
            + ELEMENTWISE_KERNELS_PER_BLOCK * curve.overhead_s)
     # layout conversions of stacks that split more than rows (the engine's col/depth axes)
@@ -278,8 +299,8 @@ def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray,
     mem_bwd = 2.0 * mem
     if training.dtype == "fp8":
         # quantize each linear's input (forward) and output gradient (backward, plus transposes)
-        linear_inputs = T * ((h / G_c) * 2 + h / G_r + f / G_r)
-        linear_grads = T * ((h + 2 * kv) / G_r + h / G_c + f_up / G_r + h / G_c)
+        linear_inputs = T * ((h / G_c) * 2 + q / G_r + f / G_r)
+        linear_grads = T * ((q + 2 * kv) / G_r + h / G_c + f_up / G_r + h / G_c)
         mem = mem + linear_inputs * FP8_CAST_BYTES_PER_ELEMENT / rate
         mem_bwd = mem_bwd + 2.0 * linear_grads * FP8_CAST_BYTES_PER_ELEMENT / rate
     if stack.selective_recompute == "per-op":
@@ -304,7 +325,7 @@ def unit_compute(model: Model, unit: Unit, rank: Rank) -> UnitCompute:
     for layer in unit.layers:
         if isinstance(layer, Linear):
             rows = b * layer.rows_per_sample
-            gemm = gemm + linear_gemm_s(layer, rows, rank)
+            gemm = gemm + linear_gemm_s(layer, rows, rank) * layer.share
             if own_traffic:
                 mem = mem + rows * (layer.n + layer.k) * e / rate
         else:
@@ -376,6 +397,20 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         if unit.loss:
             head_fwd = head_fwd + count * u_fwd
     local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+    if model.is_moe:
+        # the routed experts of the stage's MoE layers (perfmodels.experts): their optimizer state is
+        # sharded over the expert-data ranks
+        from perfmodels import experts
+
+        moe_layers = np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction
+        e_gemm, e_mem = experts.layer_compute(model, training, arrays, rank.curve, rank.rate)
+        e_fwd = e_gemm + e_mem
+        gemm, memory = gemm + moe_layers * e_gemm, memory + moe_layers * e_mem
+        fwd, bwd = fwd + moe_layers * e_fwd, bwd + moe_layers * 2.0 * e_fwd
+        recompute = recompute + moe_layers * np.where(full, e_fwd, 0.0)
+        edp = experts.expert_degrees(arrays)["edp"]
+        local = local + moe_layers * experts.local_expert_params(model, arrays) / np.where(
+            arrays.zero_stage >= 1, edp, 1)
     stack = training.effective_stack
     step_bytes = stack.optimizer_step_bytes if training.optimizer != "sgd" else 12.0
     return StageCompute(

@@ -1,5 +1,8 @@
 """Where every rank sits in the grid, which links each group crosses, and how layers split into stages.
 
+An axis missing from a `degrees` mapping has degree 1 (a grid given by its five AxoNN degrees has no
+context parallelism).
+
 The engine builds its DeviceMesh from the same functions, so model and engine agree on which
 ranks talk to which. Placement is an axis order, innermost (consecutive ranks) first; the
 default puts column innermost and data outermost, as AxoNN does.
@@ -18,10 +21,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perfmodels.specs import AXES, AXIS_FIELDS
+from perfmodels.specs import AXES
 
-MESH_ORDER = tuple(AXIS_FIELDS)
-"""Outermost-first axis names, as torch's DeviceMesh wants them (last name = contiguous ranks)."""
+MESH_ORDER = tuple(a for a in reversed(AXES) if a != "cp")
+"""Outermost-first names of the engine's five DeviceMesh dims (last name = contiguous ranks): the
+default placement reversed, without "cp" (a grid without context parallelism; the engine adds its cp
+dim where it builds one)."""
+MESH_ORDER_CP = tuple(reversed(AXES))
+"""The same with context parallelism: the default placement reversed."""
 
 
 def strides(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str, int]:
@@ -30,22 +37,22 @@ def strides(degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str
     running = 1
     for axis in order:
         out[axis] = running
-        running *= int(degrees[axis])
+        running *= int(degrees.get(axis, 1))
     return out
 
 
 def rank_coords(rank: int, degrees: Mapping[str, int], order: Sequence[str] = AXES) -> dict[str, int]:
     """Coordinates of a world rank on each axis."""
-    world = int(np.prod([int(degrees[a]) for a in order]))
+    world = int(np.prod([int(degrees.get(a, 1)) for a in order]))
     if not 0 <= rank < world:
         raise ValueError(f"rank={rank} is outside the grid of {world} ranks")
     st = strides(degrees, order)
-    return {axis: (rank // st[axis]) % int(degrees[axis]) for axis in order}
+    return {axis: (rank // st[axis]) % int(degrees.get(axis, 1)) for axis in order}
 
 
 def rank_of(coords: Mapping[str, int], degrees: Mapping[str, int], order: Sequence[str] = AXES) -> int:
     st = strides(degrees, order)
-    return int(sum(int(coords[a]) * st[a] for a in order))
+    return int(sum(int(coords.get(a, 0)) * st[a] for a in order))
 
 
 def group_ranks(rank: int, axis: str, degrees: Mapping[str, int], order: Sequence[str] = AXES) -> list[int]:
@@ -61,7 +68,7 @@ def group_ranks(rank: int, axis: str, degrees: Mapping[str, int], order: Sequenc
 
 def all_groups(axis: str, degrees: Mapping[str, int], order: Sequence[str] = AXES) -> list[list[int]]:
     """Every group along `axis`, each as its ranks; the list DeviceMesh-independent launchers need."""
-    world = int(np.prod([int(degrees[a]) for a in order]))
+    world = int(np.prod([int(degrees.get(a, 1)) for a in order]))
     seen: set[int] = set()
     groups = []
     for r in range(world):

@@ -20,7 +20,7 @@ Parts:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -121,8 +121,8 @@ class StageMemory:
 
 def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArrays) -> np.ndarray:
     """Korthikanti's per-layer activation bytes for one micro-batch, mapped onto the 3D grid."""
-    s, h = model.seq_length, model.hidden_size
-    f, kv, a = float(model.ffn_hidden_size), model.kv_hidden_size, model.num_attention_heads
+    s, h, q = model.seq_length, model.hidden_size, model.q_size
+    f, kv, a = model.mean_dense_ffn, model.kv_hidden_size, model.num_attention_heads
     b = arrays.micro_batch_size.astype(np.float64)
     G_r, G_c = arrays.G_intra_r.astype(np.float64), arrays.G_intra_c.astype(np.float64)
     sp = arrays.sequence_parallel
@@ -132,7 +132,7 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
     # of the residual stream's 10 s b h, 2 are the two 1-byte dropout masks (after attention and
     # after the MLP), which a model trained without dropout never draws
     replicated = (RESIDUAL_BYTES_NO_DROPOUT + DROPOUT_MASK_BYTES * model.dropout) * s * b * h
-    split = s * b * (2 * h + 2 * kv + 2 * kv + 2 * h + 2 * f_up + 2 * f)
+    split = s * b * (2 * q + 2 * kv + 2 * kv + 2 * q + 2 * f_up + 2 * f)
     stack = training.effective_stack
     gemm_inputs = GEMM_INPUT_BYTES * s * b * h  # the QKV and fc1 inputs, part of `replicated`
     if training.dtype == "fp8" and stack.fp8_saves_fp8_inputs:
@@ -140,7 +140,7 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
         # the QKV and fc1 inputs on the residual stream, the out-proj and fc2 inputs inside
         replicated = replicated - gemm_inputs / 2.0
         gemm_inputs = gemm_inputs / 2.0
-        split = split - s * b * (h + f)
+        split = split - s * b * (q + f)
     if stack.sp_saves_gathered_inputs:
         # the QKV and fc1 GEMMs save the full-sequence input their all-gather produced: G_r times the
         # sequence shard Megatron keeps (it all-gathers again in backward)
@@ -280,6 +280,10 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         for name in ("local", "linear_local", "gathered", "zero3_unit", "act_layer", "layer_input", "logits"))
 
     states = model_state_bytes(training, local, arrays, linear_local)
+    if model.is_moe:
+        states, act_layer, expert_comms = _with_experts(model, training, arrays, blocks, states, act_layer)
+    else:
+        expert_comms = 0.0
     mixed = training.dtype not in ("fp32", "tf32")
     stored_b = training.effective_stack.weight_bytes if mixed else 4.0
     # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
@@ -299,7 +303,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     on_gpu = cluster.gpu.vendor != "cpu"
     # one set of NCCL buffers per communicator this rank talks through (each axis with peers, and
     # the pipeline's point-to-point pairs)
-    communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values())
+    communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values()) + expert_comms
     comm = stack.comm_buffer_gib * GIB * communicators * (cluster.backend != "gloo")
     overhead = stack.context_gib * GIB * on_gpu + stack.fragmentation * activations
     total = params + grads + optimizer + activations + comm + overhead
@@ -308,3 +312,23 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         activations_gib=activations / GIB, comm_buffers_gib=comm / GIB, overhead_gib=overhead / GIB,
         total_gib=total / GIB, capacity_gib=float(cluster.gpu.memory_gib),
     )
+
+
+def _with_experts(model: Model, training: Training, arrays: PlanArrays, blocks: np.ndarray,
+                  states: ModelStates,
+                  act_layer: np.ndarray) -> tuple[ModelStates, np.ndarray, np.ndarray]:
+    """A stage's routed experts (`perfmodels.experts`): their weights, gradients and optimizer state
+    (E / G_ep experts per MoE layer split over G_etp; ZeRO shards them over the expert-data ranks,
+    as Megatron's distributed optimizer does), their activations (k copies of each token) averaged
+    into the per-layer activations by the share of MoE layers, and their communicators."""
+    from perfmodels import experts
+
+    deg = experts.expert_degrees(arrays)
+    local = blocks * model.moe_fraction * experts.local_expert_params(model, arrays)
+    folded = replace(arrays, G_data=deg["edp"])
+    e_states = model_state_bytes(training, local, folded)
+    states = ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
+                         optimizer=states.optimizer + e_states.optimizer)
+    acts = act_layer + model.moe_fraction * experts.activation_bytes(model, training, arrays)
+    comms = sum((d > 1).astype(np.float64) for d in deg.values())
+    return states, acts, comms

@@ -1,7 +1,8 @@
 """Plans as columns of numpy arrays, so thousands of layouts are scored in one pass.
 
-`PlanArrays` holds one int array per plan field (schedules and recompute as small integer codes);
-all plans in one `PlanArrays` share a placement, because group geometry depends on it (the tuner
+`PlanArrays` holds one int array per plan field (schedules and recompute as small integer codes;
+G_etp 0 for "Megatron-Core's default", the Plan's None); all plans in one `PlanArrays` share a
+placement, because group geometry depends on it (the tuner
 makes one batch per placement). `from_plans` / `to_plan` convert to and from `Plan` objects.
 """
 
@@ -12,7 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodels.specs import AXES, AXIS_FIELDS, RECOMPUTE, SCALAR_PLAN_FIELDS, SCHEDULES, Plan, Training
+from perfmodels.specs import (
+    AXES,
+    AXIS_FIELDS,
+    RECOMPUTE,
+    SCALAR_PLAN_FIELDS,
+    SCHEDULES,
+    Plan,
+    Training,
+    default_placement,
+)
 
 SCHEDULE_CODE = {name: i for i, name in enumerate(SCHEDULES)}
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
@@ -25,6 +35,9 @@ class PlanArrays:
     G_intra_d: np.ndarray
     G_intra_r: np.ndarray
     G_intra_c: np.ndarray
+    G_cp: np.ndarray
+    G_ep: np.ndarray
+    G_etp: np.ndarray
     micro_batch_size: np.ndarray
     schedule: np.ndarray
     virtual_stages: np.ndarray
@@ -41,8 +54,13 @@ class PlanArrays:
 
     @property
     def world_size(self) -> np.ndarray:
-        """Ranks of each plan: the product of its five degrees."""
-        return self.G_data * self.G_inter * self.G_intra_d * self.G_intra_r * self.G_intra_c
+        """Ranks of each plan: the product of its six degrees (G_ep and G_etp re-divide a stage)."""
+        return self.G_data * self.G_inter * self.G_intra_d * self.G_intra_r * self.G_intra_c * self.G_cp
+
+    @property
+    def expert_tp(self) -> np.ndarray:
+        """G_etp resolved: 0 (the Plan's None) is Megatron-Core's default, the tensor-parallel size."""
+        return np.where(self.G_etp > 0, self.G_etp, self.G_intra_r)
 
     def num_microbatches(self, training: Training) -> np.ndarray:
         """Micro-batches per optimizer step on each (data, depth) replica."""
@@ -60,6 +78,9 @@ class PlanArrays:
             G_intra_d=int(self.G_intra_d[i]),
             G_intra_r=int(self.G_intra_r[i]),
             G_intra_c=int(self.G_intra_c[i]),
+            G_cp=int(self.G_cp[i]),
+            G_ep=int(self.G_ep[i]),
+            G_etp=int(self.G_etp[i]) if self.G_etp[i] > 0 else None,
             micro_batch_size=int(self.micro_batch_size[i]),
             schedule=SCHEDULES[int(self.schedule[i])],  # type: ignore[arg-type]
             virtual_stages=int(self.virtual_stages[i]),
@@ -76,8 +97,8 @@ _ARRAY_FIELDS = SCALAR_PLAN_FIELDS
 def from_plans(plans: Sequence[Plan]) -> PlanArrays:
     if not plans:
         raise ValueError("from_plans needs at least one plan")
-    order = plans[0].order
-    if any(p.order != order for p in plans):
+    order = plans[0].full_order
+    if any(p.full_order != order for p in plans):
         raise ValueError("all plans of one PlanArrays must share a placement")
 
     def col(values: list[int]) -> np.ndarray:
@@ -89,6 +110,9 @@ def from_plans(plans: Sequence[Plan]) -> PlanArrays:
         G_intra_d=col([p.G_intra_d for p in plans]),
         G_intra_r=col([p.G_intra_r for p in plans]),
         G_intra_c=col([p.G_intra_c for p in plans]),
+        G_cp=col([p.G_cp for p in plans]),
+        G_ep=col([p.G_ep for p in plans]),
+        G_etp=col([p.G_etp or 0 for p in plans]),
         micro_batch_size=col([p.micro_batch_size for p in plans]),
         schedule=col([SCHEDULE_CODE[p.schedule] for p in plans]),
         virtual_stages=col([p.virtual_stages for p in plans]),
@@ -100,10 +124,13 @@ def from_plans(plans: Sequence[Plan]) -> PlanArrays:
 
 
 def from_columns(placement: tuple[str, ...] = AXES, **columns: np.ndarray) -> PlanArrays:
-    """Build from raw columns; missing options take the Plan defaults."""
+    """Build from raw columns; missing options take the Plan defaults (a placement of the five
+    axes without "cp" gets it where the default order has it)."""
+    placement = default_placement(tuple(placement))
     n = len(next(iter(columns.values())))
     defaults = {
-        "G_data": 1, "G_inter": 1, "G_intra_d": 1, "G_intra_r": 1, "G_intra_c": 1, "micro_batch_size": 1,
+        "G_data": 1, "G_inter": 1, "G_intra_d": 1, "G_intra_r": 1, "G_intra_c": 1, "G_cp": 1, "G_ep": 1,
+        "G_etp": 0, "micro_batch_size": 1,
         "schedule": SCHEDULE_CODE["1f1b"], "virtual_stages": 1, "recompute": RECOMPUTE_CODE["none"],
         "zero_stage": 0, "sequence_parallel": False,
     }
@@ -111,6 +138,8 @@ def from_columns(placement: tuple[str, ...] = AXES, **columns: np.ndarray) -> Pl
     for name in _ARRAY_FIELDS:
         if name in columns:
             value = np.asarray(columns[name])
+            if name == "G_etp" and value.dtype == object:  # None: the default
+                value = np.asarray([0 if v is None else v for v in value])
         else:
             value = np.full(n, defaults[name])
         fields[name] = value.astype(bool if name == "sequence_parallel" else np.int64)

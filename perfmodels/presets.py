@@ -224,6 +224,54 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, v
                  dropout=False)
 
 
+def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int, *,
+         experts: int, topk: int, expert_ffn: int, **extra: object) -> Model:
+    """A gated (SwiGLU), RMSNorm, dropout-free mixture-of-experts transformer with untied embeddings."""
+    return Model(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                 num_query_groups=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, gated_mlp=True,
+                 dropout=False, num_moe_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=expert_ffn,
+                 **extra)  # type: ignore[arg-type]
+
+
+# Mixture-of-experts models, dimensions from each model's published Hugging Face config.json
+# (the repository named; training sequence 4096, the length of the vendors' published pretraining
+# benchmarks, Megatron-Bridge and torchtitan). Megatron-Core's names: `moe_layer_freq` a 0/1 list
+# for DeepSeek-V3's and Kimi-K2's leading dense layers (first_k_dense_replace 3 and 1), 2 for Llama 4
+# Maverick's alternating layers (interleave_moe_layer_step 2); kv_channels where head_dim is not
+# hidden / heads (Qwen3 and GPT-OSS: head_dim 128 and 64).
+_MOE_MODELS = (
+    # mistralai/Mixtral-8x7B-v0.1, mistralai/Mixtral-8x22B-v0.1
+    _moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, experts=8, topk=2, expert_ffn=14336),
+    _moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 4096, experts=8, topk=2, expert_ffn=16384),
+    # deepseek-ai/DeepSeek-V3: MLA (q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
+    # qk_rope_head_dim 64, v_head_dim 128), 256 routed experts of 2048 + 1 shared, top-8
+    _moe("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, experts=256, topk=8, expert_ffn=2048,
+         moe_shared_expert_intermediate_size=2048, moe_layer_freq=(0,) * 3 + (1,) * 58,
+         multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
+         qk_pos_emb_head_dim=64, v_head_dim=128),
+    # moonshotai/Kimi-K2-Base: DeepSeek-V3's architecture with 384 experts, 64 heads, one dense layer
+    _moe("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 4096, experts=384, topk=8, expert_ffn=2048,
+         moe_shared_expert_intermediate_size=2048, moe_layer_freq=(0,) + (1,) * 60,
+         multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
+         qk_pos_emb_head_dim=64, v_head_dim=128),
+    # Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B: 128 experts, top-8, no shared expert
+    _moe("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 4096, experts=128, topk=8, expert_ffn=768,
+         kv_channels=128),
+    _moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 4096, experts=128, topk=8, expert_ffn=1536,
+         kv_channels=128),
+    # meta-llama/Llama-4-Scout-17B-16E, meta-llama/Llama-4-Maverick-17B-128E: top-1 routed expert
+    # of 8192 plus a shared expert of 8192; Maverick's dense layers have an MLP of 16384
+    _moe("llama4-scout", 48, 5120, 40, 8, 16384, 202048, 4096, experts=16, topk=1, expert_ffn=8192,
+         moe_shared_expert_intermediate_size=8192, kv_channels=128),
+    _moe("llama4-maverick", 48, 5120, 40, 8, 16384, 202048, 4096, experts=128, topk=1, expert_ffn=8192,
+         moe_shared_expert_intermediate_size=8192, moe_layer_freq=2, kv_channels=128),
+    # openai/gpt-oss-20b, openai/gpt-oss-120b: 32 / 128 experts of 2880, top-4, head_dim 64
+    _moe("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 4096, experts=32, topk=4, expert_ffn=2880,
+         kv_channels=64),
+    _moe("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 4096, experts=128, topk=4, expert_ffn=2880,
+         kv_channels=64),
+)
+
 _MODELS: dict[str, Model] = {
     m.name: m
     for m in (
@@ -246,6 +294,11 @@ _MODELS: dict[str, Model] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # Llama 3.1 (meta-llama/Llama-3.1-8B, -70B, -405B config.json): Llama 3's shapes
+        _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        *_MOE_MODELS,
         # BLOOM (BigScience 2022).
         Model(name="bloom-176b", num_layers=70, hidden_size=14336, num_attention_heads=112,
               seq_length=2048, vocab_size=250880, tied_embeddings=True),

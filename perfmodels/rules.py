@@ -76,3 +76,31 @@ def sequence_parallel_row_only(G_intra_d: Int, G_intra_c: Int) -> Any:
 def sequence_parallel_has_rows(G_intra_r: Int) -> Any:
     """Sequence parallelism splits over the row group, so there must be more than one row rank."""
     return G_intra_r > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Context parallelism and mixture-of-experts (Megatron-Core's rules; docs/architecture.md)
+# ---------------------------------------------------------------------------------------------
+
+
+def context_split(seq_length: Int, G_cp: Int) -> Any:
+    """Context parallelism with causal load balancing cuts every sequence into 2*G_cp equal chunks
+    (cp rank i holds chunks i and 2*G_cp-1-i; Megatron-Core's `get_batch_on_this_cp_rank`), so
+    2*G_cp divides the sequence length. G_cp = 1 always holds."""
+    return (G_cp == 1) | divides(2 * G_cp, seq_length)
+
+
+def experts_split(num_moe_experts: Int, G_ep: Int) -> Any:
+    """Expert parallelism gives each of the G_ep ranks the same number of whole experts."""
+    return divides(G_ep, num_moe_experts)
+
+
+def expert_grid_fits(stage_ranks: Int, G_ep: Int, G_etp: Int) -> Any:
+    """MoE parallel folding re-divides a pipeline stage's ranks (world / G_inter) into
+    G_etp x G_ep x expert-data: G_etp * G_ep divides them."""
+    return divides(G_ep * G_etp, stage_ranks)
+
+
+def dense_without_experts(is_moe: Any, G_ep: Int) -> Any:
+    """A model without experts has no expert parallelism: G_ep = 1."""
+    return is_moe | (G_ep == 1)

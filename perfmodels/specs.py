@@ -22,18 +22,37 @@ if TYPE_CHECKING:
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTE = ("none", "selective", "full")
-AXES = ("col", "row", "depth", "inter", "data")
-"""Grid axis names, in the default placement order: innermost (consecutive ranks) first."""
+AXES = ("col", "row", "cp", "depth", "inter", "data")
+"""Grid axis names, in the default placement order: innermost (consecutive ranks) first. "cp" is
+context parallelism (Megatron-Core's tp-cp-...-dp order, with our pipeline inside data)."""
 AXIS_FIELDS = {
     "data": "G_data",
     "inter": "G_inter",
     "depth": "G_intra_d",
     "row": "G_intra_r",
     "col": "G_intra_c",
+    "cp": "G_cp",
 }
-"""Axis name -> the Plan field holding its degree, outermost (data) first."""
+"""Axis name -> the Plan field holding its degree: the five AxoNN degrees outermost (data) first,
+then context parallelism."""
 DEGREE_FIELDS = tuple(AXIS_FIELDS.values())
-"""The five degree fields of a Plan, outermost first: G_data, G_inter, G_intra_d, G_intra_r, G_intra_c."""
+"""The six degree fields of a Plan whose product is the world size: G_data, G_inter, G_intra_d,
+G_intra_r, G_intra_c, G_cp."""
+GRID5_FIELDS = DEGREE_FIELDS[:5]
+"""The five AxoNN degrees (without context parallelism), as messages about dense grids name them."""
+EXPERT_GROUPS = ("etp", "ep", "edp")
+"""Groups of mixture-of-experts layers, innermost first: expert tensor parallel, expert parallel,
+expert data parallel (Megatron-Core's MoE parallel folding re-divides one pipeline stage's ranks)."""
+
+
+def default_placement(order: tuple[str, ...]) -> tuple[str, ...]:
+    """A placement given without "cp" (the five axes of gridtune before context parallelism) gets
+    "cp" right after "row", where the default order has it; a full ordering is returned unchanged."""
+    if "cp" in order or sorted(order) != sorted(a for a in AXES if a != "cp"):
+        return tuple(order)
+    out = list(order)
+    out.insert(out.index("row") + 1, "cp")
+    return tuple(out)
 BACKENDS = ("nccl", "rccl", "gloo")
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -137,6 +156,18 @@ class Model:
     attention_span: int | None = None
     dropout: bool = True
     layers: tuple[LayerSpec, ...] = ()
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | tuple[int, ...] = 1
+    kv_channels: int | None = None
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.layers:
@@ -170,7 +201,9 @@ class Model:
         if self.num_query_groups is None:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         _positive_int("model", "num_query_groups", self.num_query_groups)
-        if self.hidden_size % self.num_attention_heads:
+        self._check_attention_variant()
+        self._check_experts()
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by "
                 f"model.num_attention_heads={self.num_attention_heads}"
@@ -180,6 +213,61 @@ class Model:
                 f"model.num_attention_heads={self.num_attention_heads} is not divisible by "
                 f"model.num_query_groups={self.num_query_groups}"
             )
+
+    def _check_attention_variant(self) -> None:
+        """`kv_channels` (a head size other than hidden / heads, as in Qwen3 and GPT-OSS) and
+        multi-latent attention (DeepSeek-V2/V3, Kimi-K2: Megatron-Core's MLATransformerConfig, whose
+        defaults fill the dimensions not given: kv_lora_rank 512, qk_head_dim 128, qk_pos_emb_head_dim
+        64, v_head_dim 128; q_lora_rank None = queries without a low-rank projection)."""
+        if self.kv_channels is not None:
+            _positive_int("model", "kv_channels", self.kv_channels)
+        if not isinstance(self.multi_latent_attention, bool):
+            raise ValueError(f"model.multi_latent_attention must be true or false, got "
+                             f"{self.multi_latent_attention!r}")
+        mla = {"kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+        for name, default in mla.items():
+            if getattr(self, name) is None and self.multi_latent_attention:
+                object.__setattr__(self, name, default)
+        for name in ("q_lora_rank", *mla):
+            if getattr(self, name) is not None:
+                if not self.multi_latent_attention:
+                    raise ValueError(f"model.{name}={getattr(self, name)!r} needs "
+                                     "model.multi_latent_attention=true")
+                _positive_int("model", name, getattr(self, name))
+
+    def _check_experts(self) -> None:
+        """Mixture-of-experts fields, Megatron-Core's names: `num_moe_experts` (None: dense),
+        `moe_router_topk`, `moe_ffn_hidden_size` (None: ffn_hidden_size), the shared experts' size
+        (None or 0: none) and `moe_layer_freq` (k: every k-th layer, Megatron's `i % k == 0`; or a
+        0/1 list with one entry per layer)."""
+        freq = self.moe_layer_freq
+        if isinstance(freq, list):
+            freq = tuple(freq)
+            object.__setattr__(self, "moe_layer_freq", freq)
+        if self.num_moe_experts is None:
+            for name in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+                if getattr(self, name):
+                    raise ValueError(f"model.{name}={getattr(self, name)!r} needs model.num_moe_experts")
+            return
+        _positive_int("model", "num_moe_experts", self.num_moe_experts)
+        _positive_int("model", "moe_router_topk", self.moe_router_topk)
+        if self.moe_router_topk > self.num_moe_experts:
+            raise ValueError(f"model.moe_router_topk={self.moe_router_topk} is more than "
+                             f"model.num_moe_experts={self.num_moe_experts}")
+        if self.moe_ffn_hidden_size is None:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+        _positive_int("model", "moe_ffn_hidden_size", self.moe_ffn_hidden_size)
+        if self.moe_shared_expert_intermediate_size is not None:
+            _non_negative_int("model", "moe_shared_expert_intermediate_size",
+                              self.moe_shared_expert_intermediate_size)
+        if isinstance(freq, tuple):
+            if len(freq) != self.num_layers or any(isinstance(x, bool) or x not in (0, 1) for x in freq):
+                raise ValueError(f"model.moe_layer_freq must be an int or a list of {self.num_layers} "
+                                 f"zeros and ones (one per layer), got {list(freq)!r}")
+            if not any(freq):
+                raise ValueError("model.moe_layer_freq lists no mixture-of-experts layer (all zeros)")
+        else:
+            _positive_int("model", "moe_layer_freq", freq)
 
     @classmethod
     def from_layers(cls, layers: tuple[LayerSpec, ...] | list[LayerSpec], name: str = "custom") -> Model:
@@ -218,7 +306,86 @@ class Model:
 
     @property
     def head_dim(self) -> int:
+        """The size of one attention head: `kv_channels`, or hidden / heads."""
+        if self.kv_channels is not None:
+            return int(self.kv_channels)
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of the queries (and of the attention output before its projection): heads x head
+        size, the hidden size unless `kv_channels` says otherwise (or the heads' value size under
+        multi-latent attention)."""
+        if self.multi_latent_attention:
+            return self.num_attention_heads * int(self.v_head_dim)
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def attention_core_dim(self) -> float:
+        """Mean of the query-key and the value head sizes: the attention core's FLOPs per score are
+        2 x (qk + v) = 4 x this (the head size for standard attention; (qk + rope + v) / 2 for MLA)."""
+        if self.multi_latent_attention:
+            return (int(self.qk_head_dim) + int(self.qk_pos_emb_head_dim) + int(self.v_head_dim)) / 2.0
+        return float(self.head_dim)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts is not None
+
+    @property
+    def moe_layer_pattern(self) -> tuple[int, ...]:
+        """One 0/1 per layer: 1 where the layer is a mixture of experts (Megatron-Core's
+        `moe_layer_freq`: an int k makes layer i an MoE layer when i % k == 0). Empty for dense."""
+        if not self.is_moe:
+            return ()
+        freq = self.moe_layer_freq
+        if isinstance(freq, tuple):
+            return freq
+        return tuple(1 if i % int(freq) == 0 else 0 for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_pattern)
+
+    @property
+    def moe_fraction(self) -> float:
+        """Share of the layers that are mixtures of experts (0 for a dense model)."""
+        return self.num_moe_layers / self.num_layers if self.is_moe else 0.0
+
+    @property
+    def mean_dense_ffn(self) -> float:
+        """FFN width of the tensor-parallel MLP per block, averaged over the layers: `ffn_hidden_size`
+        for a dense model; for a mixture of experts the dense layers' FFN and the MoE layers' shared
+        experts, weighted by how many layers are of each kind."""
+        if not self.is_moe:
+            return float(self.ffn_hidden_size)
+        share = self.moe_fraction
+        return (1.0 - share) * float(self.ffn_hidden_size) + share * self.shared_expert_size
+
+    @property
+    def shared_expert_size(self) -> int:
+        return int(self.moe_shared_expert_intermediate_size or 0)
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert (fc1, gated: two matrices, and fc2)."""
+        if not self.is_moe:
+            return 0
+        return (3 if self.gated_mlp else 2) * self.hidden_size * int(self.moe_ffn_hidden_size)
+
+    @property
+    def attention_params(self) -> int:
+        """Weights of one block's attention (projections; MLA's down/up projections and norms)."""
+        h = self.hidden_size
+        if self.multi_latent_attention:
+            a = self.num_attention_heads
+            qk = int(self.qk_head_dim) + int(self.qk_pos_emb_head_dim)
+            q = (h * self.q_lora_rank + self.q_lora_rank * a * qk + self.q_lora_rank
+                 if self.q_lora_rank else h * a * qk)
+            kv = h * (int(self.kv_lora_rank) + int(self.qk_pos_emb_head_dim)) + int(self.kv_lora_rank) * a * (
+                int(self.qk_head_dim) + int(self.v_head_dim)) + int(self.kv_lora_rank)
+            return q + kv + self.q_size * h
+        return h * (self.q_size + 2 * self.kv_hidden_size) + self.q_size * h
 
     @property
     def span(self) -> int:
@@ -227,15 +394,25 @@ class Model:
 
     @property
     def kv_hidden_size(self) -> int:
+        """Key (or value) width: query groups x head size; under MLA the mean of the up-projected
+        keys' and values' widths (heads x (qk + rope + v) / 2)."""
+        if self.multi_latent_attention:
+            qkv = int(self.qk_head_dim) + int(self.qk_pos_emb_head_dim) + int(self.v_head_dim)
+            return self.num_attention_heads * qkv // 2
         return int(self.num_query_groups) * self.head_dim
 
     @property
     def params_per_layer(self) -> int:
-        """Weights (+biases and two norms) of one transformer block."""
+        """Weights (+biases and two norms) of one transformer block; for a mixture of experts the
+        mean over the layers of what is not a routed expert (the dense MLP where a layer has one, the
+        router and shared experts where it is an MoE layer). `expert_params` are counted apart."""
         h, f = self.hidden_size, int(self.ffn_hidden_size)
-        attn = h * (h + 2 * self.kv_hidden_size) + h * h
-        mlp = (3 if self.gated_mlp else 2) * h * f
-        return attn + mlp + 4 * h
+        n = 3 if self.gated_mlp else 2
+        if not self.is_moe:
+            return self.attention_params + n * h * f + 4 * h
+        share = self.moe_fraction
+        moe = h * int(self.num_moe_experts) + n * h * self.shared_expert_size
+        return self.attention_params + round((1 - share) * n * h * f + share * moe) + 4 * h
 
     @property
     def embedding_params(self) -> int:
@@ -246,7 +423,9 @@ class Model:
         if self.layers:
             return sum(layer.num_params for layer in self.layers)
         head = 0 if self.tied_embeddings else self.embedding_params
-        return self.num_layers * self.params_per_layer + self.embedding_params + head + 2 * self.hidden_size
+        experts = self.num_moe_layers * int(self.num_moe_experts or 0) * self.expert_params
+        return (self.num_layers * self.params_per_layer + experts + self.embedding_params + head
+                + 2 * self.hidden_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,10 +702,17 @@ _NON_BOOL_OVERRIDES = ("zero3_gather", "host_us_per_block", "host_exposed_fracti
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """One parallel layout: the five grid degrees plus the options that change cost.
+    """One parallel layout: the grid degrees plus the options that change cost.
 
+    `G_cp`: context parallelism (each sample's sequence split over G_cp ranks; it multiplies the
+    world size). `G_ep` / `G_etp`: expert parallelism and expert tensor parallelism of
+    mixture-of-experts layers, which re-divide the world / G_inter ranks of one pipeline stage into
+    G_etp (innermost) x G_ep x expert-data (Megatron-Core's "MoE parallel folding"); they do not
+    multiply the world size. `G_etp=None` is Megatron-Core's default, the tensor-parallel size
+    (G_intra_r); `expert_tp` resolves it.
     `placement`: the axis order, innermost (consecutive ranks, fastest links) first; default
-    ("col", "row", "depth", "inter", "data"). `sequence_parallel`: Megatron-style sequence
+    ("col", "row", "cp", "depth", "inter", "data"); an order of the five axes without "cp" gets it
+    right after "row". `sequence_parallel`: Megatron-style sequence
     parallelism for the row-parallel (G_intra_r) case (reduce-scatter/all-gather instead of
     all-reduce, activations split over the row group).
     """
@@ -536,6 +722,9 @@ class Plan:
     G_intra_d: int = 1
     G_intra_r: int = 1
     G_intra_c: int = 1
+    G_cp: int = 1
+    G_ep: int = 1
+    G_etp: int | None = None
     micro_batch_size: int = 1
     schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
     virtual_stages: int = 1
@@ -545,8 +734,10 @@ class Plan:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
-        for name in (*DEGREE_FIELDS, "micro_batch_size", "virtual_stages"):
+        for name in (*DEGREE_FIELDS, "G_ep", "micro_batch_size", "virtual_stages"):
             _positive_int("plan", name, getattr(self, name))
+        if self.G_etp is not None:
+            _positive_int("plan", "G_etp", self.G_etp)
         _choice("plan", "schedule", self.schedule, SCHEDULES)
         _choice("plan", "recompute", self.recompute, RECOMPUTE)
         if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
@@ -557,7 +748,7 @@ class Plan:
                 f"got {self.schedule!r}"
             )
         if self.placement is not None:
-            placement = tuple(self.placement)
+            placement = default_placement(tuple(self.placement))
             object.__setattr__(self, "placement", placement)
             if sorted(placement) != sorted(AXES):
                 raise ValueError(f"plan.placement must be an ordering of {list(AXES)}, got {list(placement)}")
@@ -567,14 +758,35 @@ class Plan:
         return math.prod(getattr(self, name) for name in DEGREE_FIELDS)
 
     @property
-    def order(self) -> tuple[str, ...]:
+    def full_order(self) -> tuple[str, ...]:
+        """The placement over all six axes (cp included)."""
         return self.placement or AXES
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The placement as users see it: over the five AxoNN axes when G_cp = 1 (where "cp" sits
+        changes no rank), over all six with context parallelism."""
+        if self.G_cp > 1:
+            return self.full_order
+        return tuple(a for a in self.full_order if a != "cp")
 
     def degree(self, axis: str) -> int:
         return int(getattr(self, AXIS_FIELDS[axis]))
 
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallelism: G_etp, or Megatron-Core's default (the tensor-parallel size)."""
+        return int(self.G_etp) if self.G_etp is not None else int(self.G_intra_r)
+
     def grid_string(self) -> str:
-        return " ".join(f"{name}={getattr(self, name)}" for name in DEGREE_FIELDS)
+        """The degrees; G_cp, G_ep and G_etp only where they are set (a dense grid reads as before)."""
+        out = " ".join(f"{name}={getattr(self, name)}" for name in GRID5_FIELDS)
+        for name in ("G_cp", "G_ep"):
+            if getattr(self, name) != 1:
+                out += f" {name}={getattr(self, name)}"
+        if self.G_etp is not None:
+            out += f" G_etp={self.G_etp}"
+        return out
 
 
 SCALAR_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "placement")
@@ -595,8 +807,9 @@ def combination_problems(model: Model, cluster: Cluster, training: Training, pla
     plans in `tuner/constraints.py`."""
     problems: list[str] = []
     if plan.world_size != cluster.num_gpus:
+        named = DEGREE_FIELDS if plan.G_cp != 1 else GRID5_FIELDS
         problems.append(
-            f"{'*'.join(DEGREE_FIELDS)} = {'*'.join(str(getattr(plan, f)) for f in DEGREE_FIELDS)} = "
+            f"{'*'.join(named)} = {'*'.join(str(getattr(plan, f)) for f in named)} = "
             f"{plan.world_size} but cluster.num_gpus = {cluster.num_gpus}"
         )
     return problems + plan_problems(model, training, plan)
@@ -634,6 +847,45 @@ def plan_problems(model: Model, training: Training, plan: Plan) -> list[str]:
         problems.append(
             "plan.sequence_parallel applies to row-only tensor parallelism (G_intra_c = G_intra_d = 1)"
         )
+    return problems + context_expert_problems(model, training, plan)
+
+
+def context_expert_problems(model: Model, training: Training, plan: Plan) -> list[str]:
+    """The rules of context and expert parallelism (`perfmodels.rules`), in words, and whether the
+    training stack runs them (`Stack.context_parallel`, `Stack.expert_parallel`)."""
+    from perfmodels import rules
+
+    problems: list[str] = []
+    if plan.G_cp == 1 and plan.G_ep == 1 and plan.G_etp is None:
+        return problems
+    if model.kind != "transformer":
+        return [f"plan.G_cp={plan.G_cp}, G_ep={plan.G_ep} and G_etp={plan.G_etp} apply to transformers, "
+                "not to a model given as a layer list"]
+    stack = training.effective_stack
+    s = model.seq_length
+    if not rules.context_split(s, plan.G_cp):
+        problems.append(
+            f"G_cp={plan.G_cp} is larger than model.seq_length={s} allows: context parallelism cuts each "
+            f"sequence into 2*G_cp = {2 * plan.G_cp} equal chunks (causal load balancing), so 2*G_cp must "
+            "divide seq_length")
+    if plan.G_cp > 1 and not stack.context_parallel:
+        problems.append(f"the {stack.name} stack does not run context parallelism (G_cp={plan.G_cp})")
+    if not rules.dense_without_experts(model.is_moe, plan.G_ep):
+        problems.append(
+            f"G_ep={plan.G_ep} needs a mixture-of-experts model (model.num_moe_experts is not set)")
+    if model.is_moe:
+        E = int(model.num_moe_experts)
+        if not rules.experts_split(E, plan.G_ep):
+            problems.append(f"G_ep={plan.G_ep} does not divide model.num_moe_experts={E}")
+        stage_ranks = plan.world_size // plan.G_inter
+        etp = plan.expert_tp
+        if not rules.expert_grid_fits(stage_ranks, plan.G_ep, etp):
+            problems.append(
+                f"G_etp*G_ep = {etp}*{plan.G_ep} = {etp * plan.G_ep} does not divide the {stage_ranks} ranks "
+                "of a pipeline stage (world size / G_inter)")
+        if (plan.G_ep > 1 or etp > 1) and not stack.expert_parallel:
+            problems.append(f"the {stack.name} stack does not run expert parallelism (G_ep={plan.G_ep}, "
+                            f"G_etp={etp})")
     return problems
 
 
@@ -697,6 +949,10 @@ class TimeBreakdown:
     exposed_comm_s: float
     hidden_comm_s: float
     host_wait_s: float = 0.0
+    ep_comm_s: float = 0.0
+    """Expert all-to-alls (with the load imbalance) and expert tensor-parallel all-reduces."""
+    cp_comm_s: float = 0.0
+    """Context-parallel ring transfers (all of them; `exposed_comm_s` holds what attention does not hide)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -174,6 +174,18 @@ class Stack:
     - `schedules`: pipeline schedules it implements; `zero_stages`: the ZeRO stages it offers;
     - `tensor_parallel` (row-parallel Megatron-style), `tensor_parallel_3d` (G_intra_c and
       G_intra_d as well: AxoNN-style), `pipeline_parallel`, `sequence_parallel` (Megatron's, 2022).
+    - `context_parallel`: G_cp > 1, ring attention over the sequence chunks (Megatron-Core
+      `--context-parallel-size` with Transformer Engine's `cp_comm_type` p2p, NeMo; torchtitan's
+      `context_parallel` ring; the engine's ring). DeepSpeed's Ulysses (all-to-all over heads) is a
+      different algorithm this model does not cost, so the deepspeed preset says False.
+    - `expert_parallel`: G_ep > 1 or G_etp > 1 for mixture-of-experts layers (Megatron-Core
+      `--expert-model-parallel-size` / `--expert-tensor-parallel-size`, NeMo; torchtitan's
+      `expert_parallel_degree`; DeepSpeed-MoE's `ep_size`; the engine's all-to-all dispatch).
+    - `overlap_ep_comm`: under an interleaved pipeline schedule the expert all-to-alls of one
+      micro-batch run behind the compute of another (Megatron-Core
+      `--overlap-moe-expert-parallel-comm`, the "1F1B A2A overlap" of its combined 1F1B schedule,
+      which needs virtual pipeline stages; Megatron-Bridge's MoE performance recipes turn it on).
+      Otherwise they sit on the critical path.
     """
 
     name: str
@@ -219,6 +231,9 @@ class Stack:
     tensor_parallel_3d: bool = False
     sequence_parallel: bool = True
     vocab_parallel_embedding: bool = True
+    context_parallel: bool = False
+    expert_parallel: bool = False
+    overlap_ep_comm: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -344,6 +359,9 @@ _MEGATRON_CORE = Stack(
     zero2_grad_bytes=2.0,
     zero2_master_bytes=2.0,
     zero_stages=(0, 1, 2),
+    context_parallel=True,
+    expert_parallel=True,
+    overlap_ep_comm=True,
     **_MEGATRON,
 )
 """Megatron-Core as Megatron-LM runs it; the `nemo` preset is this with NeMo's bf16 gradients."""
@@ -399,6 +417,8 @@ STACK_PRESETS: dict[str, Stack] = {
             schedules=("1f1b",),
             zero_stages=(0, 1, 2, 3),
             sequence_parallel=False,
+            # DeepSpeed-MoE: experts over `ep_size` ranks with all-to-all dispatch
+            expert_parallel=True,
             **_DEEPSPEED,
         ),
         Stack(
@@ -427,6 +447,10 @@ STACK_PRESETS: dict[str, Stack] = {
             sp_saves_gathered_inputs=True,
             schedules=("gpipe", "1f1b", "interleaved-1f1b"),
             zero_stages=(0, 2, 3),
+            # torchtitan's `parallelism.context_parallel_degree` (ring attention over SDPA) and
+            # `expert_parallel_degree` (all-to-all token dispatch)
+            context_parallel=True,
+            expert_parallel=True,
             **_FSDP,
         ),
         Stack(
@@ -468,6 +492,10 @@ STACK_PRESETS: dict[str, Stack] = {
             tensor_parallel_3d=True,
             sequence_parallel=False,
             vocab_parallel_embedding=False,
+            # the engine's ring attention over "cp" and all-to-all expert dispatch over "ep"
+            # (docs/architecture.md, the byte contract of perfmodels.traffic)
+            context_parallel=True,
+            expert_parallel=True,
             # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
             # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
             # unsharded, +20% with row, +60% with col, +30% with depth split; each split axis
@@ -496,6 +524,15 @@ def can_run(stack: Stack, *, G_inter: np.ndarray, G_intra_r: np.ndarray, G_intra
     ok &= stack.pipeline_parallel | (G_inter == 1)
     ok &= stack.sequence_parallel | ~np.asarray(sequence_parallel, bool)
     return ok
+
+
+def can_run_context_expert(stack: Stack, *, G_cp: np.ndarray, G_ep: np.ndarray,
+                           expert_tp: np.ndarray) -> np.ndarray:
+    """Which plans this stack runs as far as context parallelism (G_cp) and expert parallelism
+    (G_ep, and expert tensor parallelism `expert_tp`, G_etp resolved) go: `Stack.context_parallel`,
+    `Stack.expert_parallel`."""
+    ok = np.asarray(stack.context_parallel | (np.asarray(G_cp) == 1))
+    return ok & (stack.expert_parallel | ((np.asarray(G_ep) == 1) & (np.asarray(expert_tp) == 1)))
 
 
 def preset(name: str, **overrides: object) -> Stack:

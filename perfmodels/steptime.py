@@ -29,16 +29,23 @@ reduce-scatters). What may hide behind what:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodels import collectives
-from perfmodels.compute import StageCompute, host_seconds_per_block, model_flops_per_token, stage_compute
+from perfmodels import collectives, context, experts
+from perfmodels.compute import (
+    Rank,
+    StageCompute,
+    _attention,
+    host_seconds_per_block,
+    model_flops_per_token,
+    stage_compute,
+)
 from perfmodels.layout import group_geometry
 from perfmodels.memory import StageMemory, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
-from perfmodels.plans import RECOMPUTE_CODE, PlanArrays, from_plans
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, from_plans
 from perfmodels.specs import (
     Cluster,
     MemoryBreakdown,
@@ -50,7 +57,15 @@ from perfmodels.specs import (
     validate_combination,
 )
 from perfmodels.stacks import Stack
-from perfmodels.traffic import CommEvent, StageShape, comm_events, stage_shape, units_on_stage
+from perfmodels.traffic import (
+    EXTRA_AXES,
+    REPORTED_AXES,
+    CommEvent,
+    StageShape,
+    comm_events,
+    stage_shape,
+    units_on_stage,
+)
 
 TP_TAGS = ("tp_fwd", "tp_bwd", "norm", "loss", "convert")
 DEPTH_TAGS = ("depth_ag", "depth_rs")
@@ -250,12 +265,15 @@ def _host_seconds_per_microbatch(model: Model, cluster: Cluster, training: Train
 
 def _per_group_totals(events: list[CommEvent], n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(bytes, calls) per step on each axis's groups, for the report."""
-    axes = ("row", "col", "depth", "inter", "data")  # the order the answers have always listed them in
-    byte_totals: dict[str, np.ndarray] = {a: np.zeros(n) for a in axes}
-    call_totals: dict[str, np.ndarray] = {a: np.zeros(n) for a in axes}
+    axes = REPORTED_AXES  # the order the answers have always listed them in
+    byte_totals: dict[str, np.ndarray] = {a: np.zeros(n) for a in (*axes, *EXTRA_AXES)}
+    call_totals: dict[str, np.ndarray] = {a: np.zeros(n) for a in (*axes, *EXTRA_AXES)}
     for ev in events:
         byte_totals[ev.axis] = byte_totals[ev.axis] + ev.payload_bytes * ev.calls
         call_totals[ev.axis] = call_totals[ev.axis] + ev.calls
+    for extra in EXTRA_AXES:  # "cp", "ep", "etp", "edp" only where some plan uses them
+        if not call_totals[extra].any():
+            del byte_totals[extra], call_totals[extra]
     return byte_totals, call_totals
 
 
@@ -321,18 +339,85 @@ def _pipeline_seconds(arrays: PlanArrays, m: np.ndarray, t_mb: np.ndarray, comp:
 
 
 def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
-    """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first)."""
+    """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first). Plans
+    with context parallelism are scored per G_cp through `perfmodels.context.view`."""
+    cps = np.unique(arrays.G_cp)
+    if len(cps) == 1 and cps[0] == 1:
+        return _predict_many(model, cluster, training, arrays)
+    parts = []
+    for cp in cps:
+        idx = np.flatnonzero(arrays.G_cp == cp)
+        real = arrays.take(idx)
+        model_v, training_v, arrays_v = context.view(model, training, real, int(cp))
+        parts.append((idx, _predict_many(model_v, cluster, training_v, arrays_v, cp=int(cp), real=real)))
+    return _merge(arrays, parts)
+
+
+def _merge(arrays: PlanArrays, parts: list[tuple[np.ndarray, BatchPrediction]]) -> BatchPrediction:
+    """One BatchPrediction over `arrays` from predictions of its subsets (`idx`, prediction)."""
+    n = len(arrays)
+
+    def scatter(get) -> np.ndarray:
+        out = np.zeros(n)
+        for idx, b in parts:
+            out[idx] = get(b)
+        return out
+
+    first = parts[0][1]
+    keys_bytes = list(dict.fromkeys(k for _, b in parts for k in b.bytes_per_group))
+    mem = StageMemory(**{f: scatter(lambda b, f=f: getattr(b.memory, f))
+                         for f in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib",
+                                   "comm_buffers_gib", "overhead_gib", "total_gib")},
+                      capacity_gib=first.memory.capacity_gib)
+    return BatchPrediction(
+        arrays=arrays,
+        iteration_time_s=scatter(lambda b: b.iteration_time_s),
+        tokens_per_s=scatter(lambda b: b.tokens_per_s),
+        tflops_per_gpu=scatter(lambda b: b.tflops_per_gpu),
+        mfu=scatter(lambda b: b.mfu),
+        parts={k: scatter(lambda b, k=k: b.parts[k]) for k in first.parts},
+        memory=mem,
+        bytes_per_group={k: scatter(lambda b, k=k: b.bytes_per_group.get(k, 0.0)) for k in keys_bytes},
+        calls_per_group={k: scatter(lambda b, k=k: b.calls_per_group.get(k, 0.0)) for k in keys_bytes},
+        constants_source=first.constants_source,
+        uncertainty_rel=first.uncertainty_rel,
+    )
+
+
+def _geometry(cluster: Cluster, arrays: PlanArrays, cp: int, real: PlanArrays | None,
+              model: Model) -> dict[str, dict[str, np.ndarray]]:
+    """Group geometry of every axis: the grid's (of the real plans, so the axes outside "cp" keep
+    their strides, with the data group of the context view: G_data * G_cp ranks), and the expert
+    groups' for a mixture of experts."""
+    n = cluster.gpus_per_node_used
+    geo = group_geometry(arrays.degrees(), arrays.placement, n)
+    if real is not None and cp > 1:
+        geo = {**group_geometry(real.degrees(), real.placement, n), "data": geo["data"]}
+    if model.is_moe:
+        geo.update(experts.expert_geometry(arrays, n, cp))
+    return geo
+
+
+def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, cp: int = 1,
+                  real: PlanArrays | None = None) -> BatchPrediction:
+    """`predict_many` for plans of one context-parallel degree `cp`: `model`, `training` and
+    `arrays` are the context view (`perfmodels.context.view`) of the `real` plans when cp > 1."""
     m = arrays.num_microbatches(training).astype(np.float64)
     st = stage_shape(model.num_layers, arrays, "busiest")
     comp: StageCompute = stage_compute(model, cluster, training, arrays, st)
     avg = stage_compute(model, cluster, training, arrays, _average_stage(model, arrays))
-    geo = group_geometry(arrays.degrees(), arrays.placement, cluster.gpus_per_node_used)
-    events = comm_events(model, training, arrays, "busiest")
+    geo = _geometry(cluster, arrays, cp, real, model)
+    full_rc = (arrays.recompute == RECOMPUTE_CODE["full"]).astype(np.float64)
+    events = comm_events(model, training, arrays, "busiest") + context.ring_events(
+        model, training, arrays, cp, st.blocks.astype(np.float64), m, full_rc)
     prof = cluster.profile
     corr = (lambda name: prof.correction(name)) if prof is not None else (lambda name: 1.0)
-    t = _comm_by_kind(_comm_seconds(cluster, training, arrays, events, geo), len(arrays))
+    secs = _comm_seconds(cluster, training, arrays, events, geo)
+    t = _comm_by_kind(secs, len(arrays))
     t["p2p_call"] = _p2p_seconds(cluster, training, arrays, events, geo)
     stack = training.effective_stack
+    ep_a2a, ep_etp, ep_grad = experts.group_seconds(secs, len(arrays))
+    ring_total, ring_exposed = _ring_seconds(cluster, model, training, arrays, cp, geo, st, full_rc)
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
     compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
@@ -353,7 +438,16 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
     zero3_total = t["zero3"] * c_dp
     zero3_exposed = _prefetched_exposed(zero3_total, stack.overlap_param_gather, compute_step, m)
-    per_mb_exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed) / m
+    # expert all-to-alls and expert tensor-parallel all-reduces sit on the critical path; the ring
+    # shows only what its hops take beyond the attention they overlap (perfmodels.context)
+    ep_total = (ep_a2a + ep_etp) * c_tp
+    interleaved = arrays.schedule == SCHEDULE_CODE["interleaved-1f1b"]
+    ep_exposed = np.where(stack.overlap_ep_comm & interleaved & (arrays.G_inter > 1),
+                          _prefetched_exposed(ep_a2a * c_tp, True, compute_step, m),
+                          ep_a2a * c_tp) + ep_etp * c_tp
+    ring = ring_total * m * c_tp
+    ring_exp = ring_exposed * m * c_tp
+    per_mb_exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + ep_exposed + ring_exp) / m
     t_mb_gpu = compute_mb + per_mb_exposed
     # where the framework launches asynchronously the GPU only waits when it outruns the host (a
     # floor); where it synchronizes around layers, `host_exposed_fraction` of the host time adds
@@ -361,6 +455,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
     bubble, p2p = _pipeline_seconds(arrays, m, t_mb, comp, avg, t["p2p_call"], c_pp)
+    t["dp_step"] = t["dp_step"] + ep_grad  # expert gradients over expert-data, as the dense ones over data
     dp_total, dp_exposed = _once_per_step_data_parallel(t, comp, stack, c_dp)
     depth_grad = t["depth_grad"] * c_dp
     optimizer = comp.optimizer_s * c_compute
@@ -371,8 +466,10 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     flops = 3.0 * model_flops_per_token(model) * tokens
     peak = cluster.gpu.peak_tflops(training.dtype) * 1e12
     tflops_per_gpu = flops / (iteration * arrays.world_size) / 1e12
-    comm_total = tp_total + depth_total + dp_mb_total + zero3_total + dp_total + p2p + depth_grad
-    exposed = tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + dp_exposed + p2p + depth_grad
+    comm_total = (tp_total + depth_total + dp_mb_total + zero3_total + dp_total + p2p + depth_grad + ep_total
+                  + ring)
+    exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + dp_exposed + p2p + depth_grad
+               + ep_exposed + ring_exp)
     parts = {  # the TimeBreakdown fields, one array each
         "compute_s": compute_step,
         "gemm_s": m * (comp.gemm_fwd_s * 3.0) * c_compute,
@@ -390,6 +487,8 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
         "exposed_comm_s": exposed,
         "hidden_comm_s": np.maximum(comm_total - exposed, 0.0),
         "host_wait_s": m * (t_mb - t_mb_gpu),
+        "ep_comm_s": ep_total,
+        "cp_comm_s": ring,
     }
     mem = peak_memory(model, cluster, training, arrays, st.blocks, m)
     byte_totals, call_totals = _per_group_totals(events, len(arrays))
@@ -404,10 +503,51 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
+    cps = np.unique(arrays.G_cp)
+    if not (len(cps) == 1 and cps[0] == 1):
+        n = len(arrays)
+        names = ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
+                 "overhead_gib", "total_gib")
+        out = {name: np.zeros(n) for name in names}
+        capacity = float(cluster.gpu.memory_gib)
+        for cp in cps:
+            idx = np.flatnonzero(arrays.G_cp == cp)
+            part = _memory_one_cp(model, cluster, training, arrays.take(idx), int(cp))
+            for name in names:
+                out[name][idx] = getattr(part, name)
+        return StageMemory(**out, capacity_gib=capacity)
     m = arrays.num_microbatches(training).astype(np.float64)
     return peak_memory(
         model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m
     )
+
+
+def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                   cp: int) -> StageMemory:
+    """Memory of plans of one context-parallel degree: their context view's, with the cp group's
+    NCCL buffers."""
+    model_v, training_v, arrays_v = context.view(model, training, arrays, cp)
+    mem = memory_many(model_v, cluster, training_v, arrays_v)
+    if cp == 1 or cluster.backend == "gloo":
+        return mem
+    extra = training.effective_stack.comm_buffer_gib
+    return replace(mem, comm_buffers_gib=mem.comm_buffers_gib + extra, total_gib=mem.total_gib + extra)
+
+
+def _ring_seconds(cluster: Cluster, model: Model, training: Training, arrays: PlanArrays, cp: int,
+                  geo: dict[str, dict[str, np.ndarray]], st: StageShape,
+                  full_rc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(total, exposed) ring seconds per micro-batch of the stage's attention layers."""
+    n = len(arrays)
+    if cp == 1:
+        return np.zeros(n), np.zeros(n)
+    rank = Rank.of(model, cluster, training, arrays)
+    heads = model.num_attention_heads / rank.G_r
+    attn_fwd, attn_bwd, _ = _attention(model, cluster, training, rank.b, heads)
+    total, exposed = context.ring_exposed_s(cluster, model, training, arrays, cp, geo["cp"],
+                                            np.asarray(attn_fwd), np.asarray(attn_bwd), full_rc)
+    blocks = st.blocks.astype(np.float64)
+    return total * blocks, exposed * blocks
 
 
 def predict(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Prediction:

@@ -49,6 +49,9 @@ class Linear:
     bias: bool = True
     split: Split = "grid"
     vocab: bool = False
+    share: float = 1.0
+    """Fraction of the unit's copies that hold this Linear: a block's dense MLP where only some
+    layers are dense (mixture-of-experts models), its shared experts where only some are MoE."""
 
     def divides(self, out_split: Degree, in_split: Degree, depth: Degree) -> bool | np.ndarray:
         """Whether this Linear is split on a grid whose output/input feature splits and depth degree
@@ -110,17 +113,53 @@ class Unit:
         return self.placement in ("block", "head")
 
 
+def _attention_linears(model: Model) -> tuple[Linear, ...]:
+    """The attention projections of a block: QKV and the output projection (queries of
+    `Model.q_size`), or multi-latent attention's (Megatron-Core `MLASelfAttention`: the query and
+    key/value down-projections are not split over tensor-parallel ranks, "duplicated"; the
+    up-projections are column-parallel, the output projection row-parallel)."""
+    h, kv, s, q = model.hidden_size, model.kv_hidden_size, model.seq_length, model.q_size
+    bias = not model.gated_mlp
+    if not model.multi_latent_attention:
+        return (Linear("qkv", h, q + 2 * kv, s, bias=bias),
+                Linear("out_proj", q, h, s, transposed=True, bias=bias))
+    a, pos = model.num_attention_heads, int(model.qk_pos_emb_head_dim)
+    qk, v, kv_rank = int(model.qk_head_dim) + pos, int(model.v_head_dim), int(model.kv_lora_rank)
+    out: list[Linear] = []
+    if model.q_lora_rank:
+        out += [Linear("q_down", h, int(model.q_lora_rank), s, bias=False, split="plain"),
+                Linear("q_up", int(model.q_lora_rank), a * qk, s, bias=False)]
+    else:
+        out.append(Linear("q", h, a * qk, s, bias=False))
+    out += [Linear("kv_down", h, kv_rank + pos, s, bias=False, split="plain"),
+            Linear("kv_up", kv_rank, a * (int(model.qk_head_dim) + v), s, bias=False),
+            Linear("out_proj", a * v, h, s, transposed=True, bias=False)]
+    return tuple(out)
+
+
+def _mlp_linears(model: Model) -> tuple[Linear, ...]:
+    """A block's tensor-parallel MLPs: the dense MLP in the layers that have one, the shared experts
+    in the mixture-of-experts layers (their routed experts are `perfmodels.experts`')."""
+    h, f, s = model.hidden_size, int(model.ffn_hidden_size), model.seq_length
+    gated, bias = model.gated_mlp, not model.gated_mlp
+    up = 2 if gated else 1
+    moe = model.moe_fraction
+    out: list[Linear] = []
+    if moe < 1.0:
+        out += [Linear("fc1", h, up * f, s, bias=bias, share=1.0 - moe),
+                Linear("fc2", f, h, s, transposed=True, bias=bias, share=1.0 - moe)]
+    fs = model.shared_expert_size
+    if moe > 0.0 and fs:
+        out += [Linear("shared_fc1", h, up * fs, s, bias=False, share=moe),
+                Linear("shared_fc2", fs, h, s, transposed=True, bias=False, share=moe)]
+    return tuple(out)
+
+
 def _transformer_units(model: Model) -> tuple[Unit, ...]:
-    h, f, kv, s = model.hidden_size, int(model.ffn_hidden_size), model.kv_hidden_size, model.seq_length
-    gated = model.gated_mlp
+    h, s = model.hidden_size, model.seq_length
     block = Unit(
         name="block", placement="block", count=model.num_layers, params=model.params_per_layer,
-        attention=True, layers=(
-            Linear("qkv", h, h + 2 * kv, s, bias=not gated),
-            Linear("out_proj", h, h, s, transposed=True, bias=not gated),
-            Linear("fc1", h, (2 if gated else 1) * f, s, bias=not gated),
-            Linear("fc2", f, h, s, transposed=True, bias=not gated),
-        ),
+        attention=True, layers=(*_attention_linears(model), *_mlp_linears(model)),
     )
     embedding = Unit(name="embedding", placement="embedding", params=model.embedding_params)
     lm_head = Linear("lm_head", h, model.vocab_size, s, bias=False, vocab=True)

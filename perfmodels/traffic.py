@@ -236,9 +236,11 @@ class _Stage:
         out_split, in_split = (G_c, G_r) if lin.transposed else (G_r, G_c)
         out_axis, in_axis = ("row", "col") if lin.transposed else ("col", "row")
         grid = lin.split == "grid"
+        copies = count * lin.share  # copies of the layer (a layer list's: one)
+        count = copies
         if not grid:
             ok = lin.divides(out_split, in_split, G_d)
-            count = ok * 1.0
+            count = ok * copies
         grad_in = count if grid else count * self.grad_flows
         sp = arrays.sequence_parallel if grid else np.zeros(len(arrays), bool)
         w_block = n * k / (G_r * G_c)
@@ -267,8 +269,8 @@ class _Stage:
             ev.add(in_axis, "all_gather", "recompute", "convert", rows * n * e, count * m * rc)
             b = n / out_split if lin.bias else 0.0
             whole = k * n + (n if lin.bias else 0)
-            self.local_params = self.local_params + np.where(ok, w_block / G_d + b, whole)
-            self.replicated = self.replicated + np.where(ok, b, whole)
+            self.local_params = self.local_params + copies * np.where(ok, w_block / G_d + b, whole)
+            self.replicated = self.replicated + copies * np.where(ok, b, whole)
         self.grad_flows = True
 
     def replicated_params(self, params: np.ndarray | float) -> None:
@@ -282,7 +284,30 @@ def comm_events(
 ) -> list[CommEvent]:
     """All communication of one rank in one optimizer step (steady state): the Linears of the
     model's units (`_Stage.linear`), for a transformer also its norms, loss and pipeline transfers;
-    then the gradient sync of every parameter the stage holds."""
+    then the gradient sync of every parameter the stage holds. Mixture-of-experts layers add their
+    all-to-alls and expert gradients (`perfmodels.experts`); context parallelism (every plan of
+    `arrays` with one G_cp) its ring over "cp" and the dp-cp gradient group under "data"
+    (`perfmodels.context`)."""
+    from perfmodels import context
+
+    cps = np.unique(arrays.G_cp)
+    if len(cps) > 1:
+        raise ValueError("comm_events takes plans of one G_cp; bytes_per_group splits mixed ones")
+    cp = int(cps[0]) if len(cps) else 1
+    if cp == 1:
+        return _comm_events(model, training, arrays, stage)
+    model_v, training_v, arrays_v = context.view(model, training, arrays, cp)
+    events = _comm_events(model_v, training_v, arrays_v, stage)
+    st = stage_shape(model.num_layers, arrays_v, stage)
+    m = arrays_v.num_microbatches(training_v).astype(np.float64)
+    full_rc = (arrays_v.recompute == RECOMPUTE_CODE["full"]).astype(np.float64)
+    layers = st.blocks.astype(np.float64)
+    return events + context.ring_events(model_v, training_v, arrays_v, cp, layers, m, full_rc)
+
+
+def _comm_events(
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
+) -> list[CommEvent]:
     rank = _Stage(training, arrays)
     if model.layers:
         return _layer_list_events(model, training, rank)
@@ -324,6 +349,11 @@ def comm_events(
     else:  # every parameter tensor: 4 weights (+4 biases) and 2 norms (weight, +bias) per block
         units, unit_bytes = blocks * (4 * (1 + bias) + 2 * norm_params) + st.has_embedding * (
             2 if bias else 1) + st.has_head * (1 + norm_params), None
+    if model.is_moe:
+        from perfmodels import experts
+
+        ev.deg.update(experts.expert_degrees(arrays))
+        experts.add_events(ev, model, training, arrays, blocks * model.moe_fraction, m, rank.full_rc)
     _grad_sync_events(ev, arrays, training, rank.local_params, rank.replicated, m, units, unit_bytes)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
@@ -417,18 +447,33 @@ def _layer_list_events(model: Model, training: Training, rank: _Stage) -> list[C
     return rank.ev.items
 
 
+REPORTED_AXES = ("row", "col", "depth", "inter", "data")
+"""The groups every per-group answer lists; "cp", "ep", "etp" and "edp" follow where they carry
+traffic (`EXTRA_AXES`)."""
+EXTRA_AXES = ("cp", "ep", "etp", "edp")
+
+
+def _per_group(model: Model, training: Training, arrays: PlanArrays, stage: int | str,
+               bytes_: bool) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(arrays)))
+    for cp in np.unique(arrays.G_cp):
+        idx = np.flatnonzero(arrays.G_cp == cp)
+        part = arrays.take(idx)
+        for item in comm_events(model, training, part, stage):
+            add = item.payload_bytes * item.calls if bytes_ else item.calls
+            out[item.axis] = out[item.axis].copy()
+            out[item.axis][idx] += add
+    used = [a for a in EXTRA_AXES if a in out and out[a].any()]
+    return {axis: out[axis] for axis in (*REPORTED_AXES, *used)}
+
+
 def bytes_per_group(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest",
                     ) -> dict[str, np.ndarray]:
-    """Logical bytes per rank per optimizer step, per grid axis (the engine recorder's units)."""
-    out: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(arrays)))
-    for item in comm_events(model, training, arrays, stage):
-        out[item.axis] = out[item.axis] + item.payload_bytes * item.calls
-    return {axis: out[axis] for axis in ("row", "col", "depth", "inter", "data")}
+    """Logical bytes per rank per optimizer step, per group (the engine recorder's units): the five
+    grid axes, then "cp", "ep", "etp" and "edp" where any plan sends over them."""
+    return _per_group(model, training, arrays, stage, True)
 
 
 def calls_per_group(model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest",
                     ) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(arrays)))
-    for item in comm_events(model, training, arrays, stage):
-        out[item.axis] = out[item.axis] + item.calls
-    return {axis: out[axis] for axis in ("row", "col", "depth", "inter", "data")}
+    return _per_group(model, training, arrays, stage, False)

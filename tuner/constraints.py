@@ -21,8 +21,8 @@ import numpy as np
 
 from perfmodels import rules
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
-from perfmodels.specs import DEGREE_FIELDS, Cluster, Model, Training
-from perfmodels.stacks import can_run
+from perfmodels.specs import GRID5_FIELDS, Cluster, Model, Training
+from perfmodels.stacks import can_run, can_run_context_expert
 
 Columns = dict[str, np.ndarray]
 
@@ -35,7 +35,14 @@ class Rejection:
 
 
 def _grid_str(cols: Columns, i: int) -> str:
-    return " ".join(f"{name}={cols[name][i]}" for name in DEGREE_FIELDS)
+    """The degrees of plan i: the five AxoNN ones, then G_cp, G_ep and G_etp where they are set."""
+    out = " ".join(f"{name}={cols[name][i]}" for name in GRID5_FIELDS)
+    for name in ("G_cp", "G_ep"):
+        if name in cols and cols[name][i] != 1:
+            out += f" {name}={cols[name][i]}"
+    if "G_etp" in cols and cols["G_etp"][i] > 0:
+        out += f" G_etp={cols['G_etp'][i]}"
+    return out
 
 
 def _none(n: int) -> Rejection:
@@ -170,8 +177,61 @@ def stack_can_run(model: Model, cluster: Cluster, training: Training, cols: Colu
                                f"zero_stage={cols['zero_stage'][i]}")
 
 
-GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split)
-PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run)
+def context_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Context parallelism cuts each sequence into 2*G_cp chunks (causal load balancing)."""
+    cp = cols.get("G_cp", np.ones_like(cols["G_data"]))
+    if model.kind != "transformer":
+        return Rejection(cp > 1, "G_cp applies to transformers", lambda i: f"G_cp={cp[i]} on a layer list")
+    s = model.seq_length
+    return Rejection(~rules.context_split(s, cp),
+                     f"G_cp larger than model.seq_length={s} allows (2*G_cp must "
+                     "divide it)", lambda i: f"G_cp={cp[i]}: 2*G_cp={2 * cp[i]} does not divide "
+                     f"model.seq_length={s}")
+
+
+def experts_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """G_ep divides the expert count; a dense model has G_ep = 1."""
+    ep = cols.get("G_ep", np.ones_like(cols["G_data"]))
+    if not model.is_moe:
+        return Rejection(~rules.dense_without_experts(False, ep), "G_ep > 1 needs a mixture-of-experts model",
+                         lambda i: f"G_ep={ep[i]} on a model without experts")
+    E = int(model.num_moe_experts)
+    return Rejection(~rules.experts_split(E, ep), f"G_ep does not divide model.num_moe_experts={E}",
+                     lambda i: f"G_ep={ep[i]} does not divide model.num_moe_experts={E}")
+
+
+def expert_grid_fits(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """MoE parallel folding: G_etp * G_ep divides the ranks of a pipeline stage."""
+    n = len(cols["G_data"])
+    if not model.is_moe:
+        return _none(n)
+    ep = cols.get("G_ep", np.ones(n, np.int64))
+    etp_col = cols.get("G_etp", np.zeros(n, np.int64))
+    etp = np.where(etp_col > 0, etp_col, cols["G_intra_r"])
+    stage = (cols["G_data"] * cols["G_intra_d"] * cols["G_intra_r"] * cols["G_intra_c"]
+             * cols.get("G_cp", np.ones(n, np.int64)))
+    return Rejection(~rules.expert_grid_fits(stage, ep, etp),
+                     "G_etp*G_ep does not divide the ranks of a pipeline stage (world / G_inter)",
+                     lambda i: f"G_etp*G_ep={etp[i]}*{ep[i]} does not divide the {stage[i]} ranks of a stage")
+
+
+def stack_runs_context_expert(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Context and expert parallelism only where the stack runs them (`Stack.context_parallel`,
+    `Stack.expert_parallel`)."""
+    stack = training.effective_stack
+    n = len(cols["G_data"])
+    cp = cols.get("G_cp", np.ones(n, np.int64))
+    ep = cols.get("G_ep", np.ones(n, np.int64))
+    etp_col = cols.get("G_etp", np.zeros(n, np.int64))
+    etp = np.where(etp_col > 0, etp_col, cols["G_intra_r"]) if model.is_moe else np.ones(n, np.int64)
+    ok = can_run_context_expert(stack, G_cp=cp, G_ep=ep, expert_tp=etp)
+    return Rejection(~ok, f"the {stack.name} stack does not run this context or expert parallelism",
+                     lambda i: f"{stack.name} cannot run G_cp={cp[i]} G_ep={ep[i]} G_etp={etp[i]}")
+
+
+GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
+PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run, experts_split,
+                    expert_grid_fits, stack_runs_context_expert)
 
 
 def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:

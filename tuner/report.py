@@ -71,3 +71,15 @@ def write_candidates_csv(rec: Recommendation, path: str | Path) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return out
+
+
+def parallel_columns(plans: list[Plan]) -> list[tuple[str, Any]]:
+    """The table columns for context and expert parallelism, only where some plan uses them:
+    ("CP", G_cp) and ("EP", G_ep), ("ETP", G_etp resolved) as (header, plan -> text)."""
+    out: list[tuple[str, Any]] = []
+    if any(p.G_cp > 1 for p in plans):
+        out.append(("CP", lambda p: str(p.G_cp)))
+    if any(p.G_ep > 1 or p.G_etp is not None for p in plans):
+        out.append(("EP", lambda p: str(p.G_ep)))
+        out.append(("ETP", lambda p: str(p.expert_tp)))
+    return out

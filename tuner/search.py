@@ -29,7 +29,7 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
-from tuner.space import GRID_COLUMNS, expand_options, grid_rows, placements
+from tuner.space import GRID_COLUMNS, cp_options, expand_options, grid_rows, placements
 from tuner.types import Candidate, Recommendation, SearchOptions
 
 MAX_GPUS = 1 << 20
@@ -57,7 +57,8 @@ class _Pruned:
 def _valid_grids(model: Model, cluster: Cluster, training: Training, options: SearchOptions,
                  pruned: _Pruned) -> tuple[np.ndarray, int]:
     """The degree grids the pins allow and no grid constraint rejects, and how many were looked at."""
-    grids, pinned = grid_rows(cluster.num_gpus, options)
+    cps = cp_options(model, training, options, cluster.num_gpus)
+    grids, pinned = grid_rows(cluster.num_gpus, options, cps)
     alive = pinned.copy()
     pinned_out = int((~pinned).sum())
     if pinned_out:
@@ -97,7 +98,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
     num_valid = 0
     truncated = False
-    orders = placements(options)
+    orders = placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()))
     stopped = (orders[0], 0)
     for order in orders:
         for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
@@ -119,7 +120,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
             batch = predict_many(model, cluster, training, arrays)
             # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
             simpler = (arrays.zero_stage + arrays.recompute + (exp.placement != orders[0])
-                       + arrays.sequence_parallel)
+                       + arrays.sequence_parallel + (arrays.G_cp > 1) + (arrays.G_ep > 1))
             times = batch.iteration_time_s * (1.0 + 1e-9 * simpler)
             keep = top_k * len(orders)  # room for placements that merge into one row
             k = min(keep, len(times))

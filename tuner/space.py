@@ -6,6 +6,13 @@ Grid degrees are not restricted to powers of two. Options expand per grid only w
 something: schedules and virtual stages only with G_inter > 1, ZeRO stages only with G_data > 1,
 an alternative placement only when the axis it moves innermost has degree > 1 (otherwise it is
 the default placement again).
+
+Context parallelism (G_cp) is searched only where the sequence is long enough for it to matter
+(`CP_MIN_SEQUENCE`, the shortest sequence NeMo's long-context recipes split) and the stack runs it,
+or where the user pins it; a dense model at G_cp = 1 sees exactly the space it always had. Expert
+parallelism is searched for mixture-of-experts models only: G_ep over the divisors of the expert
+count and G_etp over Megatron-Core's default (the tensor-parallel size) and 1, the pairs that
+divide a pipeline stage's ranks (pinned values are kept, so a rule can say why they fail).
 """
 
 from __future__ import annotations
@@ -20,6 +27,14 @@ from perfmodels.specs import AXES, AXIS_FIELDS, DEGREE_FIELDS, Model, Training
 from tuner.types import SearchOptions
 
 GRID_COLUMNS = DEGREE_FIELDS
+EXPERT_COLUMNS = ("G_ep", "G_etp")
+"""Columns a grid gains for mixture-of-experts layers (after the six degrees); G_etp 0 = default."""
+CP_MIN_SEQUENCE = 16384
+"""Shortest sequence for which the search tries context parallelism unprompted: below it a sample's
+attention is too short for splitting it to beat tensor or data parallelism (NeMo's long-context
+recipes start CP at 16k tokens: Llama-3 8B 16k runs CP 2)."""
+MAX_CP = 64
+"""Largest context-parallel degree tried unprompted."""
 MAX_VIRTUAL_STAGES = 8
 CHUNK_PLANS = 250_000  # plans scored per batch: large enough to amortise, small enough for memory
 
@@ -55,14 +70,54 @@ def factorizations(n: int, parts: int = 5) -> np.ndarray:
     return np.asarray(out, dtype=np.int64).reshape(-1, parts)
 
 
-def placements(options: SearchOptions) -> list[tuple[str, ...]]:
-    """The AxoNN default order plus, for each other axis, the order that puts it innermost."""
+def placements(options: SearchOptions, with_cp: bool = False) -> list[tuple[str, ...]]:
+    """The default order plus, for each other axis, the order that puts it innermost ("cp" only
+    when the search holds context-parallel grids: otherwise that order is the default one)."""
     if options.placement is not None:
         return [tuple(p) for p in options.placement]
     orders = [AXES]
     for axis in AXES[1:]:
+        if axis == "cp" and not with_cp:
+            continue
         orders.append((axis, *[a for a in AXES if a != axis]))
     return orders
+
+
+def cp_options(model: Model, training: Training, options: SearchOptions, num_gpus: int) -> tuple[int, ...]:
+    """Context-parallel degrees to search: the pins, or 1, or, for a transformer whose sequence is
+    at least `CP_MIN_SEQUENCE` long on a stack that runs context parallelism, every divisor of the
+    GPU count up to `MAX_CP` that splits the sequence into 2*G_cp chunks."""
+    if options.G_cp is not None:
+        return tuple(sorted(set(options.G_cp)))
+    if (model.kind != "transformer" or model.seq_length < CP_MIN_SEQUENCE
+            or not training.effective_stack.context_parallel):
+        return (1,)
+    return tuple(d for d in divisors(num_gpus) if (d <= MAX_CP and model.seq_length % (2 * d) == 0) or d == 1)
+
+
+def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """The grids (six degree columns) with a G_ep and a G_etp column: (1, 0) for a dense model
+    unless pinned, else every (G_ep, G_etp) pair of the search (see the module docstring)."""
+    n = len(grids)
+    if not model.is_moe:
+        eps = options.G_ep or (1,)
+        etps = options.G_etp or (0,)
+    else:
+        eps = options.G_ep or tuple(divisors(int(model.num_moe_experts)))
+        etps = options.G_etp or (0, 1)
+    pairs = np.asarray([(e, t) for e in eps for t in etps], dtype=np.int64)
+    g = np.repeat(grids, len(pairs), axis=0)
+    pair = np.tile(pairs, (n, 1))
+    out = np.concatenate([g, pair], axis=1)
+    if model.is_moe and (options.G_ep is None or options.G_etp is None):
+        tp = out[:, GRID_COLUMNS.index("G_intra_r")]
+        etp = np.where(out[:, -1] > 0, out[:, -1], tp)
+        stage = np.prod(out[:, : len(GRID_COLUMNS)], axis=1) // out[:, GRID_COLUMNS.index("G_inter")]
+        keep = stage % (out[:, -2] * etp) == 0
+        # G_etp=1 where the tensor-parallel size is 1 is the default again
+        keep &= ~((out[:, -1] == 1) & (tp == 1) & (options.G_etp is None))
+        out = out[keep]
+    return out
 
 
 @dataclass(frozen=True)
@@ -79,9 +134,17 @@ def _allowed(values: tuple | None, column: np.ndarray) -> np.ndarray:
     return np.isin(column, np.asarray(values))
 
 
-def grid_rows(num_gpus: int, options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Factorizations of num_gpus and the mask of those that respect the pins."""
-    grids = factorizations(num_gpus)
+def grid_rows(num_gpus: int, options: SearchOptions, cp_values: tuple[int, ...] = (1,)
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Factorizations of num_gpus into the six degrees (G_cp over `cp_values`, the five others
+    every way) and the mask of those that respect the pins."""
+    parts = []
+    for cp in cp_values:
+        if num_gpus % cp:
+            continue
+        five = factorizations(num_gpus // cp)
+        parts.append(np.concatenate([five, np.full((len(five), 1), cp, dtype=np.int64)], axis=1))
+    grids = np.concatenate(parts) if parts else np.zeros((0, len(GRID_COLUMNS)), dtype=np.int64)
     mask = np.ones(len(grids), dtype=bool)
     for j, name in enumerate(GRID_COLUMNS):
         mask &= _allowed(getattr(options, name), grids[:, j])
@@ -97,7 +160,7 @@ def placement_signature(grids: np.ndarray, placement: tuple[str, ...]) -> np.nda
     sig = np.zeros(len(grids), dtype=np.int64)
     for axis in placement:
         j = index[axis]
-        sig = np.where(grids[:, j] > 1, sig * 6 + j + 1, sig)
+        sig = np.where(grids[:, j] > 1, sig * 7 + j + 1, sig)
     return sig
 
 
@@ -123,6 +186,9 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
         grids = grids[first_placement_mask(grids, placement, all_placements)]
         if len(grids) == 0:
             return
+    grids = expert_rows(model, grids, options)
+    if len(grids) == 0:
+        return
     per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
     layers = model.depth
 
@@ -212,7 +278,7 @@ def _combine(
     if not keep.any():
         return None
     gi_all, si_all, rc_all, z_all, sp_all = (x[keep] for x in (gi_all, si_all, rc_all, z_all, sp_all))
-    cols = {name: g[gi_all, j] for j, name in enumerate(GRID_COLUMNS)}
+    cols = {name: g[gi_all, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
     cols["micro_batch_size"] = np.full(len(gi_all), mb, dtype=np.int64)
     cols["schedule"] = sched[si_all, 0]
     cols["virtual_stages"] = sched[si_all, 1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfmodels.specs import AXES, DEGREE_FIELDS, RECOMPUTE, SCHEDULES, Plan, Prediction
+from perfmodels.specs import AXES, DEGREE_FIELDS, RECOMPUTE, SCHEDULES, Plan, Prediction, default_placement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,6 +18,13 @@ class SearchOptions:
     G_intra_d: tuple[int, ...] | None = None
     G_intra_r: tuple[int, ...] | None = None
     G_intra_c: tuple[int, ...] | None = None
+    G_cp: tuple[int, ...] | None = None
+    """None: 1, or where the sequence is long enough to matter (`tuner.space.CP_MIN_SEQUENCE`) and
+    the stack runs context parallelism, the degrees that split it (`tuner.space.cp_options`)."""
+    G_ep: tuple[int, ...] | None = None
+    """None: 1 for a dense model; the divisors of the expert count for a mixture of experts."""
+    G_etp: tuple[int, ...] | None = None
+    """None: Megatron-Core's default (the tensor-parallel size) and 1."""
     micro_batch_size: tuple[int, ...] | None = None
     schedule: tuple[str, ...] | None = None
     virtual_stages: tuple[int, ...] | None = None
@@ -32,12 +39,13 @@ class SearchOptions:
 
     def __post_init__(self) -> None:
         if self.placement is not None:
+            object.__setattr__(self, "placement", tuple(default_placement(tuple(o)) for o in self.placement))
             for order in self.placement:
                 if sorted(order) != sorted(AXES):
                     raise ValueError(
                         f"search.placement entries must be orderings of {list(AXES)}, got {list(order)}"
                     )
-        for name in (*DEGREE_FIELDS, "micro_batch_size", "virtual_stages"):
+        for name in (*DEGREE_FIELDS, "G_ep", "G_etp", "micro_batch_size", "virtual_stages"):
             values = getattr(self, name)
             if values is not None and (
                 not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)

@@ -1,0 +1,200 @@
+"""Mixture-of-experts layers: expert parallelism, its all-to-all, its grouped GEMMs and its memory.
+
+A mixture-of-experts (MoE) layer replaces a block's MLP by a router (a Linear h -> E, replicated on
+every rank, softmax and top-k in fp32), `moe_router_topk` = k routed experts per token out of
+`num_moe_experts` = E, and optionally shared experts that every token passes through (an ordinary
+tensor-parallel MLP, `perfmodels.structure`). Which layers are MoE layers is `Model.moe_layer_freq`;
+a stage's blocks are costed as the model's mean (`Model.moe_fraction` of them MoE layers).
+
+Parallelism (Megatron-Core "MoE parallel folding", `megatron/core/parallel_state.py`
+`initialize_model_parallel(expert_model_parallel_size, expert_tensor_parallel_size)`, and
+docs/architecture.md): the world / G_inter ranks of one pipeline stage are re-divided into G_etp
+(innermost) x G_ep x expert-data. Each rank holds E / G_ep experts, each split over the G_etp
+ranks like a Megatron tensor-parallel MLP (fc1 by columns, fc2 by rows).
+
+Per MoE layer and micro-batch, with T tokens on this rank (micro_batch_size x seq / G_cp, divided
+by G_intra_r under sequence parallelism, which Megatron-Core requires for MoE with TP > 1),
+h = hidden size, e = bytes per element (the byte contract of `perfmodels.traffic`):
+  fwd  all-to-all over "ep"   dispatch  T*k*h*e   (every (token, expert) pair, the rank's own included)
+  fwd  all-to-all over "ep"   combine   T*k*h*e
+  bwd  the same two again (their gradients)
+  fwd  all-reduce over "etp" of the expert output [T*k, h] (x G_etp tokens under sequence parallelism,
+       where Megatron all-gathers them before the experts: the same bytes as an all-gather plus a
+       reduce-scatter); bwd  all-reduce over "etp" of the input gradient
+  full recomputation repeats the dispatch (the experts' inputs must be rebuilt) but not the combine
+  (its output only feeds the residual add, where non-reentrant checkpointing stops)
+  step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
+       as Megatron's distributed optimizer shards expert parameters over the expert-data group.
+
+Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GEMM (TE
+`GroupedLinear` / `grouped_gemm`: one kernel launch for all local experts) at the per-expert token
+count m = G_etp x T x k x G_ep / E, and the token permutation / unpermutation (`PERMUTE_PASSES`
+passes over the T x k x h dispatched activations). Expert compute and the all-to-all wait for the
+most loaded rank: `EXPERT_LOAD_IMBALANCE` scales their time (never the bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from perfmodels.plans import PlanArrays
+from perfmodels.specs import Model, Training
+
+EXPERT_LOAD_IMBALANCE = 1.15
+"""Tokens on the busiest expert-parallel rank over the mean, in dropless training with load
+balancing (Megatron-Core's default: no token dropping, an auxiliary balancing loss; DeepSeek-V3's
+bias-based balancing): every rank waits for the busiest in the all-to-all and in the experts'
+GEMMs. An assumed typical value (a few experts a little over the mean, averaged over each rank's
+E / G_ep experts), stated here rather than fitted; it scales time, never bytes."""
+PERMUTE_PASSES = 4.0
+"""Passes over the T x k x h dispatched activations per forward, besides the GEMMs: permute (read the
+tokens, write k copies sorted by expert), unpermute (read the expert outputs, write the weighted
+sum) (Megatron-Core `moe_utils.permute` / `unpermute`)."""
+ROUTER_FP32_PASSES = 3.0
+"""Passes over the T x E router logits in fp32 per forward: softmax (or sigmoid), top-k and the
+auxiliary-loss statistics."""
+
+
+def expert_flops_per_token(model: Model) -> float:
+    """Forward FLOPs per token of one MoE layer besides its shared experts: the router (2 h E) and
+    the k routed experts (2 FLOPs per multiply-add of each expert's weights)."""
+    if not model.is_moe:
+        return 0.0
+    router = 2.0 * model.hidden_size * int(model.num_moe_experts)
+    return router + model.moe_router_topk * 2.0 * model.expert_params
+
+
+def expert_degrees(arrays: PlanArrays) -> dict[str, np.ndarray]:
+    """Sizes of the "etp", "ep" and "edp" groups of each plan (world / G_inter ranks of a stage
+    folded into G_etp x G_ep x expert-data)."""
+    etp = arrays.expert_tp
+    stage = arrays.world_size // arrays.G_inter
+    return {"etp": etp, "ep": arrays.G_ep, "edp": np.maximum(stage // np.maximum(arrays.G_ep * etp, 1), 1)}
+
+
+def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict[str, dict[str, np.ndarray]]:
+    """Link level and members per node of the expert groups, like `layout.group_geometry`.
+
+    Within a stage the ranks are ordered by their coordinates innermost first (col, row, cp, depth,
+    data): etp groups are consecutive blocks, ep groups stride G_etp, edp stride G_etp * G_ep. With
+    the default placement the first col*row*cp*depth of them are consecutive world ranks and the
+    data coordinate jumps by G_inter of those blocks, so a group that spans more than one block
+    (and a pipeline) is taken to cross nodes. `cp`: the context-parallel degree when `arrays` is the
+    context view of `perfmodels.context` (its G_data holds G_data * G_cp)."""
+    n = int(gpus_per_node)
+    deg = expert_degrees(arrays)
+    inner = arrays.G_intra_c * arrays.G_intra_r * arrays.G_intra_d * cp
+    out: dict[str, dict[str, np.ndarray]] = {}
+    stride = np.ones(len(arrays), dtype=np.int64)
+    for name in ("etp", "ep", "edp"):
+        p = deg[name].astype(np.int64)
+        span = stride * p
+        contiguous = (span <= inner) | (arrays.G_inter == 1)
+        intra = (span <= n) & (n % np.maximum(span, 1) == 0) & contiguous
+        q = np.minimum(np.clip(n // np.maximum(stride, 1), 1, None), p)
+        q = np.where(intra, p, np.where(contiguous, q, np.minimum(q, np.maximum(inner // stride, 1))))
+        out[name] = {"size": p, "stride": stride.copy(), "members_per_node": q, "intra": intra | (p == 1)}
+        stride = span
+    return out
+
+
+def tokens_per_rank(model: Model, arrays: PlanArrays) -> np.ndarray:
+    """T: tokens this rank holds when a micro-batch reaches an MoE layer (the sample's sequence, or
+    its context-parallel chunk, split over the row ranks under sequence parallelism)."""
+    b = arrays.micro_batch_size.astype(np.float64)
+    return b * model.seq_length / np.where(arrays.sequence_parallel, arrays.G_intra_r, 1)
+
+
+def _expert_tokens(model: Model, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens one expert GEMM runs over, this rank's local experts)."""
+    T = tokens_per_rank(model, arrays)
+    etp = arrays.expert_tp.astype(np.float64)
+    gathered = np.where(arrays.sequence_parallel, etp, 1.0)  # Megatron all-gathers over etp first
+    E = float(model.num_moe_experts)
+    local = E / arrays.G_ep
+    return gathered * T * model.moe_router_topk / local, local
+
+
+def local_expert_params(model: Model, arrays: PlanArrays) -> np.ndarray:
+    """Routed-expert parameters this rank holds for one MoE layer: E / G_ep experts over G_etp."""
+    return float(model.num_moe_experts) / arrays.G_ep * model.expert_params / arrays.expert_tp
+
+
+def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays, moe_layers: np.ndarray,
+               m: np.ndarray, full_rc: np.ndarray) -> np.ndarray:
+    """Add one stage's expert communication to `ev` (a `traffic._Events`, whose degrees must hold
+    the expert groups) for `moe_layers` MoE layers on the stage; returns the local expert parameters
+    (their gradients go over "edp", not "data")."""
+    e = training.bytes_per_element
+    h, k = model.hidden_size, model.moe_router_topk
+    T = tokens_per_rank(model, arrays)
+    a2a = T * k * h * e
+    for phase, calls in (("fwd", 2.0 * moe_layers * m), ("bwd", 2.0 * moe_layers * m),
+                         ("recompute", 1.0 * moe_layers * m * full_rc)):
+        ev.add("ep", "all_to_all", phase, "ep_a2a", a2a, calls)  # type: ignore[attr-defined]
+    gathered = np.where(arrays.sequence_parallel, arrays.expert_tp, 1)
+    ev.add("etp", "all_reduce", "fwd", "tp_fwd", a2a * gathered, moe_layers * m)  # type: ignore[attr-defined]
+    ev.add("etp", "all_reduce", "bwd", "tp_bwd", a2a * gathered, moe_layers * m)  # type: ignore[attr-defined]
+    local = moe_layers * local_expert_params(model, arrays)
+    z = arrays.zero_stage
+    edp = expert_degrees(arrays)["edp"]
+    padded = np.ceil(local / edp) * edp * e
+    ev.add("edp", "all_reduce", "step", "dp_grad", local * e, 1.0 * (z == 0))  # type: ignore[attr-defined]
+    ev.add("edp", "reduce_scatter", "step", "dp_grad", padded, 1.0 * (z >= 1))  # type: ignore[attr-defined]
+    ev.add("edp", "all_gather", "step", "dp_param", padded, 1.0 * (z >= 1))  # type: ignore[attr-defined]
+    return local
+
+
+def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: object,
+                  hbm_rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """(GEMM seconds, memory-bound seconds) of one MoE layer's router and routed experts per
+    micro-batch forward on this rank, with the load imbalance (backward: twice the GEMMs and the
+    memory-bound passes, as for every block)."""
+    from perfmodels.compute import gemm_time_s
+
+    e = training.bytes_per_element
+    h, f, E = model.hidden_size, float(model.moe_ffn_hidden_size), float(model.num_moe_experts)
+    up = (2.0 if model.gated_mlp else 1.0) * f
+    etp = arrays.expert_tp.astype(np.float64)
+    T = tokens_per_rank(model, arrays)
+    m_e, local = _expert_tokens(model, arrays)
+    ovh = curve.overhead_s  # type: ignore[attr-defined]
+    # one grouped GEMM per projection: each local expert's share, one launch
+    grouped = (local * (gemm_time_s(m_e, up / etp, h, curve) - ovh) + ovh
+               + local * (gemm_time_s(m_e, h, f / etp, curve) - ovh) + ovh)
+    router = gemm_time_s(T, E, h, curve)
+    gemm = router + EXPERT_LOAD_IMBALANCE * grouped
+    pairs = T * model.moe_router_topk
+    act = m_e * local * (up + f) / etp  # activation function: read the fc1 output, write its result
+    mem = ((PERMUTE_PASSES * pairs * h * e + act * e) * EXPERT_LOAD_IMBALANCE
+           + ROUTER_FP32_PASSES * T * E * 4.0)
+    return gemm, mem / hbm_rate + 3.0 * ovh
+
+
+def activation_bytes(model: Model, training: Training, arrays: PlanArrays) -> np.ndarray:
+    """Bytes one MoE layer's router and routed experts keep for backward per micro-batch: the
+    dispatched inputs (k copies of each token), the fc1 outputs and activation outputs of the local
+    experts (split over G_etp), the expert outputs the combine weights, and the fp32 router
+    probabilities."""
+    e = training.bytes_per_element
+    h, f = model.hidden_size, float(model.moe_ffn_hidden_size)
+    up = (2.0 if model.gated_mlp else 1.0) * f
+    T = tokens_per_rank(model, arrays)
+    m_e, local = _expert_tokens(model, arrays)
+    pairs = T * model.moe_router_topk
+    gathered_pairs = m_e * local
+    return (e * (2.0 * pairs * h + gathered_pairs * (up + f) / arrays.expert_tp)
+            + 4.0 * T * float(model.num_moe_experts))
+
+
+def group_seconds(secs: Mapping[tuple[str, str], np.ndarray],
+                  n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all-to-all, expert tensor-parallel, expert gradient) seconds per step from the costed events
+    (`steptime._comm_seconds` keys), the all-to-all with the load imbalance."""
+    zeros = np.zeros(n)
+    a2a = sum((v for (axis, _), v in secs.items() if axis == "ep"), zeros.copy())
+    etp = sum((v for (axis, _), v in secs.items() if axis == "etp"), zeros.copy())
+    edp = sum((v for (axis, _), v in secs.items() if axis == "edp"), zeros.copy())
+    return EXPERT_LOAD_IMBALANCE * a2a, etp, edp

@@ -1,0 +1,140 @@
+"""Mixture-of-experts and context parallelism: bytes, memory and rules against hand-derived cases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfmodels import experts, memory, presets, predict
+from perfmodels.plans import from_plans
+from perfmodels.specs import Model, Plan, Training, combination_problems
+from perfmodels.traffic import bytes_per_group, calls_per_group
+
+# h=64, 4 heads, s=32, 4 experts of 32 (SwiGLU), top-2, every layer MoE
+TINY_MOE = Model(name="tiny-moe", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                 vocab_size=256, gated_mlp=True, dropout=False, num_moe_experts=4, moe_router_topk=2,
+                 moe_ffn_hidden_size=32)
+TINY = Model(name="tiny-gqa", num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+             seq_length=64, vocab_size=256, gated_mlp=True, dropout=False)
+BF16 = Training(global_batch_size=4, dtype="bf16")  # the gridtune stack: fp32 weights, 16 B per parameter
+
+
+def test_all_to_all_bytes_hand_derived():
+    # G_ep=4 over 4 data ranks, one micro-batch of one sample: T = 32 tokens, k=2, h=64, e=2 bytes;
+    # per MoE layer dispatch + combine forward and their gradients backward: 4 calls of T*k*h*e
+    arrays = from_plans([Plan(G_data=4, G_ep=4, G_etp=1)])
+    per_call = 32 * 2 * 64 * 2
+    assert bytes_per_group(TINY_MOE, BF16, arrays)["ep"][0] == 2 * 4 * per_call
+    assert calls_per_group(TINY_MOE, BF16, arrays)["ep"][0] == 8
+    # the four ranks of the stage are all expert-parallel: no expert-data group
+    assert "edp" not in bytes_per_group(TINY_MOE, BF16, arrays)
+    # expert-data over 2 ranks (G_ep=2): the local experts' gradients all-reduced once per step,
+    # 2 experts x 3 x 64 x 32 parameters x 2 layers x 2 bytes
+    two = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
+    assert bytes_per_group(TINY_MOE, BF16, two)["edp"][0] == 2 * 3 * 64 * 32 * 2 * 2
+    # expert tensor parallelism over 2 row ranks: forward and backward all-reduces of [T*k, h] per
+    # layer and micro-batch (2 data ranks: 2 micro-batches of the batch of 4)
+    etp = from_plans([Plan(G_data=2, G_intra_r=2, G_ep=2)])  # G_etp defaults to G_intra_r
+    assert calls_per_group(TINY_MOE, BF16, etp)["etp"][0] == 2 * 2 * 2
+    assert bytes_per_group(TINY_MOE, BF16, etp)["etp"][0] == 2 * 2 * 2 * per_call
+
+
+def test_expert_memory_hand_derived():
+    # ZeRO-0: E/G_ep = 2 experts of 3 x 64 x 32 per layer, 2 layers, 16 bytes each (gridtune stack)
+    arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
+    zero = memory.ModelStates(params=np.zeros(1), grads=np.zeros(1), optimizer=np.zeros(1))
+    blocks = np.array([2.0])
+    states, acts, comms = memory._with_experts(TINY_MOE, BF16, arrays, blocks, zero, np.zeros(1))
+    local = 2 * 3 * 64 * 32 * 2
+    assert states.params[0] + states.grads[0] + states.optimizer[0] == local * 16
+    assert comms[0] == 2  # the ep and edp groups
+    # activations: the dispatched tokens and the expert outputs (2 x T*k*h), fc1 and activation
+    # outputs of the gathered tokens (T*k*(2f + f)), 2 bytes each, plus fp32 router probabilities
+    T, k, h, f = 32, 2, 64, 32
+    assert acts[0] == 2 * (2 * T * k * h + T * k * 3 * f) + 4 * T * 4
+    # ZeRO-1 shards the optimizer state over the 2 expert-data ranks (master 0 + Adam 8 bytes)
+    z1 = from_plans([Plan(G_data=4, G_ep=2, G_etp=1, zero_stage=1)])
+    states1, _, _ = memory._with_experts(TINY_MOE, BF16, z1, blocks, zero, np.zeros(1))
+    assert states1.optimizer[0] == local * 8 / 2
+
+
+def test_ring_attention_step_bytes():
+    # G_cp=2: T_c = 32 tokens, K and V of 2 groups x 16 = 32 features each, 2 bytes: 4096 bytes a hop;
+    # per layer forward 1 send + 1 receive, backward 1 + 2 of each (dK, dV return to their owner)
+    arrays = from_plans([Plan(G_cp=2)])
+    hop = 32 * 2 * 32 * 2
+    training = Training(global_batch_size=1)
+    assert bytes_per_group(TINY, training, arrays)["cp"][0] == 2 * (2 + 6) * hop
+    assert calls_per_group(TINY, training, arrays)["cp"][0] == 2 * 8
+    # the cp ranks reduce gradients with the data ranks: what G_data=2 without CP reduces
+    flat = bytes_per_group(TINY, training, from_plans([Plan(G_data=2)]))["data"][0]
+    assert bytes_per_group(TINY, training, arrays)["data"][0] == flat
+
+
+def test_context_parallel_divides_activations():
+    model = dataclasses.replace(presets.model("llama3.1-8b"), seq_length=32768)
+    cluster = presets.cluster("eos").with_gpus(8)
+    training = Training(global_batch_size=8, stack="megatron-core")
+    one = predict(model, cluster, training, Plan(G_data=8, zero_stage=1))
+    four = predict(model, cluster, training, Plan(G_data=2, G_cp=4, zero_stage=1))
+    # the blocks' activations shrink 4x (the logits too; the CUDA context and fragmentation do not)
+    assert four.memory.activations_gib == pytest.approx(one.memory.activations_gib / 4, rel=0.01)
+    assert four.breakdown.cp_comm_s > 0
+
+
+@pytest.mark.parametrize(("plan", "words"), [
+    (Plan(G_data=64, G_inter=16, G_ep=48), "G_ep=48 does not divide model.num_moe_experts=256"),
+    (Plan(G_data=512, G_cp=2, G_ep=256, G_etp=8),
+     "G_etp*G_ep = 8*256 = 2048 does not divide the 1024 ranks"),
+])
+def test_expert_rules_name_the_values(plan, words):
+    model = presets.model("deepseek-v3")
+    cluster = presets.cluster("eos").with_gpus(1024)
+    training = Training(global_batch_size=8192, stack="megatron-core")
+    problems = "; ".join(combination_problems(model, cluster, training, plan))
+    assert words.split(" the ")[0] in problems
+
+
+def test_context_rules_name_the_values():
+    model = presets.model("llama3.1-8b")  # seq 8192
+    training = Training(global_batch_size=8, stack="megatron-core")
+    cluster = presets.cluster("eos").with_gpus(8192)
+    problems = combination_problems(model, cluster, training, Plan(G_cp=8192))
+    assert any("G_cp=8192 is larger than model.seq_length=8192 allows" in p for p in problems)
+    fsdp = Training(global_batch_size=8, stack="fsdp")
+    problems = combination_problems(model, presets.cluster("eos").with_gpus(2), fsdp, Plan(G_cp=2))
+    assert any("fsdp stack does not run context parallelism" in p for p in problems)
+    dense = combination_problems(model, presets.cluster("eos").with_gpus(2), training, Plan(G_data=2, G_ep=2))
+    assert any("G_ep=2 needs a mixture-of-experts model" in p for p in dense)
+
+
+def test_model_fields_are_validated():
+    with pytest.raises(ValueError, match="model.moe_router_topk=9 is more than model.num_moe_experts=8"):
+        dataclasses.replace(presets.model("mixtral-8x7b"), moe_router_topk=9)
+    with pytest.raises(ValueError, match="model.moe_layer_freq must be an int or a list of 32"):
+        dataclasses.replace(presets.model("mixtral-8x7b"), moe_layer_freq=(1, 0))
+    with pytest.raises(ValueError, match="model.kv_lora_rank=512 needs model.multi_latent_attention=true"):
+        dataclasses.replace(presets.model("llama3.1-8b"), kv_lora_rank=512)
+
+
+def test_presets_have_their_published_sizes():
+    # total parameters as the model cards state them (billions)
+    for name, billions in (("mixtral-8x7b", 46.7), ("mixtral-8x22b", 141), ("deepseek-v3", 671),
+                           ("qwen3-30b-a3b", 30.5), ("qwen3-235b-a22b", 235), ("gpt-oss-20b", 20.9),
+                           ("gpt-oss-120b", 116.8), ("llama4-maverick", 400), ("kimi-k2", 1040)):
+        assert presets.model(name).num_params / 1e9 == pytest.approx(billions, rel=0.02), name
+    assert presets.model("deepseek-v3").num_moe_layers == 58
+    assert presets.model("llama4-maverick").num_moe_layers == 24
+
+
+def test_expert_flops_count_active_experts():
+    # DeepSeek-V3: ~37B activated parameters, so ~2 x 37e9 forward FLOPs per token besides attention
+    model = presets.model("deepseek-v3")
+    from perfmodels.compute import model_flops_per_token
+
+    dense_attention = 4.0 * model.span * model.num_attention_heads * model.attention_core_dim * model.num_layers
+    active = (model_flops_per_token(model) - dense_attention) / 2
+    assert active == pytest.approx(37e9, rel=0.06)
+    assert experts.expert_flops_per_token(model) > 0
