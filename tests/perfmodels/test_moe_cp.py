@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from perfmodels import experts, memory, presets, predict
+from perfmodels import experts, memory, predict, presets
 from perfmodels.plans import from_plans
 from perfmodels.specs import Model, Plan, Training, combination_problems
 from perfmodels.traffic import bytes_per_group, calls_per_group
@@ -111,11 +111,11 @@ def test_context_rules_name_the_values():
 
 
 def test_model_fields_are_validated():
-    with pytest.raises(ValueError, match="model.moe_router_topk=9 is more than model.num_moe_experts=8"):
+    with pytest.raises(ValueError, match=r"model.moe_router_topk=9 is more than model.num_moe_experts=8"):
         dataclasses.replace(presets.model("mixtral-8x7b"), moe_router_topk=9)
-    with pytest.raises(ValueError, match="model.moe_layer_freq must be an int or a list of 32"):
+    with pytest.raises(ValueError, match=r"model.moe_layer_freq must be an int or a list of 32"):
         dataclasses.replace(presets.model("mixtral-8x7b"), moe_layer_freq=(1, 0))
-    with pytest.raises(ValueError, match="model.kv_lora_rank=512 needs model.multi_latent_attention=true"):
+    with pytest.raises(ValueError, match=r"model.kv_lora_rank=512 needs model.multi_latent_attention=true"):
         dataclasses.replace(presets.model("llama3.1-8b"), kv_lora_rank=512)
 
 
@@ -134,7 +134,8 @@ def test_expert_flops_count_active_experts():
     model = presets.model("deepseek-v3")
     from perfmodels.compute import model_flops_per_token
 
-    dense_attention = 4.0 * model.span * model.num_attention_heads * model.attention_core_dim * model.num_layers
+    core = 4.0 * model.span * model.num_attention_heads * model.attention_core_dim
+    dense_attention = core * model.num_layers
     active = (model_flops_per_token(model) - dense_attention) / 2
     assert active == pytest.approx(37e9, rel=0.06)
     assert experts.expert_flops_per_token(model) > 0
