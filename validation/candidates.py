@@ -39,6 +39,8 @@ class Layout:
     micro_batch: int | None = None
     virtual_pp: int | None = None
     sequence_parallel: bool | None = None
+    cp: int = 1
+    """Context parallelism (stated, or 1): the other degrees split num_gpus / cp."""
 
     @property
     def stated(self) -> bool:
@@ -48,7 +50,7 @@ class Layout:
 
 
 def _degree_combos(lay: Layout, *, layers: int, heads: int) -> list[tuple[int, int, int]]:
-    G, tp, pp, dp = lay.num_gpus, lay.tp, lay.pp, lay.dp
+    G, tp, pp, dp = lay.num_gpus // lay.cp, lay.tp, lay.pp, lay.dp
     if tp and pp:
         return [(tp, pp, dp or G // (tp * pp))]
     if dp and G % dp == 0:
@@ -83,7 +85,7 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
     else:
         sps = (False, True) if can_sequence_parallel else (False,)
     for t, p, d in _degree_combos(lay, layers=layers, heads=heads):
-        if t * p * d != lay.num_gpus or not rules.batch_split(lay.global_batch, d, 1):
+        if t * p * d * lay.cp != lay.num_gpus or not rules.batch_split(lay.global_batch, d, 1):
             continue
         per_replica = lay.global_batch // d
         micros = (
@@ -112,6 +114,7 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
                                     G_data=d,
                                     G_inter=p,
                                     G_intra_r=t,
+                                    G_cp=lay.cp,
                                     micro_batch_size=micro,
                                     schedule="interleaved-1f1b" if v > 1 else "1f1b",
                                     virtual_stages=v,

@@ -243,23 +243,21 @@ def _published_case(cid: str, row: Mapping[str, str], *,
     the_cluster, memory = cluster if cluster is not None else _row_cluster(row, G)
     stack = read_stack(row, the_cluster.gpu)
 
-    # context parallelism: each of cp ranks holds a 1/cp chunk of every sequence and attends over the
-    # whole of it. In the grid that is cp x more, cp x shorter samples, data-parallel over dp x cp
-    # ranks (the gradient all-reduce of context parallelism spans exactly those); the key/value ring
-    # exchange is taken as hidden behind attention, as Transformer Engine overlaps it
+    # context parallelism: the row's cp is the plan's G_cp (perfmodels.context costs the 1/cp chunks,
+    # the dp-cp gradient group and the key/value ring)
     cp = _int(row, "cp") or 1
-    if cp > 1 and s % cp:
-        raise ValueError(f"seq_len={s} does not split over cp={cp}")
+    if cp > 1 and s % (2 * cp):
+        raise ValueError(f"seq_len={s} does not split into 2*cp={2 * cp} chunks")
     model = Model(name=row.get("model_name") or "gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
-                  ffn_hidden_size=ffn, seq_length=s // cp, attention_span=s, vocab_size=vocab,
+                  ffn_hidden_size=ffn, seq_length=s, vocab_size=vocab,
                   gated_mlp=gated, num_query_groups=groups, dropout=_dropout(row),
                   # GPT-style blocks (Megatron's GPT, MPT) tie the LM head to the word embedding;
                   # Llama-style (gated) models and Nemotron-4 keep their own head (their configs)
                   tied_embeddings=not gated and "nemotron" not in (row.get("model_name") or "").lower())
 
     dp = _int(row, "dp")
-    layout = Layout(num_gpus=G, global_batch=gb * cp, tp=_int(row, "tp"), pp=_int(row, "pp"),
-                    dp=dp * cp if dp else None, micro_batch=_int(row, "micro_batch_size"),
+    layout = Layout(num_gpus=G, global_batch=gb, tp=_int(row, "tp"), pp=_int(row, "pp"), cp=cp,
+                    dp=dp if dp else None, micro_batch=_int(row, "micro_batch_size"),
                     virtual_pp=_int(row, "virtual_pp"),
                     sequence_parallel=parse_bool("sequence_parallel", row.get("sequence_parallel")))
     presets_ = [stacks.preset(name) for name in stack.stacks]
@@ -291,7 +289,7 @@ def _published_case(cid: str, row: Mapping[str, str], *,
         group=group,
         model=model,
         cluster=the_cluster,
-        trainings=stack.trainings(gb * cp),
+        trainings=stack.trainings(gb),
         plans=tuple(plans),
         measured_time_s=measured,
         measured_memory_gib=_float("peak_memory_gib", row.get("peak_memory_gib")),
