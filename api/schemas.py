@@ -400,14 +400,6 @@ class PlanIn(_In):
     placement: Annotated[list[Axis], Field(min_length=5, max_length=6)] | None = None
     sequence_parallel: bool = False
 
-    @field_validator("placement")
-    @classmethod
-    def _placement_is_ordering(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and not _is_ordering(value):
-            raise ValueError(
-                f"placement must be an ordering of {list(AXES)} (and optionally 'cp'), got {value}")
-        return value
-
 
 class SearchIn(_In):
     """Pins for the search (tuner.types.SearchOptions): each list is the allowed values of that

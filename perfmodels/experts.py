@@ -57,6 +57,15 @@ ROUTER_FP32_PASSES = 3.0
 auxiliary-loss statistics."""
 
 
+def recomputes_experts(model: Model, stack: object) -> bool:
+    """Whether `recompute="selective"` also recomputes the MoE layers (and multi-latent attention's
+    up-projections): on a Megatron stack ("attention-core" selective recomputation) a mixture of
+    experts is run with the MoE recipes' `recompute_modules` (Megatron-Bridge's DeepSeek-V3 H100
+    recipe: ["mla_up_proj", "mlp"]): the MoE layer keeps only its input and runs its forward again,
+    all-to-alls included, in backward."""
+    return model.is_moe and getattr(stack, "selective_recompute", "") == "attention-core"
+
+
 def expert_flops_per_token(model: Model) -> float:
     """Forward FLOPs per token of one MoE layer besides its shared experts: the router (2 h E) and
     the k routed experts (2 FLOPs per multiply-add of each expert's weights)."""
@@ -126,13 +135,18 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
                m: np.ndarray, full_rc: np.ndarray) -> np.ndarray:
     """Add one stage's expert communication to `ev` (a `traffic._Events`, whose degrees must hold
     the expert groups) for `moe_layers` MoE layers on the stage; returns the local expert parameters
-    (their gradients go over "edp", not "data")."""
+    (their gradients go over "edp", not "data"). Selective recomputation of the MoE layers
+    (`recomputes_experts`) repeats both all-to-alls."""
+    from perfmodels.plans import RECOMPUTE_CODE
+
     e = training.bytes_per_element
     h, k = model.hidden_size, model.moe_router_topk
     T = tokens_per_rank(model, arrays)
     a2a = T * k * h * e
+    selective = arrays.recompute == RECOMPUTE_CODE["selective"]
+    sel = selective * recomputes_experts(model, training.effective_stack)
     for phase, calls in (("fwd", 2.0 * moe_layers * m), ("bwd", 2.0 * moe_layers * m),
-                         ("recompute", 1.0 * moe_layers * m * full_rc)):
+                         ("recompute", moe_layers * m * (full_rc + 2.0 * sel))):
         ev.add("ep", "all_to_all", phase, "ep_a2a", a2a, calls)  # type: ignore[attr-defined]
     gathered = np.where(arrays.sequence_parallel, arrays.expert_tp, 1)
     ev.add("etp", "all_reduce", "fwd", "tp_fwd", a2a * gathered, moe_layers * m)  # type: ignore[attr-defined]

@@ -155,6 +155,13 @@ def activation_bytes_per_layer(model: Model, training: Training, arrays: PlanArr
         kept = np.where(selective, PER_OP_SELECTIVE_KEEP, 1.0)
         return scale * kept * (replicated / resid + split / G_r + scores / G_r)
     scores = np.where(selective, 0.0, scores)
+    if model.multi_latent_attention and model.is_moe and stack.selective_recompute == "attention-core":
+        # Megatron's MoE recipes also recompute MLA's up-projections ("mla_up_proj"): the queries,
+        # keys and values they produce are not kept
+        a_qk = model.num_attention_heads * (int(model.qk_head_dim) + int(model.qk_pos_emb_head_dim))
+        a_kv = model.num_attention_heads * (int(model.qk_head_dim) + int(model.v_head_dim))
+        up = s * b * 2.0 * (a_qk + a_kv)
+        split = split - np.where(selective, up, 0.0)
     return scale * (replicated / resid + split / G_r + scores / G_r)
 
 
@@ -329,6 +336,9 @@ def _with_experts(model: Model, training: Training, arrays: PlanArrays, blocks: 
     e_states = model_state_bytes(training, local, folded)
     states = ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
                          optimizer=states.optimizer + e_states.optimizer)
-    acts = act_layer + model.moe_fraction * experts.activation_bytes(model, training, arrays)
+    kept = experts.activation_bytes(model, training, arrays)
+    if experts.recomputes_experts(model, training.effective_stack):  # selective: only the layer input
+        kept = np.where(arrays.recompute == RECOMPUTE_CODE["selective"], 0.0, kept)
+    acts = act_layer + model.moe_fraction * kept
     comms = sum((d > 1).astype(np.float64) for d in deg.values())
     return states, acts, comms

@@ -155,6 +155,7 @@ def selective_without_scores(model: Model, cluster: Cluster, training: Training,
     pointless = (
         stack.flash_attention and stack.selective_recompute == "attention-core"
         and any(unit.attention for unit in model.units)
+        and not model.is_moe  # Megatron's MoE recipes recompute the MoE layers (perfmodels.experts)
     )
     bad = (cols["recompute"] == RECOMPUTE_CODE["selective"]) & bool(pointless)
     return Rejection(bad, "selective recompute saves nothing with flash attention (no s x s scores stored)",

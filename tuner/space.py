@@ -218,7 +218,7 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
         ok = per_replica % mb == 0
         if not ok.any():
             continue
-        cols = _combine(grids[ok], mb, sched_opts, rc_opts, zero_opts, sp_opts, layers)
+        cols = _combine(grids[ok], mb, sched_opts, rc_opts, zero_opts, sp_opts, layers, uneven=model.is_moe)
         if cols is None:
             continue
         pending.append(cols)
@@ -244,7 +244,11 @@ def _combine(
     zero_opts: list[int],
     sp_opts: list[bool],
     layers: int,
+    uneven: bool = False,
 ) -> dict[str, np.ndarray] | None:
+    """`uneven`: interleave virtual stages that do not divide the layers evenly (mixture-of-experts
+    models: Megatron-Core's MoE recipes place their layers with `pipeline_model_parallel_layout`,
+    e.g. DeepSeek-V3's 61 layers over 8 x 4 chunks); otherwise only where they divide."""
     n = len(g)
     G_inter = g[:, 1]
     G_data = g[:, 0]
@@ -258,7 +262,8 @@ def _combine(
         is_plain_1f1b[0] = True
     valid_sched[one_stage] = is_plain_1f1b[None, :]
     v = sched[:, 1][None, :]
-    valid_sched &= (v == 1) | ((layers % (G_inter[:, None] * v)) == 0)
+    even = (layers % (G_inter[:, None] * v)) == 0
+    valid_sched &= (v == 1) | (even if not uneven else layers >= G_inter[:, None] * v)
     gi, si = np.nonzero(valid_sched)
     zero = np.asarray(zero_opts, dtype=np.int64)
     rc = np.asarray(rc_opts, dtype=np.int64)
