@@ -377,6 +377,8 @@ class TrainingIn(_In):
     host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
     torch_compile: TorchCompile | None = None
     flash_kernel: FlashKernel | None = None
+    expert_load_imbalance: Annotated[float, Field(ge=1, le=64)] | None = None
+    moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
 
 
 class PlanIn(_In):

@@ -134,5 +134,28 @@ def cost_s(cluster: Cluster, op: str, byte_calls: np.ndarray, calls: np.ndarray,
     op = costed_op(cluster, op)
     p = np.asarray(p, dtype=np.float64)
     alpha, busbw = link_constants(cluster, op, p, intra, members_per_node)
+    measured = cluster.profile is not None and any(f.op == op for f in cluster.profile.collectives)
+    if op == "all_to_all" and not measured:
+        return all_to_all_s(cluster, byte_calls, calls, p, intra, members_per_node, alpha)
     # `calls` calls pay the latency term each; their bytes add up: the one-call formula with alpha x calls
     return collective_time_s(op, byte_calls, p, alpha * calls, busbw)
+
+
+def all_to_all_s(cluster: Cluster, byte_calls: np.ndarray, calls: np.ndarray, p: np.ndarray,
+                 intra: np.ndarray, members_per_node: np.ndarray, alpha_us: np.ndarray,
+                 inter_scale: np.ndarray | float = 1.0) -> np.ndarray:
+    """Seconds of all-to-alls moving `byte_calls` input bytes in all, in groups of p ranks with q on
+    each node. Unlike a ring, an all-to-all sends every rank's data straight to every peer: of each
+    rank's buffer, (q - 1)/p goes to peers on its node over NVLink and (p - q)/p leaves the node
+    through the rank's own NIC share (`inter_node_bandwidth_GBps` per GPU), the two at once (NCCL
+    posts every peer's send together; nccl-tests' alltoall bus bandwidth on several nodes is the NIC
+    rate). Inside one node it is the NVLink rate. `inter_scale`: the share of the off-node bytes that
+    really travel (a node-deduplicating dispatcher, `perfmodels.experts.node_dedup`)."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.where(np.asarray(intra, bool), p, np.minimum(np.asarray(members_per_node, np.float64), p))
+    nvlink = cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra * 1e9
+    nic = cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter * 1e9
+    b = np.asarray(byte_calls, dtype=np.float64)
+    seconds = np.maximum(b * (q - 1) / p / nvlink, b * (p - q) / p / nic * inter_scale)
+    t = latency_steps("all_to_all", p) * alpha_us * 1e-6 * np.asarray(calls) + seconds
+    return np.where(p > 1, t, 0.0)

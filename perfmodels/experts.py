@@ -30,7 +30,8 @@ Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GE
 `GroupedLinear` / `grouped_gemm`: one kernel launch for all local experts) at the per-expert token
 count m = G_etp x T x k x G_ep / E, and the token permutation / unpermutation (`PERMUTE_PASSES`
 passes over the T x k x h dispatched activations). Expert compute and the all-to-all wait for the
-most loaded rank: `EXPERT_LOAD_IMBALANCE` scales their time (never the bytes).
+most loaded rank: `EXPERT_LOAD_IMBALANCE` (or `Training.expert_load_imbalance`) scales their time,
+never the bytes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from perfmodels.plans import PlanArrays
-from perfmodels.specs import Model, Training
+from perfmodels.specs import Cluster, Model, Training
 
 EXPERT_LOAD_IMBALANCE = 1.15
 """Tokens on the busiest expert-parallel rank over the mean, in dropless training with load
@@ -55,6 +56,12 @@ sum) (Megatron-Core `moe_utils.permute` / `unpermute`)."""
 ROUTER_FP32_PASSES = 3.0
 """Passes over the T x E router logits in fp32 per forward: softmax (or sigmoid), top-k and the
 auxiliary-loss statistics."""
+
+
+def load_imbalance(training: Training) -> float:
+    """The busiest expert-parallel rank's tokens over the mean: the training's, or the default."""
+    value = training.expert_load_imbalance
+    return float(EXPERT_LOAD_IMBALANCE if value is None else value)
 
 
 def recomputes_experts(model: Model, stack: object) -> bool:
@@ -87,14 +94,19 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     """Link level and members per node of the expert groups, like `layout.group_geometry`.
 
     Within a stage the ranks are ordered by their coordinates innermost first (col, row, cp, depth,
-    data): etp groups are consecutive blocks, ep groups stride G_etp, edp stride G_etp * G_ep. With
-    the default placement the first col*row*cp*depth of them are consecutive world ranks and the
-    data coordinate jumps by G_inter of those blocks, so a group that spans more than one block
-    (and a pipeline) is taken to cross nodes. `cp`: the context-parallel degree when `arrays` is the
+    data): etp groups are consecutive blocks, ep groups stride G_etp, edp stride G_etp * G_ep. The
+    axes placed inside "inter" make blocks of consecutive world ranks (all of the stage when the
+    pipeline is outermost, as in Megatron's order; col*row*cp*depth with the default placement, where
+    the data coordinate jumps by G_inter blocks), so a group that spans more than one block (and a
+    pipeline) is taken to cross nodes. `cp`: the context-parallel degree when `arrays` is the
     context view of `perfmodels.context` (its G_data holds G_data * G_cp)."""
     n = int(gpus_per_node)
     deg = expert_degrees(arrays)
-    inner = arrays.G_intra_c * arrays.G_intra_r * arrays.G_intra_d * cp
+    real = {**arrays.degrees(), "cp": np.full(len(arrays), cp), "data": arrays.G_data // cp}
+    order = arrays.placement
+    inner = np.ones(len(arrays), dtype=np.int64)
+    for axis in order[: order.index("inter")]:
+        inner = inner * real[axis]
     out: dict[str, dict[str, np.ndarray]] = {}
     stride = np.ones(len(arrays), dtype=np.int64)
     for name in ("etp", "ep", "edp"):
@@ -179,10 +191,11 @@ def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: o
     grouped = (local * (gemm_time_s(m_e, up / etp, h, curve) - ovh) + ovh
                + local * (gemm_time_s(m_e, h, f / etp, curve) - ovh) + ovh)
     router = gemm_time_s(T, E, h, curve)
-    gemm = router + EXPERT_LOAD_IMBALANCE * grouped
+    imbalance = load_imbalance(training)
+    gemm = router + imbalance * grouped
     pairs = T * model.moe_router_topk
     act = m_e * local * (up + f) / etp  # activation function: read the fc1 output, write its result
-    mem = ((PERMUTE_PASSES * pairs * h * e + act * e) * EXPERT_LOAD_IMBALANCE
+    mem = ((PERMUTE_PASSES * pairs * h * e + act * e) * imbalance
            + ROUTER_FP32_PASSES * T * E * 4.0)
     return gemm, mem / hbm_rate + 3.0 * ovh
 
@@ -203,12 +216,40 @@ def activation_bytes(model: Model, training: Training, arrays: PlanArrays) -> np
             + 4.0 * T * float(model.num_moe_experts))
 
 
-def group_seconds(secs: Mapping[tuple[str, str], np.ndarray],
+def node_dedup(model: Model, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Inter-node bytes of a node-deduplicating dispatch (DeepEP / HybridEP, `Training.moe_token_dispatcher
+    == "flex"`) over those of a plain all-to-all, for ep groups of p ranks with q per node: a token's k
+    experts, drawn uniformly from the group's N = p/q nodes, reach (N - 1)(1 - (1 - 1/N)^k) distinct
+    remote nodes where the all-to-all sends k (N - 1)/N copies off the node."""
+    nodes = np.maximum(np.asarray(p, np.float64) / np.maximum(np.asarray(q, np.float64), 1.0), 1.0)
+    k = float(model.moe_router_topk)
+    plain = k * (nodes - 1.0) / nodes
+    distinct = (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    return np.where(nodes > 1.0, distinct / np.maximum(plain, 1e-30), 1.0)
+
+
+def group_seconds(cluster: Cluster, model: Model, training: Training, events: list,
+                  geo: Mapping[str, Mapping[str, np.ndarray]], secs: Mapping[tuple[str, str], np.ndarray],
                   n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(all-to-all, expert tensor-parallel, expert gradient) seconds per step from the costed events
-    (`steptime._comm_seconds` keys), the all-to-all with the load imbalance."""
+    """(all-to-all, expert tensor-parallel, expert gradient) seconds per step: the all-to-alls costed
+    here (`collectives.all_to_all_s`, node-deduplicated for the "flex" dispatcher) with the load
+    imbalance, the others from the costed events (`steptime._comm_seconds` keys)."""
+    from perfmodels import collectives
+
     zeros = np.zeros(n)
-    a2a = sum((v for (axis, _), v in secs.items() if axis == "ep"), zeros.copy())
     etp = sum((v for (axis, _), v in secs.items() if axis == "etp"), zeros.copy())
     edp = sum((v for (axis, _), v in secs.items() if axis == "edp"), zeros.copy())
-    return EXPERT_LOAD_IMBALANCE * a2a, etp, edp
+    if not model.is_moe:
+        return zeros, etp, edp
+    byte_calls, calls = zeros.copy(), zeros.copy()
+    for ev in events:
+        if ev.axis == "ep":
+            byte_calls = byte_calls + ev.payload_bytes * ev.calls
+            calls = calls + ev.calls
+    g = geo["ep"]
+    flex = training.moe_token_dispatcher == "flex"
+    scale = node_dedup(model, g["size"], g["members_per_node"]) if flex else 1.0
+    alpha = np.where(g["intra"], cluster.intra_node_latency_us, cluster.inter_node_latency_us)
+    a2a = collectives.all_to_all_s(cluster, byte_calls, calls, g["size"], g["intra"], g["members_per_node"],
+                                   alpha, inter_scale=scale)
+    return load_imbalance(training) * a2a, etp, edp

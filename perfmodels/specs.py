@@ -632,9 +632,23 @@ class Training:
     host_exposed_fraction: float | None = None
     torch_compile: stacks.TorchCompile | None = None
     flash_kernel: stacks.FlashKernel | None = None
+    moe_token_dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    """How MoE layers move tokens: "alltoall" (Megatron-Core's `alltoall` dispatcher, the engine's:
+    every (token, expert) pair travels), or "flex" (`--moe-token-dispatcher-type flex` with the
+    DeepEP or HybridEP backend: a token goes once to each remote node that holds one of its experts
+    and is forwarded over NVLink there; `perfmodels.experts.node_dedup`)."""
+    expert_load_imbalance: float | None = None
+    """Tokens on the busiest expert-parallel rank over the mean (None: `experts.EXPERT_LOAD_IMBALANCE`;
+    1.0 where the run forces balanced routing, as Megatron-Bridge's MoE benchmarks do with
+    `moe_router_force_load_balancing`)."""
 
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
+        _choice("training", "moe_token_dispatcher", self.moe_token_dispatcher, ("alltoall", "flex"))
+        if self.expert_load_imbalance is not None:
+            value = self.expert_load_imbalance
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= 64.0:
+                raise ValueError(f"training.expert_load_imbalance must be a number in [1, 64], got {value!r}")
         _choice("training", "dtype", self.dtype, DTYPES)
         if self.attention_dtype is not None:
             _choice("training", "attention_dtype", self.attention_dtype, ("fp32", "tf32", "bf16", "fp16"))
@@ -748,8 +762,8 @@ class Plan:
                 f"got {self.schedule!r}"
             )
         if self.placement is not None:
-            placement = default_placement(tuple(self.placement))
-            object.__setattr__(self, "placement", placement)
+            object.__setattr__(self, "placement", tuple(self.placement))
+            placement = default_placement(self.placement)  # the five axes alone: "cp" after "row"
             if sorted(placement) != sorted(AXES):
                 raise ValueError(f"plan.placement must be an ordering of {list(AXES)}, got {list(placement)}")
 
@@ -760,7 +774,7 @@ class Plan:
     @property
     def full_order(self) -> tuple[str, ...]:
         """The placement over all six axes (cp included)."""
-        return self.placement or AXES
+        return default_placement(self.placement) if self.placement else AXES
 
     @property
     def order(self) -> tuple[str, ...]:

@@ -416,7 +416,7 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
     t = _comm_by_kind(secs, len(arrays))
     t["p2p_call"] = _p2p_seconds(cluster, training, arrays, events, geo)
     stack = training.effective_stack
-    ep_a2a, ep_etp, ep_grad = experts.group_seconds(secs, len(arrays))
+    ep_a2a, ep_etp, ep_grad = experts.group_seconds(cluster, model, training, events, geo, secs, len(arrays))
     ring_total, ring_exposed = _ring_seconds(cluster, model, training, arrays, cp, geo, st, full_rc)
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")

@@ -41,6 +41,10 @@ class Layout:
     sequence_parallel: bool | None = None
     cp: int = 1
     """Context parallelism (stated, or 1): the other degrees split num_gpus / cp."""
+    ep: int = 1
+    """Expert parallelism (stated, or 1); it re-divides a stage's ranks, so splits no GPUs."""
+    etp: int | None = None
+    """Expert tensor parallelism (None: Megatron-Core's default, the tensor-parallel size)."""
 
     @property
     def stated(self) -> bool:
@@ -115,6 +119,8 @@ def candidate_plans(lay: Layout, *, layers: int, heads: int, recomputes: tuple[s
                                     G_inter=p,
                                     G_intra_r=t,
                                     G_cp=lay.cp,
+                                    G_ep=lay.ep,
+                                    G_etp=lay.etp,
                                     micro_batch_size=micro,
                                     schedule="interleaved-1f1b" if v > 1 else "1f1b",
                                     virtual_stages=v,

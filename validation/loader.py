@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from perfmodels import presets, stacks
-from perfmodels.specs import Cluster, Model, Plan
+from perfmodels.specs import Cluster, Model, Plan, Training
 from validation.candidates import Layout, candidate_plans
 from validation.cases import Case, Loaded, Skipped
 from validation.hardware import CardMemory, card, cluster_from_columns
@@ -192,6 +192,26 @@ def _block_style(row: Mapping[str, str], heads: int) -> tuple[bool, int]:
     return gated, groups
 
 
+def _preset_model(row: Mapping[str, str], model: Model) -> Model:
+    """A row naming a model preset (`model_preset`: the mixture-of-experts and attention-variant
+    fields its columns cannot hold) is that preset at the row's sequence length."""
+    name = (row.get("model_preset") or "").strip()
+    if not name:
+        return model
+    return replace(presets.model(name), name=model.name, seq_length=model.seq_length)
+
+
+def _with_routing(row: Mapping[str, str], trainings: tuple[Training, ...]) -> tuple[Training, ...]:
+    """`moe_force_balance` true: the run forced balanced routing (Megatron-Bridge's MoE benchmarks,
+    `moe_router_force_load_balancing`), so no rank waits for a busier one."""
+    dispatcher = (row.get("moe_token_dispatcher") or "").strip()
+    if dispatcher:
+        trainings = tuple(replace(t, moe_token_dispatcher=dispatcher) for t in trainings)
+    if not parse_bool("moe_force_balance", row.get("moe_force_balance")):
+        return trainings
+    return tuple(replace(t, expert_load_imbalance=1.0) for t in trainings)
+
+
 def _unstated_layout_columns(plans: list[Plan]) -> list[str]:
     """The layout columns (CSV names) on which the candidate plans differ."""
     columns = (("tp", "G_intra_r"), ("pp", "G_inter"), ("micro_batch_size", "micro_batch_size"),
@@ -254,9 +274,11 @@ def _published_case(cid: str, row: Mapping[str, str], *,
                   # GPT-style blocks (Megatron's GPT, MPT) tie the LM head to the word embedding;
                   # Llama-style (gated) models and Nemotron-4 keep their own head (their configs)
                   tied_embeddings=not gated and "nemotron" not in (row.get("model_name") or "").lower())
+    model = _preset_model(row, model)
 
     dp = _int(row, "dp")
     layout = Layout(num_gpus=G, global_batch=gb, tp=_int(row, "tp"), pp=_int(row, "pp"), cp=cp,
+                    ep=_int(row, "ep") or 1, etp=_int(row, "etp"),
                     dp=dp if dp else None, micro_batch=_int(row, "micro_batch_size"),
                     virtual_pp=_int(row, "virtual_pp"),
                     sequence_parallel=parse_bool("sequence_parallel", row.get("sequence_parallel")))
@@ -289,7 +311,7 @@ def _published_case(cid: str, row: Mapping[str, str], *,
         group=group,
         model=model,
         cluster=the_cluster,
-        trainings=stack.trainings(gb),
+        trainings=_with_routing(row, stack.trainings(gb)),
         plans=tuple(plans),
         measured_time_s=measured,
         measured_memory_gib=_float("peak_memory_gib", row.get("peak_memory_gib")),

@@ -32,6 +32,7 @@ def test_vendored_files_load_with_known_usable_and_skipped_counts():
         "published_nemo_perf_summary.csv": (16, 0),
         "published_llmfoundry_h100.csv": (77, 0),
         "published_torchtitan_compiled.csv": (12, 0),
+        "published_megatron_bridge_moe.csv": (7, 0),
     }
     reasons = sorted(s.reason.split(":")[0] for s in per_file["published_dev.csv"].skipped)
     assert reasons == ["global batch size or GPU count not stated"] * 2 + [
@@ -203,9 +204,9 @@ def test_stated_data_and_tensor_degrees_fix_the_pipeline_degree():
     assert {(p.G_intra_r, p.G_inter, p.G_data) for p in plans} == {(4, 2, 8)}
 
 
-def test_context_parallel_row_becomes_shorter_samples_over_more_data_ranks(tmp_path: Path):
-    """cp=4: each rank holds a quarter of every 8192-token sequence and attends over all of it;
-    the grid sees 4x as many 2048-token samples, data-parallel over dp x cp ranks."""
+def test_context_parallel_row_carries_its_real_cp_degree(tmp_path: Path):
+    """cp=4: the plan's G_cp is 4 (perfmodels.context costs the quarter-sequence chunks, the ring and
+    the dp-cp gradient group); the model keeps its 8192-token samples and the batch its 64."""
     case = _case(
         tmp_path,
         seq_len="8192",
@@ -217,9 +218,9 @@ def test_context_parallel_row_becomes_shorter_samples_over_more_data_ranks(tmp_p
         micro_batch_size="1",
         global_batch_size="64",
     )
-    assert (case.model.seq_length, case.model.span) == (2048, 8192)
-    assert case.trainings[0].global_batch_size == 256
-    assert {p.G_data for p in case.plans} == {16}
+    assert (case.model.seq_length, case.model.span) == (8192, 8192)
+    assert case.trainings[0].global_batch_size == 64
+    assert {(p.G_data, p.G_cp) for p in case.plans} == {(4, 4)}
     assert case.measured_time_s == pytest.approx(2.5)
 
 
