@@ -52,9 +52,12 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {t.kind: t for t in (
-    Target(kind="megatron", stacks=("megatron-core", "megatron-lm"), build=megatron,
+    # pretrain_gpt.py also runs what the nemo preset ranks (distributed optimizer, Megatron FSDP,
+    # --grad-reduce-in-bf16), and Megatron-Bridge what the megatron-core preset ranks
+    Target(kind="megatron", stacks=("megatron-core", "megatron-lm", "nemo"), build=megatron,
            what="Megatron-LM pretrain_gpt.py arguments"),
-    Target(kind="nemo", stacks=("nemo",), build=nemo, what="NeMo 2 / Megatron-Bridge recipe overrides"),
+    Target(kind="nemo", stacks=("nemo", "megatron-core"), build=nemo,
+           what="NeMo 2 / Megatron-Bridge recipe overrides"),
     Target(kind="deepspeed", stacks=("deepspeed", "megatron-deepspeed"), build=deepspeed,
            what="a DeepSpeed config and its launcher"),
     Target(kind="torchtitan", stacks=("torchtitan",), build=torchtitan, what="torchtitan.train overrides"),
@@ -78,12 +81,16 @@ def stack_for_emit(kind: str) -> str:
     return target(kind).default_stack
 
 
+def kinds_for_stack(stack_name: str) -> list[str]:
+    """The emitters that launch `stack_name`, its own first (empty: none does, e.g. oneflow)."""
+    kinds = [t.kind for t in TARGETS.values() if stack_name in t.stacks]
+    return sorted(kinds, key=lambda k: TARGETS[k].default_stack != stack_name)
+
+
 def kind_for_stack(stack_name: str) -> str | None:
-    """The emitter that launches `stack_name` (None: no emitter launches it, e.g. oneflow)."""
-    for t in TARGETS.values():
-        if stack_name in t.stacks:
-            return t.kind
-    return None
+    """The emitter whose own stack `stack_name` is (else the first that launches it; None: none)."""
+    kinds = kinds_for_stack(stack_name)
+    return kinds[0] if kinds else None
 
 
 def check_emit_stack(kind: str, stack_name: str) -> None:
@@ -135,14 +142,14 @@ def launch_for(kind: str, model: Model, cluster: Cluster, training: Training, pl
 
 
 def all_launches(model: Model, cluster: Cluster, training: Training, plan: Plan) -> dict[str, dict[str, Any]]:
-    """The REST and `--json` answer's `launch`: {kind: Launch.to_dict()} for the emitter of the stack the
-    plan was ranked for (the same text `--emit` prints); empty when no emitter launches that stack.
-    A plan its emitter refuses gets `text` "" and the reasons in `notes`."""
-    kind = kind_for_stack(training.effective_stack.name)
-    if kind is None:
-        return {}
-    try:
-        return {kind: launch_for(kind, model, cluster, training, plan).to_dict()}
-    except ValueError as exc:
-        return {kind: Launch(kind=kind, stack=training.effective_stack.name, text="",
-                             notes=(str(exc),)).to_dict()}
+    """The REST and `--json` answer's `launch`: {kind: Launch.to_dict()} for every emitter that launches
+    the stack the plan was ranked for (the same text `--emit KIND` prints); empty when none does. A
+    plan an emitter refuses gets `text` "" and the reasons in `notes`."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind in kinds_for_stack(training.effective_stack.name):
+        try:
+            out[kind] = launch_for(kind, model, cluster, training, plan).to_dict()
+        except ValueError as exc:
+            out[kind] = Launch(kind=kind, stack=training.effective_stack.name, text="",
+                               notes=(str(exc),)).to_dict()
+    return out

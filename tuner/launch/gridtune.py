@@ -21,12 +21,13 @@ def gridtune(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
     init = (f"engine.init(G_data={plan.G_data}, G_inter={plan.G_inter}, G_intra_d={plan.G_intra_d}, "
             f"G_intra_r={plan.G_intra_r}, G_intra_c={plan.G_intra_c}{extra}{placement})")
     plan_json = json.dumps(plan_to_dict(plan))
+    dtype = f", dtype={training.dtype!r}" if training.dtype in ("fp32", "bf16", "fp16") else ""
     python = "\n".join([
         "import engine, perfmodels.io",
         f"plan = perfmodels.io.plan_from_dict({plan_json})",
         f"engine.train(model, dataset, global_batch_size={training.global_batch_size}, steps=..., "
         f"auto=False, "
-        "plan=plan)",
+        f"plan=plan{dtype})",
         f"# or by hand: {init}",
         f"#   loader = engine.create_dataloader(dataset, global_batch_size={training.global_batch_size})",
     ])

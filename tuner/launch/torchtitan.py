@@ -64,7 +64,9 @@ def torchtitan(model: Model, cluster: Cluster, training: Training, plan: Plan) -
     overrides: list[str] = []
     for section, values in config.items():
         for key, value in values.items():
-            if isinstance(value, list):
+            if isinstance(value, bool):  # tyro's flag pair: --section.key / --section.no_key
+                overrides.append(f"--{section}.{key}" if value else f"--{section}.no_{key}")
+            elif isinstance(value, list):
                 overrides.append(f"--{section}.{key} " + " ".join(str(v) for v in value))
             else:
                 overrides.append(f"--{section}.{key} {value}")
@@ -78,4 +80,4 @@ def torchtitan(model: Model, cluster: Cluster, training: Training, plan: Plan) -
     cmd = torchrun(cluster, lay.world, ["-m", "torchtitan.train", "--module", "MODEL", "--config", "RECIPE"])
     text = " \\\n    ".join([" ".join(cmd), *overrides])
     return Launch(kind="torchtitan", stack=training.effective_stack.name, text=text, args=tuple(overrides),
-                  config={**config, "activation_checkpoint": ac}, notes=tuple(notes))
+                  config={**config, "activation_checkpoint": ac, "vpp": lay.vpp}, notes=tuple(notes))
