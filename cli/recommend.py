@@ -2,14 +2,18 @@
 
     gridtune recommend --model gpt3-175b --cluster selene --gpus 1024 --global-batch-size 1536 \\
         [--top 10] [--pin G_intra_c=1 --pin 'schedule=1f1b|interleaved-1f1b'] [--json] [--plot top.png] \\
-        [--csv candidates.csv] [--emit megatron|deepspeed|torchrun]
+        [--csv candidates.csv] [--emit megatron|nemo|deepspeed|torchtitan|fsdp|gridtune]
 
 Pins: `--pin FIELD=V1,V2` (or `V1|V2`, quoted: `|` is a pipe to the shell) keeps only those values.
 `--json` prints exactly one JSON object (best, candidates, num_evaluated, pruned, complete, launch, ...).
 `--csv FILE` writes every ranked candidate (raise --top for more), one row each with the plan, step
-time, throughput, MFU, memory and time breakdown. `--emit` prints how to launch the best plan:
-Megatron-LM/NeMo arguments, a DeepSpeed config, or the gridtune engine's torchrun line and
-`engine.init(...)` call. Searches of more than 1,048,576 GPUs are refused (the service's default
+time, throughput, MFU, memory and time breakdown. `--emit STACK` prints how to launch the best plan
+with that stack: Megatron-LM pretrain_gpt.py arguments (megatron), NeMo 2 / Megatron-Bridge recipe
+overrides (nemo), a DeepSpeed config and launcher (deepspeed), torchtitan.train overrides
+(torchtitan), an LLM Foundry YAML (fsdp) or the gridtune engine's torchrun line (gridtune, alias
+torchrun). Without --stack it ranks as the stack that emitter launches (--emit megatron ranks
+megatron-core), so the printed launch is always the plan shown as best; `--json` carries the same
+text under `launch`. Searches of more than 1,048,576 GPUs are refused (the service's default
 bound too; `predict` takes up to 4,194,304).
 """
 
@@ -30,7 +34,8 @@ from cli.common import (
     training_from_args,
 )
 from perfmodels.specs import Plan
-from tuner.launch import KINDS, all_launches, launch_for
+from perfmodels.stacks import DEFAULT_STACK
+from tuner.launch import KINDS, all_launches, check_emit_stack, launch_for, stack_for_emit
 from tuner.report import parallel_columns, recommendation_to_dict, write_candidates_csv
 from tuner.search import MAX_GPUS, recommend
 from tuner.types import Recommendation, SearchOptions
@@ -59,8 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--plot", metavar="FILE.png", help="picture of the top layouts: step time, breakdown, memory"
     )
     p.add_argument("--csv", metavar="FILE.csv", help="write every ranked candidate as CSV")
-    p.add_argument("--emit", choices=KINDS, help="print how to launch the best plan with this stack")
-    p.set_defaults(handler=run)
+    p.add_argument("--emit", choices=KINDS, metavar="STACK",
+                   help=f"print how to launch the best plan with this stack ({', '.join(KINDS)}); without "
+                        "--stack, rank as the stack it launches")
+    # stack None: --stack not given (then the --emit target's stack, or the default)
+    p.set_defaults(handler=run, stack=None)
 
 
 def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions:
@@ -93,6 +101,13 @@ def check_gpus(num_gpus: int) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
+    if args.stack is None:
+        args.stack = stack_for_emit(args.emit) if args.emit else DEFAULT_STACK
+        if args.emit:
+            print(f"gridtune: --emit {args.emit} without --stack: ranking layouts the {args.stack} stack can "
+                  "launch", file=sys.stderr)
+    elif args.emit:
+        check_emit_stack(args.emit, args.stack)
     model, cluster, training = model_from_args(args), cluster_from_args(args), training_from_args(args)
     check_gpus(cluster.num_gpus)
     options = search_options(args.pin, args.max_micro_batch_size, args.time_budget)
@@ -124,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.emit and rec.best is not None:
             launch = launch_for(args.emit, model, cluster, training, rec.best.plan)
-            print(f"\n# launch the best plan ({args.emit}):")
+            print(f"\n# launch the best plan (#1 above) with {launch.kind} ({launch.stack} stack):")
             print(launch.text)
             for line in launch.notes:
                 print(f"# note: {line}")

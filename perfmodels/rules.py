@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 Int = Any  # an int, or an integer numpy array (the rules broadcast)
 
 
@@ -104,3 +106,80 @@ def expert_grid_fits(stage_ranks: Int, G_ep: Int, G_etp: Int) -> Any:
 def dense_without_experts(is_moe: Any, G_ep: Int) -> Any:
     """A model without experts has no expert parallelism: G_ep = 1."""
     return is_moe | (G_ep == 1)
+# --------------------------------------------------------------------------------------------
+# What a training stack's launcher accepts (`Stack.tp_splits_query_groups`, `pipeline_layer_split`,
+# `pipeline_max_zero_stage`, `launch_zero_stages`); perfmodels/launchable.py words them and cites
+# the framework line that enforces each.
+# --------------------------------------------------------------------------------------------
+
+
+def query_groups_split_exact(num_query_groups: Int, G_intra_r: Int) -> Any:
+    """The tensor-parallel ranks split the key/value groups: G_intra_r divides num_query_groups."""
+    return divides(G_intra_r, num_query_groups)
+
+
+def _ceil_div(a: Any, b: Any) -> Any:
+    return -(-a // b)
+
+
+def even_layer_split(num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
+    """Every pipeline chunk (stage x virtual stage) holds the same number of layers."""
+    return divides(G_inter * virtual_stages, num_layers)
+
+
+def megatron_uneven_split(num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
+    """Megatron's uneven pipeline (--decoder-first/last-pipeline-num-layers) can cut the layers so
+    that no stage holds more than the balanced split's busiest stage, ceil(L / (S v)) * v layers:
+    first and last stage counts f, l and one count m on every middle stage, each a multiple of v
+    and in [v, ceil(L / (S v)) * v], with f + l + (S - 2) m = L. In units of v (L' = L / v,
+    c = ceil(L' / S)), a middle count m' exists when
+    max(1, ceil((L' - 2c) / (S - 2))) <= min(c, floor((L' - 2) / (S - 2))); with S = 2 when L' >= 2."""
+    L = num_layers // virtual_stages
+    c = _ceil_div(L, G_inter)
+    middle = np.maximum(G_inter - 2, 1)  # avoid dividing by 0 where there is no middle stage
+    lo = np.maximum(1, _ceil_div(L - 2 * c, middle))
+    hi = np.minimum(c, (L - 2) // middle)
+    fits = (G_inter == 2) & (L >= 2) | (G_inter > 2) & (lo <= hi)
+    return divides(virtual_stages, num_layers) & (G_inter >= 2) & (G_inter <= L) & fits
+
+
+def megatron_first_last(num_layers: int, G_inter: int, virtual_stages: int) -> tuple[int, int] | None:
+    """The (first, last) stage layer counts of the uneven split `megatron_uneven_split` allows, with
+    the middle stages as full as the balanced split's busiest stage (so the first and last, which
+    also hold the embedding and the loss, are the lighter ones); None when the layers split evenly.
+    ValueError when neither works."""
+    L, S, v = int(num_layers), int(G_inter), int(virtual_stages)
+    if S == 1 or L % (S * v) == 0:
+        return None
+    if not bool(megatron_uneven_split(L, S, v)):
+        raise ValueError(f"model.num_layers={L} splits neither evenly over G_inter*virtual_stages = {S}*{v} "
+                         "nor with Megatron's first/last-stage counts")
+    units = L // v
+    c = -(-units // S)
+    m = min(c, (units - 2) // (S - 2)) if S > 2 else 0
+    rest = units - (S - 2) * m
+    first = rest // 2
+    return first * v, (rest - first) * v
+
+
+def torchtitan_layer_split(num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
+    """torchtitan (`pipeline_parallel_layers_per_stage` = ceil(L / (S v)), no first/last weights)
+    makes ceil(L / layers_per_stage) stages, which must be the S * v chunks of the plan."""
+    chunks = G_inter * virtual_stages
+    per = _ceil_div(num_layers, chunks)
+    return (G_inter == 1) | (_ceil_div(num_layers, per) == chunks)
+
+
+def layer_split(kind: str, num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
+    """The stack's `pipeline_layer_split` rule: "megatron", "torchtitan" or "any"."""
+    if kind == "megatron":
+        return (G_inter == 1) | even_layer_split(num_layers, G_inter, virtual_stages) | megatron_uneven_split(
+            num_layers, G_inter, virtual_stages)
+    if kind == "torchtitan":
+        return torchtitan_layer_split(num_layers, G_inter, virtual_stages)
+    return np.ones(np.shape(G_inter), bool) if np.ndim(G_inter) else True
+
+
+def pipeline_zero(G_inter: Int, zero_stage: Int, max_stage: int) -> Any:
+    """With pipeline parallelism the stack allows ZeRO stages up to `max_stage` only."""
+    return (G_inter == 1) | (zero_stage <= max_stage)

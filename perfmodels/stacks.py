@@ -57,6 +57,9 @@ FlashKernel = Literal["native", "pre-hopper"]
 FLASH_KERNEL_VALUES: tuple[str, ...] = get_args(FlashKernel)
 """What `Stack.flash_kernel` may say (the one list the specs, the loader, the CLI and the REST schema use)."""
 SelectiveKind = Literal["attention-core", "per-op"]
+PipelineSplit = Literal["any", "megatron", "torchtitan"]
+PIPELINE_SPLIT_VALUES: tuple[str, ...] = get_args(PipelineSplit)
+"""What `Stack.pipeline_layer_split` may say."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +189,27 @@ class Stack:
       `--overlap-moe-expert-parallel-comm`, the "1F1B A2A overlap" of its combined 1F1B schedule,
       which needs virtual pipeline stages; Megatron-Bridge's MoE performance recipes turn it on).
       Otherwise they sit on the critical path.
+    What the stack's launcher accepts beyond those (the rules in `perfmodels/launchable.py`, each
+    citing the framework line that enforces it; the search applies them in `tuner/constraints.py`):
+    - `tp_splits_query_groups`: the tensor-parallel ranks split the key/value groups, so G_intra_r
+      must divide `num_query_groups` (Megatron-Core, torchtitan); False: a rank may hold a replicated
+      group when there are fewer groups than ranks (the gridtune engine).
+    - `pipeline_layer_split`: how the stack cuts the layers into G_inter x virtual_stages chunks:
+      "megatron" (evenly, or unevenly through --decoder-first/last-pipeline-num-layers with equal
+      middle stages), "torchtitan" (ceil(layers / chunks) layers per chunk must give exactly that
+      many chunks), "any" (a balanced split of any count: DeepSpeed's PipelineModule, the engine).
+    - `pipeline_max_zero_stage`: the highest ZeRO stage that runs with G_inter > 1 (DeepSpeed's
+      pipeline engine: 1).
+    - `launch_placements`: the rank orders (innermost first) the launcher can build, where it cannot
+      build every one (None: any; an axis left out, such as "cp", sits where the default order has
+      it). Megatron: tensor-parallel ranks innermost, then data inside pipeline (its default order
+      tp-cp-ep-dp-pp) or pipeline inside data (--use-tp-pp-dp-mapping); torchtitan's mesh
+      (pp, dp_replicate, dp_shard, cp, tp) and DeepSpeed's PipeModelDataParallelTopology (pipe, data,
+      model): pipeline outermost.
+    - `launch_zero_stages`: the ZeRO stages today's launcher of this stack offers, where they are
+      fewer than `zero_stages` (None: all of them). `zero_stages` stays what published runs of the
+      stack used (the loader's candidates): megatron-core's ZeRO-2 is Apex's DistributedFusedAdam as
+      NeMo 1.x ran it, which Megatron-LM's pretrain_gpt.py cannot start.
     """
 
     name: str
@@ -234,6 +258,12 @@ class Stack:
     context_parallel: bool = False
     expert_parallel: bool = False
     overlap_ep_comm: bool = False
+    # what the launcher accepts (see the docstring; perfmodels/launchable.py)
+    tp_splits_query_groups: bool = True
+    pipeline_layer_split: PipelineSplit = "any"
+    pipeline_max_zero_stage: int = 3
+    launch_zero_stages: tuple[int, ...] | None = None
+    launch_placements: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -289,6 +319,24 @@ class Stack:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
                 raise ValueError(f"stack.{name} must be a number in [0, 10], got {value!r}")
         object.__setattr__(self, "zero_stages", tuple(self.zero_stages))
+        if self.pipeline_layer_split not in PIPELINE_SPLIT_VALUES:
+            raise ValueError(f"stack.pipeline_layer_split must be one of {list(PIPELINE_SPLIT_VALUES)}, "
+                             f"got {self.pipeline_layer_split!r}")
+        if isinstance(self.pipeline_max_zero_stage, bool) or self.pipeline_max_zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"stack.pipeline_max_zero_stage must be 0, 1, 2 or 3, got "
+                             f"{self.pipeline_max_zero_stage!r}")
+        if self.launch_placements is not None:
+            object.__setattr__(self, "launch_placements", tuple(tuple(p) for p in self.launch_placements))
+            known = {"col", "row", "depth", "inter", "data", "cp"}
+            if not self.launch_placements or any(not set(p) <= known or len(set(p)) != len(p)
+                                                 for p in self.launch_placements):
+                raise ValueError(f"stack.launch_placements must be orders of {sorted(known)}, "
+                                 f"got {self.launch_placements!r}")
+        if self.launch_zero_stages is not None:
+            object.__setattr__(self, "launch_zero_stages", tuple(self.launch_zero_stages))
+            if not self.launch_zero_stages or any(z not in self.zero_stages for z in self.launch_zero_stages):
+                raise ValueError(f"stack.launch_zero_stages must be some of zero_stages="
+                                 f"{list(self.zero_stages)}, got {self.launch_zero_stages!r}")
         bad = [x for x in self.schedules if x not in ("gpipe", "1f1b", "interleaved-1f1b")]
         if bad or not self.schedules:
             raise ValueError(
@@ -338,7 +386,10 @@ class Stack:
 
 
 _MEGATRON = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=4.0, grad_bytes_fp16=2.0,
-                 p2p_scatter_gather=True, zero2_grad_reduce="per_step", selective_recompute="attention-core")
+                 p2p_scatter_gather=True, zero2_grad_reduce="per_step", selective_recompute="attention-core",
+                 pipeline_layer_split="megatron", launch_placements=(
+                     ("col", "row", "depth", "inter", "data"), ("col", "row", "depth", "data", "inter")))
+_PIPE_OUTERMOST = (("col", "row", "depth", "data", "inter"),)
 # DeepSpeed ZeRO-3 fetches parameters per submodule that owns them (each Linear, norm, embedding),
 # from the module's pre-forward/pre-backward hooks: one gather per parameter tensor, not per block
 _DEEPSPEED = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=2.0, grad_bytes_fp16=2.0,
@@ -362,6 +413,8 @@ _MEGATRON_CORE = Stack(
     context_parallel=True,
     expert_parallel=True,
     overlap_ep_comm=True,
+    # Megatron-LM's pretrain_gpt.py shards the optimizer (--use-distributed-optimizer) and nothing else
+    launch_zero_stages=(0, 1),
     **_MEGATRON,
 )
 """Megatron-Core as Megatron-LM runs it; the `nemo` preset is this with NeMo's bf16 gradients."""
@@ -390,6 +443,8 @@ STACK_PRESETS: dict[str, Stack] = {
             # ZeRO-3: Megatron FSDP (`use_megatron_fsdp`, sharding strategy optim_grads_params),
             # which NeMo's 2025 recipes use where it is faster
             zero_stages=(0, 1, 2, 3),
+            # NeMo 2 / Megatron-Bridge: the distributed optimizer or Megatron FSDP (no Apex DFA)
+            launch_zero_stages=(0, 1, 3),
         ),
         # host_exposed_fraction stays 0: an additive host cost (0.5) improved vTrain's 3.6B group (10.3% ->
         # 7.3%) but worsened its 39.1B ranking (0.60 -> 0.53) and the single-node runs (+32% on 4 GPUs),
@@ -405,6 +460,8 @@ STACK_PRESETS: dict[str, Stack] = {
             schedules=("1f1b",),
             zero_stages=(0, 1, 2, 3),
             sequence_parallel=False,
+            pipeline_max_zero_stage=1,
+            launch_placements=_PIPE_OUTERMOST,
             **_DEEPSPEED,
         ),
         Stack(
@@ -419,6 +476,8 @@ STACK_PRESETS: dict[str, Stack] = {
             sequence_parallel=False,
             # DeepSpeed-MoE: experts over `ep_size` ranks with all-to-all dispatch
             expert_parallel=True,
+            pipeline_max_zero_stage=1,
+            launch_placements=_PIPE_OUTERMOST,
             **_DEEPSPEED,
         ),
         Stack(
@@ -451,6 +510,8 @@ STACK_PRESETS: dict[str, Stack] = {
             # `expert_parallel_degree` (all-to-all token dispatch)
             context_parallel=True,
             expert_parallel=True,
+            pipeline_layer_split="torchtitan",
+            launch_placements=_PIPE_OUTERMOST,
             **_FSDP,
         ),
         Stack(
@@ -496,6 +557,8 @@ STACK_PRESETS: dict[str, Stack] = {
             # (docs/architecture.md, the byte contract of perfmodels.traffic)
             context_parallel=True,
             expert_parallel=True,
+            # engine.parallel_gpt replicates a key/value group on the row ranks that share it
+            tp_splits_query_groups=False,
             # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
             # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
             # unsharded, +20% with row, +60% with col, +30% with depth split; each split axis

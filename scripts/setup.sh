@@ -13,5 +13,9 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==${GRIDTUNE_TORCH_VERSION:-2.13.0}"
 fi
-.venv/bin/python -m pip install -q -e ".[dev,engine,postgres]"
+# the frameworks extra would otherwise be free to replace torch: keep the one installed
+TORCH_PIN=$(mktemp)
+.venv/bin/python -c 'import torch; print("torch==" + torch.__version__)' > "$TORCH_PIN"
+.venv/bin/python -m pip install -q -e ".[dev,engine,postgres,frameworks]" -c "$TORCH_PIN"
+rm -f "$TORCH_PIN"
 echo "gridtune installed in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -64,6 +64,12 @@ def query_groups_split(model: Model, cluster: Cluster, training: Training, cols:
     if model.kind != "transformer":  # a layer list splits each Linear only where it divides
         return _none(len(r))
     g = int(model.num_query_groups)
+    stack = training.effective_stack
+    if stack.tp_splits_query_groups:  # perfmodels/launchable.py cites the framework line
+        return Rejection(~rules.query_groups_split_exact(g, r),
+                         f"G_intra_r does not divide model.num_query_groups={g} (the {stack.name} stack "
+                         "splits the key/value groups)",
+                         lambda i: f"G_intra_r={r[i]} does not divide model.num_query_groups={g}")
     return Rejection(~rules.query_groups_split(g, r),
                      f"G_intra_r and model.num_query_groups={g} do not divide each other",
                      lambda i: f"G_intra_r={r[i]} and model.num_query_groups={g} do not divide each other")
@@ -230,9 +236,44 @@ def stack_runs_context_expert(model: Model, cluster: Cluster, training: Training
                      lambda i: f"{stack.name} cannot run G_cp={cp[i]} G_ep={ep[i]} G_etp={etp[i]}")
 
 
+def stack_layer_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """The layers split over G_inter x virtual_stages the way the stack's launcher cuts them
+    (`Stack.pipeline_layer_split`; perfmodels/launchable.py cites Megatron's and torchtitan's lines)."""
+    stack = training.effective_stack
+    S = cols["G_inter"]
+    v = cols.get("virtual_stages", np.ones_like(S))
+    L = model.depth
+    ok = np.asarray(rules.layer_split(stack.pipeline_layer_split, L, S, v), bool) | (S == 1)
+    return Rejection(~ok, f"model.num_layers={L} does not split over G_inter*virtual_stages as the "
+                          f"{stack.name} stack cuts layers",
+                     lambda i: f"{stack.name}: {L} layers over G_inter*virtual_stages={S[i]}*{v[i]}")
+
+
+def stack_zero_stages(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Only the ZeRO stages the stack's launcher offers (`Stack.launch_zero_stages`: megatron-core's
+    pretrain_gpt.py has no ZeRO-2), and with a pipeline only those its pipeline allows
+    (`Stack.pipeline_max_zero_stage`: DeepSpeed's pipeline engine asserts ZeRO < 2)."""
+    stack = training.effective_stack
+    z, S = cols["zero_stage"], cols["G_inter"]
+    offered = stack.launch_zero_stages or stack.zero_stages
+    not_offered = ~np.isin(z, offered)
+    bad_pipe = ~rules.pipeline_zero(S, z, stack.pipeline_max_zero_stage)
+
+    def example(i: int) -> str:
+        if not_offered[i]:
+            return f"{stack.name} launches ZeRO stages {list(offered)}, not {z[i]}"
+        most = stack.pipeline_max_zero_stage
+        return f"{stack.name} pipeline with G_inter={S[i]} allows ZeRO <= {most}, not {z[i]}"
+
+    return Rejection(not_offered | bad_pipe,
+                     f"the {stack.name} stack's launcher does not start this ZeRO stage (with this pipeline)",
+                     example)
+
+
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
-PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run, experts_split,
-                    expert_grid_fits, stack_runs_context_expert)
+PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run,
+                    stack_layer_split, stack_zero_stages, experts_split, expert_grid_fits,
+                    stack_runs_context_expert)
 
 
 def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:

@@ -26,7 +26,7 @@ from collections import Counter
 import numpy as np
 
 from perfmodels.plans import from_columns
-from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
+from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
 from tuner.space import GRID_COLUMNS, cp_options, expand_options, grid_rows, placements
@@ -98,7 +98,9 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
     num_valid = 0
     truncated = False
-    orders = placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()))
+    orders = stack_placements(
+        training, placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any())),
+        pinned=options.placement is not None)
     stopped = (orders[0], 0)
     for order in orders:
         for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
@@ -158,6 +160,35 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         complete=not truncated,
         num_not_evaluated=skipped,
     )
+
+
+def complete_order(partial: tuple[str, ...], axes: tuple[str, ...] = AXES) -> tuple[str, ...]:
+    """`partial` (some axes, innermost first) as a whole order of `axes`: an axis it leaves out
+    goes right after the axis the default order has before it (so "cp" follows "row")."""
+    order = [a for a in partial if a in axes]
+    for i, axis in enumerate(axes):
+        if axis in order:
+            continue
+        before = [a for a in axes[:i] if a in order]
+        order.insert(order.index(before[-1]) + 1 if before else 0, axis)
+    return tuple(order)
+
+
+def stack_placements(training: Training, orders: list[tuple[str, ...]], *,
+                     pinned: bool) -> list[tuple[str, ...]]:
+    """The placements to search: the stack's launchable orders (`Stack.launch_placements`) where it
+    has them, kept to the pinned ones when the user pinned placements."""
+    launch = training.effective_stack.launch_placements
+    if not launch:
+        return orders
+    mine = list(dict.fromkeys(complete_order(p) for p in launch))
+    if pinned:
+        kept = [o for o in orders if o in mine]
+        if not kept:
+            raise ValueError(f"search.placement: the {training.effective_stack.name} stack builds only "
+                             f"the rank orders {[list(o) for o in mine]}")
+        return kept
+    return mine
 
 
 def _merge_placements(best: list[tuple[float, object, int]], top_k: int) -> list[Candidate]:

@@ -449,9 +449,9 @@ def test_recommend_answers_carry_the_launch_of_the_best_plan(sqlite_server):
     body = {"model": {"preset": "tiny-gpt"}, "cluster": {"preset": "local-cpu", "num_gpus": 4},
             "training": {"global_batch_size": 8, "dtype": "fp32"}, "top_k": 3}
     rec = _post(sqlite_server.url, "/v1/recommend", body).json()
-    assert rec["complete"] is True and set(rec["launch"]) == {"megatron", "deepspeed", "torchrun"}
-    assert "engine.init(G_data=" in rec["launch"]["torchrun"]["text"]
-    assert "--micro-batch-size" in rec["launch"]["megatron"]["text"]
+    assert rec["complete"] is True and set(rec["launch"]) == {"gridtune"}  # the stack it ranked
+    assert "engine.init(G_data=" in rec["launch"]["gridtune"]["text"]
+    assert rec["launch"]["gridtune"]["config"]["plan"]["G_data"] == rec["best"]["plan"]["G_data"]
     presets = httpx.get(sqlite_server.url + "/v1/presets", timeout=30).json()
     assert (
         "selene" in presets["clusters"]

@@ -190,9 +190,9 @@ def test_emit_csv_and_the_launch_in_json(tmp_path, capsys):
     assert {"rank", "G_data", "iteration_time_s", "mfu", "memory_per_gpu_gib", "time_compute_s"} <= set(
         rows[0]
     )
-    assert set(rec["launch"]) == {"megatron", "deepspeed", "torchrun"}
-    ds = json.loads(rec["launch"]["deepspeed"]["text"].split("\n# launch")[0])
-    assert ds["train_batch_size"] == 8
+    # the launch of the stack it ranked (gridtune, the default), for the plan shown as best
+    assert set(rec["launch"]) == {"gridtune"}
+    assert rec["launch"]["gridtune"]["config"]["plan"]["G_data"] == rec["best"]["plan"]["G_data"]
 
 
 def test_sweep_over_gpu_counts_with_a_plot(tmp_path, capsys):
