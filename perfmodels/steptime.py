@@ -35,6 +35,7 @@ import numpy as np
 
 from perfmodels import collectives
 from perfmodels.compute import StageCompute, host_seconds_per_block, model_flops_per_token, stage_compute
+from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
 from perfmodels.memory import StageMemory, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
@@ -322,6 +323,7 @@ def _pipeline_seconds(arrays: PlanArrays, m: np.ndarray, t_mb: np.ndarray, comp:
 
 def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
     """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first)."""
+    cluster, training = apply_constants(cluster, training)  # a calibrated profile's constants, if any
     m = arrays.num_microbatches(training).astype(np.float64)
     st = stage_shape(model.num_layers, arrays, "busiest")
     comp: StageCompute = stage_compute(model, cluster, training, arrays, st)
@@ -404,6 +406,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
+    cluster, training = apply_constants(cluster, training)
     m = arrays.num_microbatches(training).astype(np.float64)
     return peak_memory(
         model, cluster, training, arrays, stage_shape(model.num_layers, arrays, "busiest").blocks, m
