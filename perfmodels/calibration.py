@@ -19,7 +19,7 @@ three measurements exist), so later predictions say how far to trust them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -121,6 +121,16 @@ IDENTIFIED_VARIANCE_RATIO = 0.5
 """A parameter counts as fitted when the runs at least halve its prior variance (posterior / prior
 variance <= this, from the Gauss-Newton covariance of the regularised fit); otherwise it stays at
 its prior and is reported as not fitted."""
+ROBUST_SCALE = 3.0
+"""Residuals beyond this many noise units (3 x 2% = 6% for a run) count linearly, not squared: a
+measured run that the modelled physics cannot explain (an allocator thrashing near the memory limit,
+a straggler node) must not drag every constant to explain it. Priors stay quadratic."""
+
+
+def _robust(r: np.ndarray) -> np.ndarray:
+    """Residuals whose squares are scipy's "soft_l1" loss at scale `ROBUST_SCALE` (sign kept)."""
+    c = ROBUST_SCALE
+    return np.sign(r) * c * np.sqrt(2.0 * (np.sqrt(1.0 + (r / c) ** 2) - 1.0))
 LOO_BAND_QUANTILE = 0.9
 """The uncertainty band a calibrated profile claims: this quantile of the leave-one-out errors."""
 MIN_BAND = 0.02
@@ -319,7 +329,7 @@ def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float
         t, m = _evaluate(blocks, n, space.values(z))
         r_time = (t - y) / y / RUN_NOISE_REL
         r_mem = (m[mem_idx] - y_mem) / y_mem / MEMORY_NOISE_REL if len(mem_idx) else np.zeros(0)
-        return np.concatenate([r_time, r_mem, z])
+        return np.concatenate([_robust(r_time), _robust(r_mem), z])
 
     lo, hi = space.bounds()
     z0 = np.clip(np.zeros(len(names)), lo + 0.05, hi - 0.05)  # strictly inside: trf scales by the distance
@@ -391,6 +401,13 @@ def fit_constants(runs: Sequence[Run], *, prior: dict[str, float] | None = None,
               for k, p in enumerate(PARAMETERS)}  # alone, linearised: what the runs say of each
     ratios.update(ratio)
     return values, ratios, fitted
+
+
+def predict_runs(runs: Sequence[Run], constants: Mapping[str, float] | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(step s, peak GiB) the model predicts for each run with `constants` (None: the priors), each
+    the median over the run's candidates that fit, as the fit sees them."""
+    return _evaluate(_blocks(runs), len(runs), dict(constants or {}))
 
 
 def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30) -> Calibration:
