@@ -250,6 +250,9 @@ class ProfileIn(_In):
     ] = {}
     source: Literal["profile", "calibrated"] = "profile"
     uncertainty_rel: Annotated[float, Field(ge=0, le=10)] | None = None
+    constants: dict[
+        Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, Field(ge=0, le=1e6)]
+    ] | None = None
     provenance: Any = None
     fits: Any = None
     expected: Any = None

@@ -1,4 +1,5 @@
-"""The `gridtune` command line: recommend, predict, sweep, presets, profile, serve, db, train, validate.
+"""The `gridtune` command line: recommend, predict, sweep, presets, profile, calibrate, serve, db, train,
+validate.
 
 This package is the composition root: the only one that imports tuner, api, engine and validation
 together (see docs/architecture.md; tests/test_layering.py enforces it). Run it as `gridtune ...`
@@ -15,7 +16,8 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("recommend", "predict", "sweep", "presets", "profile", "serve", "db", "train", "validate")
+SUBCOMMANDS = ("recommend", "predict", "sweep", "presets", "profile", "calibrate", "serve", "db", "train",
+               "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,6 @@ from perfmodels.io import (
     cluster_from_dict,
     gpu_from_dict,
     model_from_dict,
-    profile_from_dict,
     training_from_dict,
 )
 from perfmodels.specs import Cluster, Model, Training
@@ -67,7 +66,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     g.add_argument("--inter-node-bandwidth", type=float, metavar="GBPS",
                    help="network GB/s per GPU per direction (default: from the cluster or GPU preset)")
     g.add_argument(
-        "--profile", type=Path, metavar="FILE.json", help="profile JSON written by `gridtune profile`"
+        "--profile", type=Path, metavar="NAME|FILE.json",
+        help="constants measured on the cluster: a JSON file written by `gridtune profile` or "
+        "`gridtune calibrate --out`, or the name or id of one in the service store (`gridtune calibrate "
+        "--name`, POST /v1/calibrations)",
     )
     g = p.add_argument_group("training")
     g.add_argument("--global-batch-size", type=int, required=True, help="samples per optimizer step")
@@ -150,15 +152,20 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
             check_plausible(field, value, where=flag)
     if args.cluster and args.cluster_file:
         raise ValueError("give either --cluster or --cluster-file, not both")
-    profile = None
+    profile, profile_doc = None, {}
     if args.profile:
-        profile = profile_from_dict(_read_json(args.profile, "--profile"))
+        from tuner.profiles import load_profile
+
+        profile, profile_doc = load_profile(args.profile)
+    calibrated_on = (profile_doc.get("calibration") or {}).get("cluster")
     if args.cluster_file:
         cluster = cluster_from_dict(_read_json(args.cluster_file, "--cluster-file"))
     elif args.cluster:
         cluster = presets.cluster(args.cluster)
     elif args.gpu and args.gpus:
         cluster = _cluster_from_gpu(args)
+    elif calibrated_on:  # a calibration knows the cluster it was fitted on
+        cluster = cluster_from_dict(calibrated_on)
     else:
         raise ValueError("--cluster PRESET, --cluster-file FILE, or --gpu NAME with --gpus N is required "
                          "(gridtune presets lists the names)")

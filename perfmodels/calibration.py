@@ -19,13 +19,16 @@ three measurements exist), so later predictions say how far to trust them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
-from perfmodels.specs import Prediction, Profile
+from perfmodels.constants import BY_NAME, PARAMETERS, apply_constants, priors
+from perfmodels.plans import PlanArrays, from_plans
+from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, combination_problems
+from perfmodels.steptime import predict_many
 
 COMPONENTS = ("compute", "tp_comm", "dp_comm", "pp_p2p")
 
@@ -102,3 +105,353 @@ def calibrate(pairs: Sequence[tuple[Prediction, float]], base: Profile | None = 
     )
     return CalibrationResult(profile=profile, corrections=combined, mape_before=before, mape_after=after,
                              uncertainty_rel=profile.uncertainty_rel or uncertainty, num_measurements=len(y))
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration of physical constants from measured runs (any stack, any model on the cluster)
+# --------------------------------------------------------------------------------------------
+
+RUN_NOISE_REL = 0.02
+"""Relative spread assumed for a measured step time against the model (run-to-run variation of a
+training step, 1-2% on a quiet cluster): the weight of a
+run's residual against the priors' (`perfmodels.constants.Parameter.sigma`)."""
+MEMORY_NOISE_REL = 0.05
+"""The same for a measured peak memory (allocator state differs from run to run by a few %)."""
+IDENTIFIED_VARIANCE_RATIO = 0.5
+"""A parameter counts as fitted when the runs at least halve its prior variance (posterior / prior
+variance <= this, from the Gauss-Newton covariance of the regularised fit); otherwise it stays at
+its prior and is reported as not fitted."""
+ROBUST_SCALE = 3.0
+"""Residuals beyond this many noise units (3 x 2% = 6% for a run) count linearly, not squared: a
+measured run that the modelled physics cannot explain (an allocator thrashing near the memory limit,
+a straggler node) must not drag every constant to explain it. Priors stay quadratic."""
+
+
+def _robust(r: np.ndarray) -> np.ndarray:
+    """Residuals whose squares are scipy's "soft_l1" loss at scale `ROBUST_SCALE` (sign kept)."""
+    c = ROBUST_SCALE
+    return np.sign(r) * c * np.sqrt(2.0 * (np.sqrt(1.0 + (r / c) ** 2) - 1.0))
+LOO_BAND_QUANTILE = 0.9
+"""The uncertainty band a calibrated profile claims: this quantile of the leave-one-out errors."""
+MIN_BAND = 0.02
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One measured run: the model, cluster and plan it ran, its measured step time and, optionally,
+    peak memory. `trainings` x `plans` are the candidates when a source leaves options unstated
+    (the median over those that fit is the prediction, as `validation.scoring` scores them); a run
+    the user states fully has one of each."""
+
+    model: Model
+    cluster: Cluster
+    trainings: tuple[Training, ...]
+    plans: tuple[Plan, ...]
+    measured_s: float
+    peak_memory_gib: float | None = None
+
+    @classmethod
+    def stated(cls, *, model: Model, cluster: Cluster, training: Training, plan: Plan, measured_s: float,
+               peak_memory_gib: float | None = None) -> Run:
+        return cls(model=model, cluster=cluster, trainings=(training,), plans=(plan,), measured_s=measured_s,
+                   peak_memory_gib=peak_memory_gib)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParameterFit:
+    name: str
+    value: float
+    prior: float
+    fitted: bool
+    unit: str
+    variance_ratio: float
+    """Posterior / prior variance (1: the runs say nothing about it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """What a calibration found: every parameter (value, prior, fitted), the runs before and after,
+    and the leave-one-out error (each run predicted by a calibration on the others)."""
+
+    parameters: dict[str, ParameterFit]
+    measured_s: np.ndarray
+    predicted_before_s: np.ndarray
+    predicted_after_s: np.ndarray
+    loo_errors: np.ndarray
+    memory_measured_gib: np.ndarray
+    memory_before_gib: np.ndarray
+    memory_after_gib: np.ndarray
+
+    @property
+    def constants(self) -> dict[str, float]:
+        """The fitted parameters' values (those not fitted stay out: their prior is the preset's)."""
+        return {name: p.value for name, p in self.parameters.items() if p.fitted}
+
+    @property
+    def mape_before(self) -> float:
+        return float(np.mean(np.abs(self.predicted_before_s - self.measured_s) / self.measured_s))
+
+    @property
+    def mape_after(self) -> float:
+        return float(np.mean(np.abs(self.predicted_after_s - self.measured_s) / self.measured_s))
+
+    @property
+    def loo_mape(self) -> float:
+        return float(np.mean(self.loo_errors))
+
+    @property
+    def uncertainty_rel(self) -> float:
+        """The band later predictions claim: the `LOO_BAND_QUANTILE` of the leave-one-out errors."""
+        return float(max(np.quantile(self.loo_errors, LOO_BAND_QUANTILE), self.mape_after, MIN_BAND))
+
+    def profile(self, base: Profile | None = None, *, profile_id: str = "") -> Profile:
+        """A profile that carries the constants (`perfmodels.steptime` applies them), source
+        "calibrated", with the leave-one-out band."""
+        base = base or Profile()
+        return replace(base, profile_id=profile_id or base.profile_id, corrections=(), source="calibrated",
+                       uncertainty_rel=self.uncertainty_rel, constants=tuple(sorted(self.constants.items())))
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Plans of some runs that one vectorised prediction scores: same model, cluster, training and
+    placement order."""
+
+    model: Model
+    cluster: Cluster
+    training: Training
+    arrays: PlanArrays
+    run_of_plan: np.ndarray
+
+
+def _blocks(runs: Sequence[Run]) -> list[_Block]:
+    """Group every valid candidate of every run into blocks; ValueError names a run none is valid for."""
+    groups: dict[tuple[int, int, int, tuple[str, ...]], list[tuple[int, Plan]]] = {}
+    keep: dict[tuple[int, int, int, tuple[str, ...]], tuple[Model, Cluster, Training]] = {}
+    for i, run in enumerate(runs):
+        t = run.measured_s
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and np.isfinite(t) and t > 0):
+            raise ValueError(f"runs[{i}].iteration_time_s must be a positive number, got {run.measured_s!r}")
+        problems: list[str] = []
+        valid = 0
+        cluster = _strip_constants(run.cluster)
+        for training in run.trainings:
+            for plan in run.plans:
+                why = combination_problems(run.model, cluster, training, plan)
+                if why:
+                    problems.extend(why)
+                    continue
+                key = (id(run.model), id(run.cluster), id(training), plan.order)
+                keep[key] = (run.model, cluster, training)
+                groups.setdefault(key, []).append((i, plan))
+                valid += 1
+        if not valid:
+            raise ValueError(f"runs[{i}].plan: {problems[0] if problems else 'no plan'}")
+    out = []
+    for key, items in groups.items():
+        model, cluster, training = keep[key]
+        out.append(_Block(model=model, cluster=cluster, training=training,
+                          arrays=from_plans([p for _, p in items]),
+                          run_of_plan=np.array([i for i, _ in items])))
+    return out
+
+
+def _strip_constants(cluster: Cluster) -> Cluster:
+    prof = cluster.profile
+    if prof is None or not (prof.constants or prof.corrections):
+        return cluster
+    return replace(cluster, profile=replace(prof, constants=(), corrections=(), source="profile"))
+
+
+def _evaluate(blocks: Sequence[_Block], n: int, constants: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted step s, predicted peak GiB) per run: the median over its candidates that fit in
+    memory (all of them when none fits)."""
+    times: list[list[float]] = [[] for _ in range(n)]
+    mems: list[list[float]] = [[] for _ in range(n)]
+    fits: list[list[bool]] = [[] for _ in range(n)]
+    for b in blocks:
+        cluster, training = apply_constants(b.cluster, b.training, constants)
+        pred = predict_many(b.model, cluster, training, b.arrays)
+        cap = float(np.max(pred.memory.capacity_gib))
+        for j, i in enumerate(b.run_of_plan):
+            times[i].append(float(pred.iteration_time_s[j]))
+            mems[i].append(float(pred.memory.total_gib[j]))
+            fits[i].append(bool(pred.memory.total_gib[j] <= cap))
+    t_out, m_out = np.empty(n), np.empty(n)
+    for i in range(n):
+        t, m, f = np.array(times[i]), np.array(mems[i]), np.array(fits[i])
+        pool = f if f.any() else np.ones_like(f)
+        t_out[i], m_out[i] = np.median(t[pool]), np.median(m[pool])
+    return t_out, m_out
+
+
+class _Space:
+    """The fit's coordinates: z = 0 at the prior, unit prior spread, bounded by the plausible range."""
+
+    def __init__(self, prior: dict[str, float], names: Sequence[str]) -> None:
+        self.prior = prior
+        self.names = list(names)
+        self.params = [BY_NAME[n] for n in self.names]
+
+    def values(self, z: np.ndarray) -> dict[str, float]:
+        out = dict(self.prior)
+        for p, zi in zip(self.params, z, strict=True):
+            x0 = self.prior[p.name]
+            x = x0 * np.exp(p.sigma * zi) if p.scale == "log" else x0 + p.sigma * zi
+            out[p.name] = float(min(max(x, p.lower), p.upper))
+        return out
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = [], []
+        for p in self.params:
+            x0 = self.prior[p.name]
+            if p.scale == "log":
+                lo.append(np.log(p.lower / x0) / p.sigma)
+                hi.append(np.log(p.upper / x0) / p.sigma)
+            else:
+                lo.append((p.lower - x0) / p.sigma)
+                hi.append((p.upper - x0) / p.sigma)
+        return np.array(lo) - 1e-12, np.array(hi) + 1e-12
+
+
+def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float],
+           names: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """Regularised least squares over `names`: (values, posterior/prior variance ratio per name)."""
+    n = len(runs)
+    if not names or n == 0:
+        return dict(prior), {name: 1.0 for name in names}
+    y = np.array([float(r.measured_s) for r in runs])
+    mem_idx = np.array([i for i, r in enumerate(runs) if r.peak_memory_gib])
+    y_mem = np.array([float(runs[i].peak_memory_gib or 0.0) for i in mem_idx])
+    space = _Space(prior, names)
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        t, m = _evaluate(blocks, n, space.values(z))
+        r_time = (t - y) / y / RUN_NOISE_REL
+        r_mem = (m[mem_idx] - y_mem) / y_mem / MEMORY_NOISE_REL if len(mem_idx) else np.zeros(0)
+        return np.concatenate([_robust(r_time), _robust(r_mem), z])
+
+    lo, hi = space.bounds()
+    z0 = np.clip(np.zeros(len(names)), lo + 0.05, hi - 0.05)  # strictly inside: trf scales by the distance
+    sol = least_squares(residuals, z0, bounds=(lo, hi), method="trf", diff_step=1e-4, x_scale=1.0,
+                        xtol=1e-8, ftol=1e-10, max_nfev=60 * (len(names) + 1))
+    J = np.asarray(sol.jac)
+    try:
+        cov = np.linalg.inv(J.T @ J)
+        ratio = np.clip(np.diag(cov), 0.0, 1.0)
+    except np.linalg.LinAlgError:
+        ratio = np.ones(len(names))
+    return space.values(sol.x), dict(zip(names, (float(v) for v in ratio), strict=True))
+
+
+def _data_jacobian(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float]) -> np.ndarray:
+    """Weighted residuals' derivative in each parameter's prior units at the prior (runs x
+    PARAMETERS; memory rows after the time rows), by a forward difference of a twentieth of a
+    prior spread (inward at a bound)."""
+    n = len(runs)
+    mem_idx = [i for i, r in enumerate(runs) if r.peak_memory_gib]
+
+    def weighted(t: np.ndarray, m: np.ndarray) -> np.ndarray:
+        y = np.array([float(r.measured_s) for r in runs])
+        y_mem = np.array([float(runs[i].peak_memory_gib or 0.0) for i in mem_idx])
+        mem = m[mem_idx] / y_mem / MEMORY_NOISE_REL if mem_idx else np.zeros(0)
+        return np.concatenate([t / y / RUN_NOISE_REL, mem])
+
+    base = weighted(*_evaluate(blocks, n, prior))
+    cols = []
+    for p in PARAMETERS:
+        space = _Space(prior, [p.name])
+        step = 0.05 if space.bounds()[1][0] > 0.05 else -0.05
+        cols.append((weighted(*_evaluate(blocks, n, space.values(np.array([step])))) - base) / step)
+    return np.array(cols).T
+
+
+def _identified(J: np.ndarray) -> list[str]:
+    """Greedy choice of what the runs identify: parameters in order of their effect (column norm),
+    each kept when, fitted together with those kept before, every one of them still has its prior
+    variance at least halved (linearised posterior, unit priors). One run thus fixes the dominant
+    parameter alone; more runs, and runs that differ in what they stress, admit more."""
+    norms = np.linalg.norm(J, axis=0)
+    kept: list[int] = []
+    for j in np.argsort(-norms):
+        if norms[j] < 1e-6:
+            break
+        trial = [*kept, int(j)]
+        Js = J[:, trial]
+        cov = np.linalg.inv(np.eye(len(trial)) + Js.T @ Js)
+        if np.all(np.diag(cov) <= IDENTIFIED_VARIANCE_RATIO):
+            kept = trial
+    return [PARAMETERS[j].name for j in sorted(kept)]
+
+
+def fit_constants(runs: Sequence[Run], *, prior: dict[str, float] | None = None,
+                  ) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """The regularised fit: (every parameter's value, posterior/prior variance ratios, the fitted names).
+
+    The parameters the runs identify (`_identified`) are fitted by bounded least squares with their
+    priors as residuals; the others stay exactly at their priors."""
+    if not runs:
+        raise ValueError("runs: give at least one measured run")
+    blocks = _blocks(runs)
+    prior = prior or priors(_strip_constants(runs[0].cluster), runs[0].trainings[0])
+    J = _data_jacobian(blocks, runs, prior)
+    fitted = _identified(J)
+    values, ratio = _solve(blocks, runs, prior, fitted)
+    ratios = {p.name: float(np.clip(1.0 / (1.0 + np.sum(J[:, k] ** 2)), 0.0, 1.0))
+              for k, p in enumerate(PARAMETERS)}  # alone, linearised: what the runs say of each
+    ratios.update(ratio)
+    return values, ratios, fitted
+
+
+def predict_runs(runs: Sequence[Run], constants: Mapping[str, float] | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(step s, peak GiB) the model predicts for each run with `constants` (None: the priors), each
+    the median over the run's candidates that fit, as the fit sees them."""
+    return _evaluate(_blocks(runs), len(runs), dict(constants or {}))
+
+
+def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30) -> Calibration:
+    """Fit the physical constants (`perfmodels.constants.PARAMETERS`) of the runs' stack on their
+    cluster, and score the result by leave-one-out.
+
+    The runs may use different models, batches and layouts; they must share the cluster's GPU type.
+    The priors are those of the first run's cluster and training (the stack). Leave-one-out: each of
+    the first `loo_max` runs predicted by a fit on the others (with one run, by the priors alone)."""
+    if not runs:
+        raise ValueError("runs: give at least one measured run")
+    gpu = runs[0].cluster.gpu.name
+    for i, run in enumerate(runs):
+        if run.cluster.gpu.name != gpu:
+            raise ValueError(f"runs[{i}].cluster.gpu: {run.cluster.gpu.name!r} differs from runs[0]'s "
+                             f"{gpu!r}; calibrate one GPU type at a time")
+    blocks = _blocks(runs)
+    n = len(runs)
+    prior = priors(_strip_constants(runs[0].cluster), runs[0].trainings[0])
+    values, ratios, fitted = fit_constants(runs, prior=prior)
+    before_t, before_m = _evaluate(blocks, n, prior)
+    after_t, after_m = _evaluate(blocks, n, {k: values[k] for k in fitted} | {
+        k: v for k, v in prior.items() if k not in fitted})
+    y = np.array([float(r.measured_s) for r in runs])
+    errors = []
+    if loo:
+        for i in range(min(n, loo_max)):
+            others = [r for j, r in enumerate(runs) if j != i]
+            held = _blocks([runs[i]])
+            if others:
+                vals, _, names = fit_constants(others, prior=prior)
+                use = {k: (vals[k] if k in names else prior[k]) for k in prior}
+            else:
+                use = prior
+            t, _ = _evaluate(held, 1, use)
+            errors.append(abs(float(t[0]) - y[i]) / y[i])
+    mem = np.array([float(r.peak_memory_gib) if r.peak_memory_gib else np.nan for r in runs])
+    params = {
+        p.name: ParameterFit(name=p.name, value=float(values[p.name]) if p.name in fitted else prior[p.name],
+                             prior=prior[p.name], fitted=p.name in fitted, unit=p.unit,
+                             variance_ratio=float(ratios[p.name]))
+        for p in PARAMETERS
+    }
+    loo_errors = np.array(errors) if errors else np.abs(after_t - y) / y
+    return Calibration(parameters=params, measured_s=y, predicted_before_s=before_t,
+                       predicted_after_s=after_t, loo_errors=loo_errors,
+                       memory_measured_gib=mem, memory_before_gib=before_m, memory_after_gib=after_m)

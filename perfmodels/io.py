@@ -183,11 +183,12 @@ def prediction_to_dict(pred: Prediction) -> dict[str, Any]:
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     out = dataclasses.asdict(profile)
     out["corrections"] = dict(profile.corrections)
+    out["constants"] = dict(profile.constants)
     return out
 
 
 def profile_from_dict(data: Mapping[str, Any]) -> Profile:
-    informational = ("provenance", "fits", "expected", "holdout_median_abs_error")
+    informational = ("provenance", "fits", "expected", "holdout_median_abs_error", "calibration")
     _check_keys("profile", data, _fields(Profile) | set(informational))
     data = dict(data)
     for extra in informational:
@@ -201,7 +202,15 @@ def profile_from_dict(data: Mapping[str, Any]) -> Profile:
         corrections = tuple(sorted((str(k), float(v)) for k, v in corrections.items()))
     else:
         corrections = tuple((str(k), float(v)) for k, v in corrections)
-    return _build("profile", Profile, {**data, "collectives": tuple(fits), "corrections": corrections})
+    constants = data.pop("constants", None) or {}
+    if isinstance(constants, Mapping):
+        constants = constants.items()
+    try:
+        constants = tuple(sorted((str(k), float(v)) for k, v in constants))
+    except (TypeError, ValueError):
+        raise ValueError(f"profile.constants must map names to numbers, got {constants!r}") from None
+    return _build("profile", Profile, {**data, "collectives": tuple(fits), "corrections": corrections,
+                                       "constants": constants})
 
 
 def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:

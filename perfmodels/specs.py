@@ -522,7 +522,9 @@ class Profile:
     `gemm_tflops_max` (the asymptotic TFLOP/s a large GEMM reaches in the training dtype),
     `gemm_half_size` and `gemm_overhead_us` replace the GPU family's efficiency curve (see
     `perfmodels.compute.gemm_time_s`); `corrections` are per-component multipliers from
-    calibration against measured steps.
+    calibration against measured steps. `constants` are physical constants of a training stack on
+    this cluster fitted to measured runs (`perfmodels.constants.PARAMETERS`, by name), which
+    `perfmodels.constants.apply_constants` writes into the GPU, cluster and stack before a prediction.
     """
 
     profile_id: str = ""
@@ -534,6 +536,7 @@ class Profile:
     corrections: tuple[tuple[str, float], ...] = ()
     source: Literal["profile", "calibrated"] = "profile"
     uncertainty_rel: float | None = None
+    constants: tuple[tuple[str, float], ...] = ()
 
     def correction(self, component: str) -> float:
         return dict(self.corrections).get(component, 1.0)

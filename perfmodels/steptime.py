@@ -42,6 +42,7 @@ from perfmodels.compute import (
     model_flops_per_token,
     stage_compute,
 )
+from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
 from perfmodels.memory import StageMemory, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
@@ -341,6 +342,7 @@ def _pipeline_seconds(arrays: PlanArrays, m: np.ndarray, t_mb: np.ndarray, comp:
 def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
     """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first). Plans
     with context parallelism are scored per G_cp through `perfmodels.context.view`."""
+    cluster, training = apply_constants(cluster, training)  # a calibrated profile's constants, if any
     cps = np.unique(arrays.G_cp)
     if len(cps) == 1 and cps[0] == 1:
         return _predict_many(model, cluster, training, arrays)
@@ -503,6 +505,7 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
 
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
+    cluster, training = apply_constants(cluster, training)
     cps = np.unique(arrays.G_cp)
     if not (len(cps) == 1 and cps[0] == 1):
         n = len(arrays)

@@ -228,3 +228,28 @@ def apply_profile(cluster: Cluster, profile: Profile | None) -> tuple[Cluster, l
                 f"peak ({names}); the peak follows the measurement, so MFU stays <= 100%"
             )
     return dataclasses.replace(cluster, gpu=gpu, profile=profile), notes
+
+
+def load_profile(ref: str | os.PathLike[str], *, database_url: str | None = None,
+                 ) -> tuple[Profile, dict[str, Any]]:
+    """`--profile NAME|FILE`: (Profile, its document) from a JSON file when `ref` names one, else from
+    the service store by id or name (`GRIDTUNE_DATABASE_URL`, else the default SQLite file): a
+    `gridtune profile` file or a calibration (`gridtune calibrate`, `POST /v1/calibrations`)."""
+    path = Path(ref)
+    if path.is_file():
+        return read_profile(path)
+    from tuner.store import Store
+
+    store = Store(database_url)
+    try:
+        stored = store.get_profile(str(ref))
+    finally:
+        store.close()
+    if stored is None:
+        raise ValueError(f"--profile {str(ref)!r} is neither a file nor a profile stored in the service "
+                         "store (gridtune calibrate --name NAME or gridtune profile --upload store one)")
+    profile, _ = _profile_and_extras(stored.profile)
+    doc = dict(stored.profile)
+    if stored.cluster and "calibration" in doc:
+        doc["calibration"] = {**doc["calibration"], "cluster": stored.cluster}
+    return dataclasses.replace(profile, profile_id=stored.id), doc
