@@ -90,7 +90,6 @@ Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
 PosFloat = Annotated[float, Field(gt=0, le=1e9)]
 NonNegFloat = Annotated[float, Field(ge=0, le=1e9)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
 Bandwidth = Annotated[float, _physical("bandwidth_GBps")]
 Latency = Annotated[float, _physical("latency_us")]
 Tflops = Annotated[float, _physical("peak_tflops")]
@@ -98,6 +97,7 @@ TflopsOrZero = Annotated[float, Field(ge=0, le=PLAUSIBLE["peak_tflops"][1],
                                       description="plausible range 0 (none) or 1e-4 to 1e5 TFLOP/s")]
 MemoryGib = Annotated[float, _physical("memory_gib")]
 HbmBandwidth = Annotated[float, _physical("hbm_bandwidth_GBps")]
+Efficiency = Annotated[float, _physical("efficiency")]
 
 
 class _In(BaseModel):
@@ -190,11 +190,11 @@ class GPUIn(_In):
     peak_tflops_fp8: TflopsOrZero | None = None
     memory_gib: MemoryGib | None = None
     hbm_bandwidth_GBps: HbmBandwidth | None = None
-    gemm_efficiency_max: Fraction | None = None
-    gemm_efficiency_fp8: Fraction | None = None
-    flash_fwd_efficiency: Fraction | None = None
-    flash_bwd_efficiency: Fraction | None = None
-    memory_efficiency: Fraction | None = None
+    gemm_efficiency_max: Efficiency | None = None
+    gemm_efficiency_fp8: Efficiency | None = None
+    flash_fwd_efficiency: Efficiency | None = None
+    flash_bwd_efficiency: Efficiency | None = None
+    memory_efficiency: Efficiency | None = None
     vendor: Annotated[str, Field(max_length=50), AfterValidator(_no_nul)] | None = None
 
 
@@ -268,8 +268,8 @@ class ClusterIn(_In):
     inter_node_bandwidth_GBps: Bandwidth | None = None
     intra_node_latency_us: Latency | None = None
     inter_node_latency_us: Latency | None = None
-    link_efficiency_intra: Fraction | None = None
-    link_efficiency_inter: Fraction | None = None
+    link_efficiency_intra: Efficiency | None = None
+    link_efficiency_inter: Efficiency | None = None
     backend: Literal["nccl", "rccl", "gloo"] | None = None
     profile_id: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)] | None = None
     profile: ProfileIn | None = None
