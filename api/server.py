@@ -9,7 +9,8 @@ adds what is missing, and `uvicorn_config` sets the rest:
 
 - first-byte timeout (`GRIDTUNE_IDLE_TIMEOUT_S`, `--idle-timeout`, default 5 s): a connection that
   has sent no byte of a request within this many seconds of opening is closed (no answer: there is
-  no request to answer);
+  no request to answer); each connection's timeout is drawn between half and all of it, so a flood
+  opened at once is not closed, reopened and accepted again in one burst;
 - request read timeout (`GRIDTUNE_REQUEST_TIMEOUT_S`, `--request-timeout`, default 30 s): once a
   request's first byte is in, its headers and body must arrive within this many seconds; otherwise
   the answer is 408 and the connection is closed. A slow request that keeps sending keeps its budget;
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +145,9 @@ class GuardedH11Protocol(H11Protocol):
             transport.close()
             return
         self._idle[self] = None
-        self._arm(self.idle_timeout_s, self._no_bytes)
+        # spread over the last half of the timeout, so a flood opened at once is not closed (and
+        # reopened, and accepted again) in one burst that would stall the loop for everyone
+        self._arm(self.idle_timeout_s * (0.5 + 0.5 * random.random()), self._no_bytes)
 
     def _evict_idle(self) -> bool:
         """Close the oldest idle connection other than this one; False when none is idle."""
