@@ -598,6 +598,9 @@ class Health(_Out):
     version: str
     ready: bool | None = Field(None, description="the store takes writes now")
     reason: str = Field("", description="why not ready")
+    writable: dict[str, bool] = Field(
+        {}, description="per table the service writes (without the table prefix): does a write to it "
+                        "succeed now (a lock on one table blocks writes to that table only)")
 
 
 class Live(_Out):
