@@ -241,8 +241,15 @@ CLUSTER_FIELDS = (
     "intra_node_bandwidth_GBps",
     "inter_node_bandwidth_GBps",
 )
-CLUSTER_ANY_OF = [{"required": ["preset"]}, {"required": ["profile_id"]}, {"required": list(CLUSTER_FIELDS)}]
-"""What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks."""
+CLUSTER_ANY_OF = [
+    {"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
+    for fields in (("preset",), ("profile_id",), CLUSTER_FIELDS)
+]
+"""What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks: a
+non-null `preset`, a non-null `profile_id`, or all of CLUSTER_FIELDS non-null (`"preset": null`
+is a missing preset, so the schema must not accept it as one)."""
+CLUSTER_RULE = ("a cluster needs a 'preset', a stored 'profile_id', or all of " + ", ".join(CLUSTER_FIELDS)
+                + " (the anyOf below); otherwise the answer is 422")
 
 
 class ClusterIn(_In):
@@ -251,7 +258,7 @@ class ClusterIn(_In):
 
     model_config = ConfigDict(
         json_schema_extra={"examples": [examples.CLUSTER_SELENE_1024, examples.PREDICT_EXPLICIT["cluster"]],
-                           "anyOf": CLUSTER_ANY_OF}
+                           "anyOf": CLUSTER_ANY_OF, "x-rule": CLUSTER_RULE}
     )
 
     preset: (
@@ -621,5 +628,24 @@ class ErrorItem(_Out):
     type: str
 
 
+CLUSTER_RULE_422 = {"detail": [{
+    "loc": ["body", "cluster"],
+    "msg": "cluster: Value error, cluster needs a 'preset', a stored 'profile_id', or all of ['num_gpus', "
+           "'gpus_per_node', 'gpu', 'intra_node_bandwidth_GBps', 'inter_node_bandwidth_GBps'] (missing "
+           "['gpus_per_node', 'intra_node_bandwidth_GBps', 'inter_node_bandwidth_GBps']), got {'gpu': "
+           "'H100-SXM', 'num_gpus': 64}",
+    "type": "value_error",
+    "input": "{'gpu': 'H100-SXM', 'num_gpus': 64}",
+}]}
+"""The documented 422 of a cluster given as {"gpu": "H100-SXM", "num_gpus": 64} (tests check the API
+answers exactly this)."""
+
+
 class ErrorOut(_Out):
+    """Every 4xx/5xx body: `detail` is a list of {loc, msg, type} for invalid input (each message
+    names the field and the value), or one sentence. The example is the 422 of a cluster that
+    breaks the cluster rule (see ClusterIn's anyOf)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [CLUSTER_RULE_422]})
+
     detail: list[ErrorItem] | str
