@@ -8,7 +8,8 @@
 - `ValueError`s from the domain (wrapped as `service.InputError`) become the same shape,
   `{"detail": [{"loc": [...], "msg": "...", "type": "value_error"}]}`;
 - `service.Unavailable` (busy, over time), `tuner.store.StoreBusy` (database locked, every pooled
-  connection in use) and a database that does not answer are 503s with Retry-After. They are
+  connection in use), `tuner.store.StoreUnwritable` (read-only or immutable SQLite file: the
+  reason /readyz gives) and a database that does not answer are 503s with Retry-After. They are
   expected under load, so each is logged as one line without a traceback, and at most
   `LOG_PER_S` lines a second per kind (the rest are counted in the next line);
 - anything else is a bug: logged with a traceback and an error id, answered as a JSON 500 with
@@ -33,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.schemas import plausible_range
 from api.service import InputError, Unavailable
-from tuner.store import StoreBusy
+from tuner.store import StoreBusy, StoreUnwritable
 
 log = logging.getLogger("gridtune.api")
 ECHO_CHARS = 200
@@ -191,6 +192,10 @@ async def _on_store_busy(request: Request, exc: Exception) -> JSONResponse:
     return _unavailable(request, "store-busy", f"the database is busy; retry later ({exc})")
 
 
+async def _on_store_unwritable(request: Request, exc: Exception) -> JSONResponse:
+    return _unavailable(request, "store-unwritable", str(exc))  # the words /readyz uses
+
+
 async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
     error_id = uuid.uuid4().hex[:12]
     first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
@@ -216,6 +221,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(InputError, _on_input_error)
     app.add_exception_handler(Unavailable, _on_unavailable)
     app.add_exception_handler(StoreBusy, _on_store_busy)
+    app.add_exception_handler(StoreUnwritable, _on_store_unwritable)
     app.add_exception_handler(sa_exc.TimeoutError, _on_store_busy)
     app.add_exception_handler(sa_exc.OperationalError, _on_database_error)
     app.add_exception_handler(sa_exc.InterfaceError, _on_database_error)

@@ -95,7 +95,6 @@ Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
 PosFloat = Annotated[float, Field(gt=0, le=1e9)]
 NonNegFloat = Annotated[float, Field(ge=0, le=1e9)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
 Bandwidth = Annotated[float, _physical("bandwidth_GBps")]
 Latency = Annotated[float, _physical("latency_us")]
 Tflops = Annotated[float, _physical("peak_tflops")]
@@ -103,6 +102,7 @@ TflopsOrZero = Annotated[float, Field(ge=0, le=PLAUSIBLE["peak_tflops"][1],
                                       description="plausible range 0 (none) or 1e-4 to 1e5 TFLOP/s")]
 MemoryGib = Annotated[float, _physical("memory_gib")]
 HbmBandwidth = Annotated[float, _physical("hbm_bandwidth_GBps")]
+Efficiency = Annotated[float, _physical("efficiency")]
 
 
 class _In(BaseModel):
@@ -212,11 +212,11 @@ class GPUIn(_In):
     peak_tflops_fp8: TflopsOrZero | None = None
     memory_gib: MemoryGib | None = None
     hbm_bandwidth_GBps: HbmBandwidth | None = None
-    gemm_efficiency_max: Fraction | None = None
-    gemm_efficiency_fp8: Fraction | None = None
-    flash_fwd_efficiency: Fraction | None = None
-    flash_bwd_efficiency: Fraction | None = None
-    memory_efficiency: Fraction | None = None
+    gemm_efficiency_max: Efficiency | None = None
+    gemm_efficiency_fp8: Efficiency | None = None
+    flash_fwd_efficiency: Efficiency | None = None
+    flash_bwd_efficiency: Efficiency | None = None
+    memory_efficiency: Efficiency | None = None
     vendor: Annotated[str, Field(max_length=50), AfterValidator(_no_nul)] | None = None
 
 
@@ -266,8 +266,15 @@ CLUSTER_FIELDS = (
     "intra_node_bandwidth_GBps",
     "inter_node_bandwidth_GBps",
 )
-CLUSTER_ANY_OF = [{"required": ["preset"]}, {"required": ["profile_id"]}, {"required": list(CLUSTER_FIELDS)}]
-"""What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks."""
+CLUSTER_ANY_OF = [
+    {"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
+    for fields in (("preset",), ("profile_id",), CLUSTER_FIELDS)
+]
+"""What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks: a
+non-null `preset`, a non-null `profile_id`, or all of CLUSTER_FIELDS non-null (`"preset": null`
+is a missing preset, so the schema must not accept it as one)."""
+CLUSTER_RULE = ("a cluster needs a 'preset', a stored 'profile_id', or all of " + ", ".join(CLUSTER_FIELDS)
+                + " (the anyOf below); otherwise the answer is 422")
 
 
 class ClusterIn(_In):
@@ -276,7 +283,7 @@ class ClusterIn(_In):
 
     model_config = ConfigDict(
         json_schema_extra={"examples": [examples.CLUSTER_SELENE_1024, examples.PREDICT_EXPLICIT["cluster"]],
-                           "anyOf": CLUSTER_ANY_OF}
+                           "anyOf": CLUSTER_ANY_OF, "x-rule": CLUSTER_RULE}
     )
 
     preset: (
@@ -293,8 +300,8 @@ class ClusterIn(_In):
     inter_node_bandwidth_GBps: Bandwidth | None = None
     intra_node_latency_us: Latency | None = None
     inter_node_latency_us: Latency | None = None
-    link_efficiency_intra: Fraction | None = None
-    link_efficiency_inter: Fraction | None = None
+    link_efficiency_intra: Efficiency | None = None
+    link_efficiency_inter: Efficiency | None = None
     backend: Literal["nccl", "rccl", "gloo"] | None = None
     profile_id: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)] | None = None
     profile: ProfileIn | None = None
@@ -634,6 +641,9 @@ class Health(_Out):
     version: str
     ready: bool | None = Field(None, description="the store takes writes now")
     reason: str = Field("", description="why not ready")
+    writable: dict[str, bool] = Field(
+        {}, description="per table the service writes (without the table prefix): does a write to it "
+                        "succeed now (a lock on one table blocks writes to that table only)")
 
 
 class Live(_Out):
@@ -654,5 +664,24 @@ class ErrorItem(_Out):
     type: str
 
 
+CLUSTER_RULE_422 = {"detail": [{
+    "loc": ["body", "cluster"],
+    "msg": "cluster: Value error, cluster needs a 'preset', a stored 'profile_id', or all of ['num_gpus', "
+           "'gpus_per_node', 'gpu', 'intra_node_bandwidth_GBps', 'inter_node_bandwidth_GBps'] (missing "
+           "['gpus_per_node', 'intra_node_bandwidth_GBps', 'inter_node_bandwidth_GBps']), got {'gpu': "
+           "'H100-SXM', 'num_gpus': 64}",
+    "type": "value_error",
+    "input": "{'gpu': 'H100-SXM', 'num_gpus': 64}",
+}]}
+"""The documented 422 of a cluster given as {"gpu": "H100-SXM", "num_gpus": 64} (tests check the API
+answers exactly this)."""
+
+
 class ErrorOut(_Out):
+    """Every 4xx/5xx body: `detail` is a list of {loc, msg, type} for invalid input (each message
+    names the field and the value), or one sentence. The example is the 422 of a cluster that
+    breaks the cluster rule (see ClusterIn's anyOf)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [CLUSTER_RULE_422]})
+
     detail: list[ErrorItem] | str

@@ -11,6 +11,7 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from api import schemas
 from api.settings import Settings
 from perfmodels import io as pio
 from perfmodels.io import json_safe
+from perfmodels.ranges import plausible_range
 from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, combination_problems
 from perfmodels.steptime import predict as predict_step
 from tuner.profiles import apply_profile
@@ -244,6 +246,14 @@ def predict_cached(body: schemas.PredictRequest, profiles: ProfileCache, cache: 
 
 
 def predict(body: schemas.PredictRequest, profiles: ProfileCache) -> dict[str, Any]:
+    raw, profile_id = _predict_raw(body, profiles)
+    bad = non_finite(raw)
+    if bad:
+        raise InputError(*_not_finite_error(body, profiles, bad))
+    return prediction_json_safe(raw, profile_id)
+
+
+def _predict_raw(body: schemas.PredictRequest, profiles: ProfileCache) -> tuple[dict[str, Any], str | None]:
     model = to_model(body.model)
     cluster, profile_id = to_cluster(body.cluster, profiles)
     training = to_training(body.training)
@@ -251,9 +261,91 @@ def predict(body: schemas.PredictRequest, profiles: ProfileCache) -> dict[str, A
     check_combination(model, cluster, training, plan)
     try:
         pred = predict_step(model, cluster, training, plan)
-    except ValueError as exc:
-        raise InputError(("body",), str(exc)) from None
-    return prediction_json(pred, profile_id)
+    except (ValueError, ArithmeticError) as exc:
+        raise InputError(("body",), str(exc) or type(exc).__name__) from None
+    return pio.prediction_to_dict(pred), profile_id
+
+
+def prediction_json_safe(raw: dict[str, Any], profile_id: str | None) -> dict[str, Any]:
+    out = json_safe(raw)
+    out["profile_id"] = profile_id
+    return out
+
+
+def non_finite(value: Any, where: str = "") -> list[str]:
+    """Paths of the numbers in `value` that are NaN or infinite (an answer must have none)."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [where]
+    if isinstance(value, dict):
+        return [w for k, v in value.items() for w in non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [w for i, v in enumerate(value) for w in non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def _numeric_inputs(data: Any, path: Loc = ()) -> list[Loc]:
+    if isinstance(data, bool):
+        return []
+    if isinstance(data, (int, float)):
+        return [path]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _numeric_inputs(v, (*path, k))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in _numeric_inputs(v, (*path, i))]
+    return []
+
+
+MAX_CULPRIT_TRIES = 64
+
+
+def _finite_without(trial: dict[str, Any], parent: dict[str, Any], key: str, profiles: ProfileCache) -> bool:
+    """Is the answer finite with `parent[key]` left out (its default taken), or, where it cannot be
+    left out, set to the middle (geometric mean) of its plausible range?"""
+    value = parent.pop(key)
+    found = plausible_range(key)
+    middle = None if found is None else (max(found[0], 1e-3) * found[1]) ** 0.5
+    for attempt in (None, middle):
+        if attempt is not None:
+            parent[key] = attempt
+        try:
+            raw, _ = _predict_raw(schemas.PredictRequest.model_validate(trial), profiles)
+        except Exception:  # not a valid question without this input
+            continue
+        finally:
+            parent.pop(key, None)
+        if not non_finite(raw):
+            parent[key] = value
+            return True
+    parent[key] = value
+    return False
+
+
+def _not_finite_error(
+    body: schemas.PredictRequest, profiles: ProfileCache, bad: list[str]
+) -> tuple[Loc, str]:
+    """The final guard's 422: which outputs left the finite numbers, and the input that caused it.
+
+    The ranges of the schemas and specs keep every answer finite; should a combination still
+    overflow, each numeric input the client gave is left out in turn (the preset's or default value
+    takes its place, else the middle of its plausible range) and the first whose absence makes the
+    answer finite is named. Costs a few predictions, only on this error path."""
+    outputs = ", ".join(bad[:4]) + (" ..." if len(bad) > 4 else "")
+    data = body.model_dump(exclude_none=True)
+    for path in _numeric_inputs(data)[:MAX_CULPRIT_TRIES]:
+        trial = json.loads(json.dumps(data))
+        parent = trial
+        for part in path[:-1]:
+            parent = parent[part]
+        value = parent[path[-1]]
+        if isinstance(parent, list):
+            continue
+        if _finite_without(trial, parent, path[-1], profiles):
+            name = ".".join(str(p) for p in path)
+            return ("body", *path), (
+                f"{name}={value!r} makes the prediction leave the finite numbers ({outputs} not finite); "
+                "give a value nearer the hardware's real one")
+    return ("body",), (f"these inputs make the prediction leave the finite numbers ({outputs} not finite); "
+                       "check the physical constants (bandwidths, TFLOP/s, efficiencies)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,10 +4,12 @@
     gridtune serve --host 0.0.0.0 --port 8080 --database-url postgresql+psycopg://user@db/gridtune
     GRIDTUNE_API_KEY=secret gridtune serve          # writes then need "Authorization: Bearer secret"
 
-Limits (see api/server.py): a request's headers and body must arrive within `--request-timeout`
-seconds (else 408 and the connection closes); at most `--limit-concurrency` connections or requests
-are served at once (more get 503; the open-file limit is raised and respected); idle keep-alive
-connections close after `--timeout-keep-alive` seconds.
+Limits (see api/server.py): a connection that sends no byte within `--idle-timeout` seconds is
+closed; a request's headers and body must arrive within `--request-timeout` seconds of its first
+byte (else 408 and the connection closes); at most `--limit-concurrency` requests are served at once
+(more get 503; /livez, /readyz, /healthz always answer); at most `--max-connections` are open (the
+oldest idle one is closed for a newcomer; the open-file limit is raised and respected); idle
+keep-alive connections close after `--timeout-keep-alive` seconds.
 
 `--workers N` starts N processes (SQLite in WAL mode and PostgreSQL both take concurrent writers);
 /metrics then reports per worker. The database schema is migrated (alembic) at start-up; `gridtune
@@ -49,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds a request's headers and body may take to arrive (default: %(default)s)")
     parser.add_argument("--limit-concurrency", type=int, default=1024, metavar="N",
                         help="connections or requests served at once; more get 503 (default: %(default)s)")
+    parser.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
+                        help="a connection that sends no byte of a request within S seconds is closed "
+                             "(default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=4096, metavar="N",
+                        help="open connections; beyond it the oldest idle one closes (default: %(default)s)")
     parser.add_argument("--timeout-keep-alive", type=float, default=5.0, metavar="S",
                         help="idle keep-alive connections close after S seconds (default: %(default)s)")
     parser.set_defaults(handler=run)
@@ -74,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout,
             limit_concurrency=args.limit_concurrency,
             timeout_keep_alive_s=args.timeout_keep_alive,
+            idle_timeout_s=args.idle_timeout,
+            max_connections=args.max_connections,
         )
     except ValueError as exc:
         raise ValueError(f"serve: {exc}") from None

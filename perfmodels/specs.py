@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 from perfmodels import stacks
+from perfmodels.ranges import check_plausible
 from perfmodels.stacks import DEFAULT_STACK, Stack
 
 if TYPE_CHECKING:
@@ -471,17 +472,25 @@ class GPU:
             "hbm_bandwidth_GBps",
         ):
             _positive_float("gpu", name, getattr(self, name))
+            check_plausible(name, getattr(self, name), where=f"gpu.{name}")
         _positive_float("gpu", "peak_tflops_fp8", self.peak_tflops_fp8, allow_zero=True)
         _positive_float("gpu", "peak_tflops_tf32", self.peak_tflops_tf32, allow_zero=True)
+        for name in ("peak_tflops_fp8", "peak_tflops_tf32"):
+            if getattr(self, name) > 0:  # 0: the GPU has no such unit
+                check_plausible(name, getattr(self, name), where=f"gpu.{name}")
         for name in (
             "gemm_efficiency_max",
             "memory_efficiency",
             "flash_fwd_efficiency",
             "flash_bwd_efficiency",
+            "gemm_efficiency_fp8",
         ):
             value = getattr(self, name)
+            if value is None and name == "gemm_efficiency_fp8":
+                continue
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"gpu.{name} must be in (0, 1], got {value!r}")
+            check_plausible(name, value, where=f"gpu.{name}")  # a denormal fraction is not finite arithmetic
 
     def gemm_efficiency(self, dtype: str) -> float:
         """Sustained fraction of `dtype`'s dense peak for large GEMMs."""
@@ -579,12 +588,15 @@ class Cluster:
             )
         for name in ("intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps"):
             _positive_float("cluster", name, getattr(self, name))
+            check_plausible(name, getattr(self, name), where=f"cluster.{name}")
         for name in ("intra_node_latency_us", "inter_node_latency_us"):
             _positive_float("cluster", name, getattr(self, name), allow_zero=True)
+            check_plausible(name, getattr(self, name), where=f"cluster.{name}")
         for name in ("link_efficiency_intra", "link_efficiency_inter"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"cluster.{name} must be in (0, 1], got {value!r}")
+            check_plausible(name, value, where=f"cluster.{name}")
         _choice("cluster", "backend", self.backend, BACKENDS)
 
     @property

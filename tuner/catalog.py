@@ -14,6 +14,7 @@ from typing import Any
 
 import perfmodels
 from perfmodels import presets
+from perfmodels.ranges import PLAUSIBLE, check_plausible, plausible_range  # noqa: F401 - re-exported
 from perfmodels.specs import GPU, Cluster
 
 
@@ -83,42 +84,3 @@ def node_defaults(gpu_name: str) -> tuple[Cluster | None, str]:
     return None, ""
 
 
-PLAUSIBLE: dict[str, tuple[float, float, str]] = {
-    "bandwidth_GBps": (1e-3, 1e5, "GB/s per GPU per direction"),
-    "latency_us": (0.0, 1e6, "microseconds"),
-    "peak_tflops": (1e-4, 1e5, "TFLOP/s"),
-    "memory_gib": (1e-2, 1e5, "GiB"),
-    "hbm_bandwidth_GBps": (0.1, 1e6, "GB/s"),
-    "alpha_us": (0.0, 1e6, "microseconds"),
-}
-"""Plausible ranges of physical constants (bounds included), shared by the REST schemas (a 422 quotes
-them) and the CLI's flags: wide enough for any hardware of the next decade and a CPU test box, narrow
-enough that a typo such as 1e-300 GB/s cannot produce a 5e301 s step."""
-
-
-def plausible_range(field: str) -> tuple[float, float, str] | None:
-    """The plausible range of a field by its name (e.g. `inter_node_bandwidth_GBps`), if it has one."""
-    if field.endswith("hbm_bandwidth_GBps"):
-        return PLAUSIBLE["hbm_bandwidth_GBps"]
-    for suffix in ("bandwidth_GBps", "latency_us", "memory_gib", "alpha_us"):
-        if field.endswith(suffix):
-            return PLAUSIBLE[suffix]
-    if field == "busbw_GBps":
-        return PLAUSIBLE["bandwidth_GBps"]
-    if (
-        field.startswith("peak_tflops")
-        or field == "gemm_tflops_max"
-        or field in ("fp32", "tf32", "bf16", "fp16", "fp8")
-    ):
-        return PLAUSIBLE["peak_tflops"]
-    return None
-
-
-def check_plausible(field: str, value: float, where: str = "") -> None:
-    """ValueError naming the field, the value and the plausible range when `value` is outside it."""
-    found = plausible_range(field)
-    if found is None:
-        return
-    lo, hi, unit = found
-    if not lo <= value <= hi:
-        raise ValueError(f"{where or field}={value:g} is outside the plausible range {lo:g} to {hi:g} {unit}")

@@ -87,6 +87,11 @@ class StoreBusy(Exception):
     """The database is locked or every connection is in use; retry later (the service answers 503)."""
 
 
+class StoreUnwritable(StoreBusy):
+    """The database cannot take writes now (a read-only or immutable SQLite file): a write fails the
+    same way, and with the same reason, as `Store.readiness` says (the service answers 503)."""
+
+
 def default_database_path() -> pathlib.Path:
     """The SQLite file used when GRIDTUNE_DATABASE_URL is unset: $XDG_DATA_HOME/gridtune/gridtune.db."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
@@ -261,6 +266,9 @@ class Readiness:
     ready: bool
     reason: str = ""
     schema_repaired: bool = False
+    tables: tuple[tuple[str, str], ...] = ()
+    """(table without its prefix, "" when it takes a write now, else why not) for each table the
+    service writes, so a lock on one table is described as what it is."""
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
@@ -329,6 +337,12 @@ def _missing_table(exc: BaseException) -> bool:
     if getattr(orig, "sqlstate", None) == "42P01":
         return True
     return "no such table" in str(orig or exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of the driver's message (SQLAlchemy appends SQL and a link), at most 300 chars."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
 
 
 def _busy(exc: BaseException) -> bool:
@@ -486,36 +500,62 @@ class Store:
             return False
 
     def readiness(self) -> Readiness:
-        """Can the store take a write now? Checks, on its own short-lived connection (never the pool, so
-        saturated writers cannot delay it by more than a second or two):
+        """Can the store take a write now, table by table? Checks, on its own short-lived connection
+        (never the pool, so saturated writers cannot delay it by more than a second or two a table):
 
-        1. the schema is at the newest migration, else migrates it (a dropped and recreated
+        1. the SQLite file, its -wal/-shm and its folder are writable (the check every write makes
+           first, so a write fails as readiness says, not into the WAL of an immutable file);
+        2. the schema is at the newest migration, else migrates it (a dropped and recreated
            PostgreSQL database gets its tables back here, without a restart);
-        2. a write transaction can start: a DELETE that matches nothing, rolled back, fails on a
-           read-only or immutable SQLite file, a read-only PostgreSQL transaction, or a lock held
-           longer than a second.
+        3. each table the service writes takes a write: a DELETE that matches nothing, rolled back,
+           fails on a read-only PostgreSQL transaction or a lock on that table (PostgreSQL's
+           `LOCK TABLE`, SQLite's database lock) held longer than a second.
         """
         repaired = False
-        unwritable = self._unwritable_sqlite_file()
+        names = [t.name[len(self.table_prefix):] for t in self.metadata.sorted_tables]
+        unwritable = self._unwritable_reason()
         if unwritable:
-            return Readiness(ready=False, reason=f"the database cannot take writes: SQLite file {unwritable} "
-                             "is read-only or immutable")
+            return Readiness(ready=False, reason=unwritable, tables=tuple((n, unwritable) for n in names))
         try:
             if self.schema_revision(self._probe_engine) != self.head_revision():
                 self.migrate()
                 repaired = True
-            with self._probe_engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    conn.execute(self.measurements.delete().where(self.measurements.c.id == -1))
-                finally:
-                    trans.rollback()
         except sa.exc.SQLAlchemyError as exc:
-            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
-            return Readiness(
-                ready=False, reason=f"the database cannot take writes: {reason}", schema_repaired=repaired
-            )
-        return Readiness(ready=True, reason="", schema_repaired=repaired)
+            reason = f"the database cannot take writes: {_first_line(exc)}"
+            return Readiness(ready=False, reason=reason, schema_repaired=repaired,
+                             tables=tuple((n, reason) for n in names))
+        tables = []
+        try:
+            with self._probe_engine.connect() as conn:
+                for name, table in zip(names, self.metadata.sorted_tables, strict=True):
+                    trans = conn.begin()
+                    try:
+                        conn.execute(table.delete().where(sa.false()))
+                        tables.append((name, ""))
+                    except sa.exc.SQLAlchemyError as exc:
+                        tables.append((name, _first_line(exc)))
+                    finally:
+                        trans.rollback()
+        except sa.exc.SQLAlchemyError as exc:  # no connection at all
+            reason = f"the database cannot take writes: {_first_line(exc)}"
+            return Readiness(ready=False, reason=reason, schema_repaired=repaired,
+                             tables=tuple((n, reason) for n in names))
+        blocked = [(n, why) for n, why in tables if why]
+        if not blocked:
+            return Readiness(ready=True, reason="", schema_repaired=repaired, tables=tuple(tables))
+        takes = [n for n, why in tables if not why]
+        reason = "; ".join(f"{n} cannot take writes: {why}" for n, why in blocked)
+        if takes:
+            reason += f" ({', '.join(takes)} {'takes' if len(takes) == 1 else 'take'} writes)"
+        return Readiness(ready=False, reason=f"the database cannot take all writes: {reason}",
+                         schema_repaired=repaired, tables=tuple(tables))
+
+    def _unwritable_reason(self) -> str:
+        """Why a write cannot succeed now ("" when it may): the SQLite file check of `readiness`."""
+        unwritable = self._unwritable_sqlite_file()
+        if not unwritable:
+            return ""
+        return f"the database cannot take writes: SQLite file {unwritable} is read-only or immutable"
 
     def _unwritable_sqlite_file(self) -> str | None:
         """The first of the SQLite file, its -wal/-shm and its folder that this process cannot write.
@@ -546,6 +586,10 @@ class Store:
     def _run(self, fn: Callable[[], T], *, write: bool = False) -> T:
         """Run one database call: a table gone missing is recreated once and the call retried;
         lock waits and an exhausted pool become `StoreBusy`; writes first take a write slot."""
+        if write:
+            unwritable = self._unwritable_reason()
+            if unwritable:  # else SQLite would append to the WAL of an immutable file and say "done"
+                raise StoreUnwritable(unwritable)
         if write and not self._write_slots.acquire(timeout=self._write_wait_s):
             raise StoreBusy(
                 f"{WRITE_SLOTS} writes are already waiting on the database for {self._write_wait_s:g} s"

@@ -3,8 +3,12 @@
 - `/livez`: liveness. The process answers HTTP; touches nothing else, so it stays fast when the
   database is locked, saturated or gone (an orchestrator restarts the process only when this fails).
 - `/readyz`: readiness. The store can take a write now (schema at the newest migration, repaired
-  here if the tables went missing; a write transaction can start on a fresh short-timeout
-  connection): 200 or 503 with the reason. Load balancers route by this one.
+  here if the tables went missing; a write transaction on *each* table the service writes can
+  start on a fresh short-timeout connection): 200, or 503 with the reason and `writable`
+  ({table: bool}), which says what a write to each table will do (a PostgreSQL lock on one table
+  blocks writes to it alone). Writes check the same SQLite-file condition first, so they fail with
+  the same 503 and reason rather than succeed into the WAL of an immutable file. Load balancers
+  route by this one.
 - `/healthz`: the readiness answer with the database name and version (kept for existing clients;
   predict and recommend still work when it says "degraded", writes and lists do not).
 """
@@ -30,7 +34,8 @@ def _ready(store: StoreDep, response: Response) -> dict[str, Any]:
         response.status_code = 503
         response.headers["Retry-After"] = "5"
     return {"status": "ok" if state.ready else "degraded", "database": store.backend, "version": __version__,
-            "ready": state.ready, "reason": state.reason}
+            "ready": state.ready, "reason": state.reason,
+            "writable": {name: not why for name, why in state.tables}}
 
 
 @router.get("/livez", response_model=schemas.Live)
@@ -43,8 +48,9 @@ async def livez() -> Any:
 
 @router.get("/readyz", response_model=schemas.Health, responses={503: {"model": schemas.Health}})
 def readyz(store: StoreDep, response: Response) -> Any:
-    """200 when the store takes writes; 503 {"ready": false, "reason": ...} when it cannot (read-only
-    or immutable files, a dropped database, a lock held by another process)."""
+    """200 when the store takes writes; 503 {"ready": false, "reason": ..., "writable": {table: bool}}
+    when it cannot (read-only or immutable files, a dropped database, a lock held by another
+    process on one table or all); `writable` says, per table, what a write will do now."""
     return _ready(store, response)
 
 

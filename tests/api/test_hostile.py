@@ -321,7 +321,8 @@ def _drain(sockets: list[socket.socket]) -> list[bytes]:
 
 def test_slow_clients_are_timed_out_and_capped_without_starving_the_server(tmp_path):
     with serverproc.running_server(tmp_path / "server.log", database_url=f"sqlite:///{tmp_path / 's.db'}",
-                                   extra_args=["--request-timeout", "1", "--limit-concurrency", "20"]) as srv:
+                                   extra_args=["--request-timeout", "1", "--limit-concurrency", "20",
+                                               "--max-connections", "52"]) as srv:
         # a flood: more connections than limit + slack (52); each is answered 503 (or refused) and closed
         flood = []
         for _ in range(80):

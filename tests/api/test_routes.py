@@ -506,8 +506,10 @@ def test_no_key_configured_means_open_writes(client):
 def test_healthz(client):
     r = client.get("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "database": "sqlite", "version": api.__version__, "ready": True,
-                        "reason": ""}
+    writable = r.json().pop("writable")  # one entry per table the service writes
+    assert {"profiles", "measurements"} <= set(writable) and all(writable.values()), writable
+    assert {k: v for k, v in r.json().items() if k != "writable"} == {
+        "status": "ok", "database": "sqlite", "version": api.__version__, "ready": True, "reason": ""}
 
 
 def test_metrics_count_requests_by_route_template(client):
