@@ -24,7 +24,7 @@ from api import errors
 from api.limits import BodyLimitMiddleware
 from api.methods import AllowMiddleware
 from api.metrics import Metrics, MetricsMiddleware
-from api.routers import calibrations, clusters, measurements, model, ops
+from api.routers import calibrations, clusters, measurements, model, ops, web
 from api.searches import SearchRunner
 from api.service import ProfileCache, ResponseCache
 from api.settings import Settings
@@ -42,6 +42,7 @@ Which parallel layout trains my model fastest on my cluster, and why?
   to predict with their constants.
 * `POST/GET /v1/measurements`: measured steps sent back by the engine (the closed loop).
 * `GET /v1/presets`: the model, cluster and GPU presets by name.
+* `GET /`: the web page (a form, the ranked layouts, launch command and scaling view).
 * `GET /livez` (process up), `GET /readyz` and `/healthz` (the store takes writes).
 
 Units: bandwidth GB/s per GPU per direction, latency microseconds, memory GiB, time seconds.
@@ -105,7 +106,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.cache = cache
     app.state.metrics.gauges.append(lambda: _service_lines(cache, runner))
     errors.install(app)
-    for router in (model.router, clusters.router, calibrations.router, measurements.router, ops.router):
+    for router in (model.router, clusters.router, calibrations.router, measurements.router, ops.router,
+                   web.router):
         app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(settings.max_body_mb * 2**20))
     app.add_middleware(AllowMiddleware, fastapi_app=app)

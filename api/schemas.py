@@ -31,7 +31,9 @@ from pydantic import (
 )
 
 from api import examples
+from perfmodels.presets import unknown_name
 from perfmodels.stacks import FLASH_KERNEL_VALUES, STACK_PRESETS, TORCH_COMPILE_VALUES
+from tuner.aliases import MEGATRON_ALIASES, rename_aliases
 from tuner.catalog import PLAUSIBLE, plausible_range  # noqa: F401 - api.errors quotes the ranges from here
 from tuner.store import Measurement
 
@@ -267,14 +269,17 @@ CLUSTER_FIELDS = (
     "inter_node_bandwidth_GBps",
 )
 CLUSTER_ANY_OF = [
-    {"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
-    for fields in (("preset",), ("profile_id",), CLUSTER_FIELDS)
+    *({"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
+      for fields in (("preset",), ("profile_id",), CLUSTER_FIELDS)),
+    {"required": ["gpu", "num_gpus"], "properties": {"gpu": {"type": "string"}, "num_gpus": {"type": "integer"}}},
 ]
 """What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks: a
-non-null `preset`, a non-null `profile_id`, or all of CLUSTER_FIELDS non-null (`"preset": null`
-is a missing preset, so the schema must not accept it as one)."""
-CLUSTER_RULE = ("a cluster needs a 'preset', a stored 'profile_id', or all of " + ", ".join(CLUSTER_FIELDS)
-                + " (the anyOf below); otherwise the answer is 422")
+non-null `preset`, a non-null `profile_id`, all of CLUSTER_FIELDS non-null, or a GPU preset name
+with a count (the node fields then come from that GPU's cluster preset; `"preset": null` is a
+missing preset, so the schema must not accept it as one)."""
+CLUSTER_RULE = ("a cluster needs a 'preset', a stored 'profile_id', all of " + ", ".join(CLUSTER_FIELDS)
+                + ", or a GPU preset name in 'gpu' with 'num_gpus' (the anyOf below); otherwise the answer "
+                "is 422")
 
 
 class ClusterIn(_In):
@@ -308,17 +313,35 @@ class ClusterIn(_In):
 
     @model_validator(mode="after")
     def _says_which_hardware(self) -> ClusterIn:
+        if isinstance(self.gpu, str) and self.num_gpus is not None:
+            return self  # a GPU by name and a count: node size and links from that GPU's preset node
         if self.preset is None and self.profile_id is None and any(
                 getattr(self, f) is None for f in CLUSTER_FIELDS):
             missing = [f for f in CLUSTER_FIELDS if getattr(self, f) is None]
             raise ValueError(
-                f"cluster needs a 'preset', a stored 'profile_id', or all of {list(CLUSTER_FIELDS)} "
-                f"(missing {missing})"
+                f"cluster needs a 'preset', a stored 'profile_id', a 'gpu' name with 'num_gpus', or all of "
+                f"{list(CLUSTER_FIELDS)} (missing {missing})"
             )
         return self
 
 
 StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]
+
+
+def _known_stack(value: Any) -> Any:
+    """One clear error for an unknown stack name (with the closest names), instead of one per member
+    of the `stack` union."""
+    name = value.get("name") if isinstance(value, dict) else value
+    if isinstance(name, str) and name not in STACK_PRESETS:
+        raise unknown_name("stack", name, sorted(STACK_PRESETS))
+    return value
+
+
+def _megatron_names(value: Any, known: Any) -> Any:
+    """Megatron's names (tp, pp, dp, cp, ep, etp, vpp, mbs) renamed to the plan fields they mean."""
+    if isinstance(value, dict) and any(isinstance(k, str) and k.lower() in MEGATRON_ALIASES for k in value):
+        return rename_aliases(value, known, where="")
+    return value
 BytesPerParam = Annotated[float, Field(ge=0, le=64)]
 TorchCompile = Literal[TORCH_COMPILE_VALUES]  # type: ignore[valid-type]
 FlashKernel = Literal[FLASH_KERNEL_VALUES]  # type: ignore[valid-type]
@@ -366,6 +389,8 @@ class StackIn(_In):
     sp_saves_gathered_inputs: bool | None = None
     torch_compile: TorchCompile | None = None
 
+    _name_is_known = field_validator("name", mode="before")(classmethod(lambda cls, v: _known_stack(v)))
+
 
 class TrainingIn(_In):
     """Batch, precision and the training stack (`stack`: a preset name, or {"name": ..., option: value});
@@ -390,9 +415,13 @@ class TrainingIn(_In):
     expert_load_imbalance: Annotated[float, Field(ge=1, le=64)] | None = None
     moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
 
+    _stack_is_known = field_validator("stack", mode="before")(classmethod(lambda cls, v: _known_stack(v)))
+
 
 class PlanIn(_In):
-    """One layout: G_data x G_inter x G_intra_d x G_intra_r x G_intra_c plus the options that change cost."""
+    """One layout: G_data x G_inter x G_intra_d x G_intra_r x G_intra_c plus the options that change cost.
+    Megatron's names are accepted for the fields they mean: tp (G_intra_r), pp (G_inter), dp (G_data),
+    cp (G_cp), ep (G_ep), etp (G_etp), vpp (virtual_stages), mbs (micro_batch_size)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.PLAN_MEGATRON]})
 
@@ -412,10 +441,21 @@ class PlanIn(_In):
     placement: Annotated[list[Axis], Field(min_length=5, max_length=6)] | None = None
     sequence_parallel: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        return _megatron_names(data, cls.model_fields)
+
 
 class SearchIn(_In):
     """Pins for the search (tuner.types.SearchOptions): each list is the allowed values of that
-    dimension; leave a dimension out to search all of it."""
+    dimension; leave a dimension out to search all of it. Megatron's names are accepted as in the
+    plan (tp, pp, dp, cp, ep, etp, vpp, mbs)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        return _megatron_names(data, cls.model_fields)
 
     G_data: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None
     G_inter: Annotated[list[Degree], Field(min_length=1, max_length=64)] | None = None

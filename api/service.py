@@ -24,6 +24,7 @@ from perfmodels.io import json_safe
 from perfmodels.ranges import plausible_range
 from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, combination_problems
 from perfmodels.steptime import predict as predict_step
+from tuner.catalog import with_node_defaults
 from tuner.profiles import apply_profile
 from tuner.search import recommend
 from tuner.store import Measurement, Store, StoredProfile, check_json
@@ -198,6 +199,8 @@ def to_cluster(body: schemas.ClusterIn, profiles: ProfileCache) -> tuple[Cluster
     data = _dump(body)
     key = data.get("profile_id")
     if key is None:
+        # {"gpu": "H100", "num_gpus": 64}: node size and links from that GPU's preset node, as the CLI
+        data = convert(("body", "cluster"), with_node_defaults, data)[0]
         cluster = convert(("body", "cluster"), pio.cluster_from_dict, data)
         return apply_profile(cluster, cluster.profile)[0], None
     if "profile" in data:

@@ -110,7 +110,21 @@ _GPUS: dict[str, GPU] = {
 _GPU_ALIASES = {
     "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb", "h100": "h100-sxm",
     "h100-80gb": "h100-sxm", "v100": "v100-32gb", "mi250x": "mi250x-gcd", "mi250x-gcd": "mi250x-gcd",
+    "mi300": "mi300x",
 }
+
+
+def unknown_name(kind: str, name: str, known: list[str]) -> ValueError:
+    """The error for an unknown preset name: the closest known names first ("did you mean"), then
+    all of them (difflib's similarity ratio, case-insensitive)."""
+    import difflib
+
+    lowered = {k.lower(): k for k in known}
+    close = [lowered[m] for m in difflib.get_close_matches(_key(name), list(lowered), n=3, cutoff=0.6)]
+    quoted = [repr(c) for c in close]
+    listed = " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+    hint = f"; did you mean {listed}?" if close else ""
+    return ValueError(f"unknown {kind} preset {name!r}{hint} (known: {', '.join(sorted(known))})")
 
 
 def _key(name: str) -> str:
@@ -121,7 +135,7 @@ def gpu(name: str) -> GPU:
     key = _key(name)
     key = _GPU_ALIASES.get(key, key)
     if key not in _GPUS:
-        raise ValueError(f"unknown GPU preset {name!r}; known: {sorted(g.name for g in _GPUS.values())}")
+        raise unknown_name("GPU", name, gpu_names())
     return _GPUS[key]
 
 
@@ -199,7 +213,7 @@ _CLUSTERS: dict[str, Cluster] = {
 def cluster(name: str, num_gpus: int | None = None) -> Cluster:
     key = _key(name)
     if key not in _CLUSTERS:
-        raise ValueError(f"unknown cluster preset {name!r}; known: {sorted(_CLUSTERS)}")
+        raise unknown_name("cluster", name, cluster_names())
     c = _CLUSTERS[key]
     return c if num_gpus is None else replace(c, num_gpus=num_gpus)
 
@@ -334,7 +348,7 @@ def model(name: str) -> Model:
     key = _key(name)
     key = _MODEL_ALIASES.get(key, key)
     if key not in _MODELS:
-        raise ValueError(f"unknown model preset {name!r}; known: {sorted(_MODELS)}")
+        raise unknown_name("model", name, model_names())
     return _MODELS[key]
 
 

@@ -10,6 +10,7 @@ them all readably. Also the defaults a cluster given by flags takes from its GPU
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import perfmodels
@@ -84,3 +85,34 @@ def node_defaults(gpu_name: str) -> tuple[Cluster | None, str]:
     return None, ""
 
 
+NODE_FIELDS = ("gpus_per_node", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps")
+
+
+def with_node_defaults(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A cluster's JSON given by a GPU name and a count (`{"gpu": "H100", "num_gpus": 64}`), completed
+    as the CLI's `--gpu H100 --gpus 64` is: node size, links, latencies and backend from the cluster
+    preset built from that GPU (`node_defaults`), each field the JSON gives kept. Returns the completed
+    JSON and notes for the user; JSON with a preset, a profile id, a GPU object or every node field
+    comes back as it was. ValueError when no preset has that GPU and a node field is missing."""
+    from dataclasses import replace
+
+    from perfmodels.io import cluster_to_dict
+
+    out = dict(data)
+    gpu = out.get("gpu")
+    if out.get("preset") is not None or out.get("profile_id") is not None or not isinstance(gpu, str):
+        return out, []
+    missing = [f for f in NODE_FIELDS if out.get(f) is None]
+    if not missing:
+        return out, []
+    gpu_name, alias_note = resolve_gpu_name(gpu)
+    base, base_name = node_defaults(gpu_name)
+    if base is None:
+        raise ValueError(f"cluster: no cluster preset has {gpu_name} GPUs to take {missing} from; give them")
+    base = replace(base, name=f"{gpu_name}-cluster", profile=None, profile_id=None)
+    merged = {k: v for k, v in cluster_to_dict(base).items() if v is not None}
+    merged.update({k: v for k, v in out.items() if v is not None})
+    merged["gpu"] = gpu_name
+    taken = ", ".join(f"{k}={getattr(base, k):g}" for k in missing)
+    notes = [n for n in (alias_note, f"{taken} taken from the {base_name!r} preset ({gpu_name} nodes)") if n]
+    return merged, notes
