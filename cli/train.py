@@ -121,6 +121,8 @@ def handle(args: argparse.Namespace) -> int:
             "cluster_id": report.cluster_id,
             "measurement_id": report.measurement_id,
             "stored_in": report.stored_in,
+            "memory": [{**dataclasses.asdict(m), "peak_bytes": m.peak_bytes,
+                        "training_rss_bytes": m.training_rss_bytes} for m in report.memory],
         }
         if calibration is not None:
             out["calibration"] = {**dataclasses.asdict(calibration), "profile": None}

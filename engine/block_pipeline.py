@@ -46,11 +46,20 @@ def split_blocks(n_blocks: int, n_chunks: int) -> list[tuple[int, int]]:
 
 
 class _Chunks(nn.Module):
-    """This rank's chunks of the block sequence (the module the optimizer and engine.step see)."""
+    """This rank's chunks of the block sequence (the module the optimizer and engine.step see).
 
-    def __init__(self, chunks: list[nn.Sequential]) -> None:
+    Each block is registered under its index in the whole sequence, so parameter names are global
+    and equal the unsplit `nn.Sequential(*blocks)`'s ("4.weight" on whichever stage holds block 4):
+    engine.full_state_dict / save_consolidated gather every stage without collisions and
+    checkpoints reload under other pipeline and data degrees. The stages' nn.Sequential chunks
+    hold the same block objects (not registered here a second time)."""
+
+    def __init__(self, chunks: list[nn.Sequential], starts: list[int]) -> None:
         super().__init__()
-        self.chunks = nn.ModuleList(chunks)
+        for chunk, start in zip(chunks, starts):
+            for i, blk in enumerate(chunk):
+                self.add_module(str(start + i), blk)
+        self._stage_chunks = list(chunks)
         setattr(self, STAGE_SPLIT_ATTR, True)
 
 
@@ -99,7 +108,7 @@ class BlockPipeline:
                 shapes.append((inp, x))
         mine = [k for k in range(n_chunks) if k % S == s]
         chunks = [nn.Sequential(*blocks[ranges[k][0]:ranges[k][1]]) for k in mine]
-        self.model = wrap(_Chunks(chunks), grid=grid)
+        self.model = wrap(_Chunks(chunks, [ranges[k][0] for k in mine]), grid=grid)
         self.stages = []
         for k, chunk in zip(mine, chunks):
             inp, out = shapes[k]

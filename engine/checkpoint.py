@@ -33,10 +33,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.grads import restore_hyperparameters
+from engine.grads import restore_hyperparameters, zero_optimizer_of
 from engine.grid import Grid, grid_of
 from engine.shard import ShardSpec, spec_of
 from engine.zero import ZeroOptimizer
+from engine.zero3 import Zero3
 from perfmodels.layout import rank_coords
 
 Pieces = dict[str, tuple[ShardSpec | None, dict[str, int], torch.Tensor]]
@@ -61,6 +62,31 @@ def _owner(spec: ShardSpec | None, grid: Grid) -> bool:
     return all(grid.coord(a) == 0 for a in axes)
 
 
+def _zero3_of(model: nn.Module, optimizer: Any = None) -> Zero3 | None:
+    """The engine.Zero3 sharding `model` (its parameters hold nothing between uses), if any."""
+    if isinstance(optimizer, Zero3):
+        return optimizer
+    found = zero_optimizer_of(model)
+    return found if isinstance(found, Zero3) else None
+
+
+class _Materialized:
+    """Under ZeRO-3: every unit gathered for the block (full local shards), the units that were not
+    gathered before freed again at the end."""
+
+    def __init__(self, zero3: Zero3 | None) -> None:
+        self.zero3 = zero3
+
+    def __enter__(self) -> None:
+        if self.zero3 is not None:
+            self.before = self.zero3.gathered()
+            self.zero3.materialize()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.zero3 is not None:
+            self.zero3.release(self.before)
+
+
 def _place_all(pieces_by_rank: list[tuple[dict[str, int], Pieces]]) -> dict[str, torch.Tensor]:
     full: dict[str, torch.Tensor] = {}
     specs: dict[str, ShardSpec | None] = {}
@@ -82,9 +108,10 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
 
     A collective over col, row, depth and pipeline stages (each data replica assembles its own)."""
     grid = grid_of(model, grid)
-    state, specs = _named_tensors(model)
-    mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
-                    for name, t in state.items() if _owner(specs[name], grid)}
+    with _Materialized(_zero3_of(model)):
+        state, specs = _named_tensors(model)
+        mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
+                        for name, t in state.items() if _owner(specs[name], grid)}
     gathered: list[tuple[dict[str, int], Pieces]] = [(dict(grid.degrees), mine)]
     # axis by axis, each gather carrying what the previous axes collected: never over data
     # (replicas hold the same pieces) and never a world-sized gather
@@ -115,6 +142,8 @@ def save_consolidated(file: str, model: nn.Module, *, grid: Grid | None = None) 
 def _optimizer_state_by_name(model: nn.Module, optimizer: Any) -> dict[str, dict[str, Any]]:
     """Per-parameter optimizer state keyed by parameter name (ZeRO-1: gathered over data first)."""
     by_id = {id(p): name for name, p in model.named_parameters()}
+    if isinstance(optimizer, Zero3):
+        return {by_id[i]: st for i, st in optimizer.per_parameter_state().items() if i in by_id}
     if isinstance(optimizer, ZeroOptimizer):
         return {by_id[id(p)]: st for p, st in zip(optimizer.params, optimizer.per_parameter_state())}
     out = {}
@@ -158,7 +187,16 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     the index; every rank returns after a barrier. `consolidated=True` also writes
     `dir/consolidated.pt` (the single-process state_dict)."""
     grid = grid_of(model, grid)
-    # every rank takes part (ZeRO-1 gathers its state over data); data replica 0 writes the pieces
+    with _Materialized(_zero3_of(model, optimizer)):
+        _save_pieces(path, model, optimizer, step, scheduler, grid)
+    if consolidated:
+        save_consolidated(os.path.join(path, CONSOLIDATED), model, grid=grid)
+    if grid.world_size > 1:
+        dist.barrier()
+
+
+def _save_pieces(path: str, model: nn.Module, optimizer: Any, step: int, scheduler: Any, grid: Grid) -> None:
+    # every rank takes part (ZeRO-1/3 gather their state over data); data replica 0 writes the pieces
     states = _optimizer_state_by_name(model, optimizer) if optimizer is not None else {}
     os.makedirs(path, exist_ok=True)
     state, specs = _named_tensors(model)
@@ -195,10 +233,6 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
                     "world_size": grid.world_size,
                     "step": int(step), "files": {r: e for r, e in enumerate(entries) if e}},
                    os.path.join(path, INDEX))
-    if consolidated:
-        save_consolidated(os.path.join(path, CONSOLIDATED), model, grid=grid)
-    if grid.world_size > 1:
-        dist.barrier()
 
 
 def _bounds(spec: ShardSpec, coords: dict[str, int], degrees: dict[str, int]) -> tuple[tuple[int, int], ...]:
@@ -281,6 +315,11 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
     if not os.path.exists(index_path):
         raise FileNotFoundError(f"no checkpoint index {index_path} (written by engine.save_checkpoint)")
     index = torch.load(index_path, weights_only=False)
+    # under ZeRO-3 the parameters hold nothing between uses: load into the gathered units, which
+    # become the shards at the next forward or step (Zero3.materialize)
+    zero3 = _zero3_of(model, optimizer)
+    if zero3 is not None:
+        zero3.materialize()
     state, specs = _named_tensors(model)
     ranks = _needed_files(index, specs, grid)
     payloads = [torch.load(_file(path, r), weights_only=False) for r in ranks]
@@ -327,7 +366,10 @@ def _load_optimizer(payloads: list[dict[str, Any]], model: nn.Module, optimizer:
     for name in params:
         for key, value in scalars.get(name, {}).items():
             per_param[name][key] = value.clone() if isinstance(value, torch.Tensor) else value
-    if isinstance(optimizer, ZeroOptimizer):
+    if isinstance(optimizer, Zero3):
+        optimizer.load_per_parameter_state({id(p): per_param[name] for name, p in params.items()
+                                            if per_param[name]})
+    elif isinstance(optimizer, ZeroOptimizer):
         names = {id(p): name for name, p in params.items()}
         optimizer.load_per_parameter_state([per_param[names[id(p)]] for p in optimizer.params])
     else:

@@ -70,6 +70,28 @@ def reduce_scatter_flat(t: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def reduce_scatter_consumed(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """`reduce_scatter_flat` of a buffer the caller owns and drops afterwards (ZeRO's padded flat
+    gradient): returns a fresh tensor with this member's summed chunk.
+
+    On gloo this is an in-place all-reduce of `t` followed by a copy of the chunk. gloo's
+    reduce-scatter is itself an all-reduce on a full-size copy of its input (ProcessGroupGloo has
+    no native reduce-scatter for CPU tensors): measured on 4 ranks, a 200 MB reduce_scatter_tensor
+    raised each rank's peak RSS by 242 MB, an in-place all_reduce of the same buffer by 4 MB; the
+    bytes on the wire are the same (an all-reduce either way). The call counts as one collective
+    of the input's size on the group, as the reduce-scatter did. Other backends reduce-scatter.
+    """
+    if group is None:
+        return t
+    if dist.get_backend(group) != "gloo":
+        return reduce_scatter_flat(t, group)
+    t = t.contiguous().view(-1)
+    dist.all_reduce(t, group=group)
+    n = t.numel() // group_size(group)
+    r = group_rank(group)
+    return t[r * n:(r + 1) * n].clone()
+
+
 def reduce_scatter_flat_async(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
     """`reduce_scatter_flat` launched with async_op=True: (this member's output chunk, its Work;
     wait() before reading it). The group must not be None."""

@@ -102,6 +102,7 @@ class Grid:
     mesh: DeviceMesh | None = None
     groups: dict[str, Any] = field(default_factory=dict)
     group_names: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
 
     def size(self, axis: str) -> int:
         return self.degrees[axis]
@@ -195,6 +196,30 @@ def _init_default_group(backend: str | None, timeout_s: float, gpus_per_node: in
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def default_group_timeout_s(fallback_s: float = 600.0) -> float:
+    """The collective timeout of the default process group (what the launcher passed to
+    init_process_group), read from its backend's options; `fallback_s` when none is readable."""
+    pg = dist.distributed_c10d._get_default_group()
+    for device in pg._device_types:
+        try:
+            return float(pg._get_backend(device).options._timeout.total_seconds())
+        except (AttributeError, RuntimeError):
+            continue
+    return fallback_s
+
+
+def set_group_timeout(pg: Any, timeout_s: float) -> None:
+    """Give `pg` the grid's collective timeout.
+
+    DeviceMesh builds its per-dim groups with `new_group(timeout=None)` unless a backend_override
+    carries options, and `new_group` then falls back to the backend default (30 min on gloo,
+    10 min on NCCL): torch/distributed/device_mesh.py `_init_one_process_group` (torch 2.13,
+    `timeout = pg_options._timeout if pg_options else None`). `distributed_c10d._set_pg_timeout`
+    sets the timeout of an existing group's gloo/NCCL backends.
+    """
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), pg)
+
+
 def _env_world_size() -> int:
     env = os.environ
     if "WORLD_SIZE" in env:
@@ -207,7 +232,7 @@ def _env_world_size() -> int:
 def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1, *,
          gpus_per_node: int | None = None, placement: tuple[str, ...] | list[str] | None = None,
          backend: str | None = None, device: str | torch.device | None = None,
-         timeout_s: float = 600.0) -> Grid:
+         timeout_s: float | None = None) -> Grid:
     """Build the grid (and the default process group if needed); return it.
 
     Positional arguments follow AxoNN's `ax.init(G_inter, G_data, G_intra_r, G_intra_c, G_intra_d)`;
@@ -228,7 +253,9 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
     check_degrees(degrees, world)
     if not dist.is_initialized():
-        _init_default_group(backend, timeout_s, gpus_per_node)
+        _init_default_group(backend, 600.0 if timeout_s is None else timeout_s, gpus_per_node)
+    if timeout_s is None:
+        timeout_s = default_group_timeout_s()
     rank = dist.get_rank()
     if device is None:
         device = "cuda" if _uses_cuda(str(dist.get_backend())) else "cpu"
@@ -259,12 +286,13 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     group_names: dict[str, str] = {}
     for axis in names:
         pg = mesh[axis].get_group()
+        set_group_timeout(pg, timeout_s)
         groups[axis] = pg
         if degrees[axis] > 1:  # the recorder and timers attribute traffic only to real axes
             group_names[axis] = pg.group_name
     grid = Grid(degrees=degrees, placement=order, rank=rank, world_size=world,
                 coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,
-                group_names=group_names)
+                group_names=group_names, timeout_s=timeout_s)
     _CURRENT[:] = [grid]
     return grid
 

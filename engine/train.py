@@ -65,11 +65,27 @@ class MemoryStats:
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
     peak_rss_bytes: int = 0
+    baseline_rss_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
         """The figure to compare with a memory prediction: allocated on GPU, RSS on CPU."""
         return self.peak_allocated_bytes if self.device.startswith("cuda") else self.peak_rss_bytes
+
+    @property
+    def training_rss_bytes(self) -> int:
+        """Peak RSS above the process's own baseline (interpreter, torch, process groups) read when
+        engine.train started: the part a model-state/activation prediction describes (CPU)."""
+        return max(0, self.peak_rss_bytes - self.baseline_rss_bytes)
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set size now (Linux /proc/self/statm; else the peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
 
 
 def peak_rss_bytes() -> int:
@@ -81,13 +97,14 @@ def peak_rss_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def memory_stats(rank: int, device: torch.device) -> MemoryStats:
+def memory_stats(rank: int, device: torch.device, baseline_rss_bytes: int = 0) -> MemoryStats:
     if device.type == "cuda":
         return MemoryStats(rank=rank, device=str(device),
                            peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                            peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
-                           peak_rss_bytes=peak_rss_bytes())
-    return MemoryStats(rank=rank, device=str(device), peak_rss_bytes=peak_rss_bytes())
+                           peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=baseline_rss_bytes)
+    return MemoryStats(rank=rank, device=str(device), peak_rss_bytes=peak_rss_bytes(),
+                       baseline_rss_bytes=baseline_rss_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,7 +421,17 @@ class _WithLoss(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int, *,
+DEFAULT_TIMED_STEPS = 10  # steps after warm-up when `steps` is not given: enough for a stable median
+
+
+def default_global_batch_size(world_size: int) -> int:
+    """engine.train's global batch when none is given: two samples per rank, which every layout of
+    `world_size` ranks divides (G_data * G_intra_d divides the world size)."""
+    return 2 * world_size
+
+
+def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = None,
+          steps: int | None = None, *,
           optimizer: OptimizerFactory | type | None = None, auto: bool = True, plan: Plan | None = None,
           profile: Profile | str | os.PathLike[str] | None = None, service_url: str | None = None,
           cluster: Cluster | None = None, cluster_id: str | None = None, database_url: str | None = None,
@@ -430,13 +457,23 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
     The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; under a pipeline
     each stage gathers once per step) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's
     optimizer state in host memory (ZeRO stages 1-3).
+    Defaults: `global_batch_size` two samples per rank (default_global_batch_size), `steps`
+    warmup_steps + DEFAULT_TIMED_STEPS, so `engine.train(model, dataset, auto=True)` runs as is.
+    Each rank's MemoryStats carries its RSS when the call started (baseline_rss_bytes) beside the peak.
     """
+    if steps is None:
+        steps = warmup_steps + DEFAULT_TIMED_STEPS
     policy = _check_arguments(steps=steps, warmup_steps=warmup_steps, dtype=dtype, reduce_dtype=reduce_dtype,
                               offload=offload, plan=plan)
     from tuner import closed_loop as cl
 
     ensure_process_group()
+    baseline_rss = current_rss_bytes()
     rank, world = dist.get_rank(), dist.get_world_size()
+    if global_batch_size is None:
+        global_batch_size = default_global_batch_size(world)
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
     cfg = gpt_config_of(model)
     spec = model_spec(model)
     # the GPT is split by ParallelGPT; another net only when we build it (engine.auto_parallelize)
@@ -476,7 +513,7 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int, steps: int
             bar.stop()
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (samples, losses, memory_stats(rank, grid.device)))
+    dist.all_gather_object(gathered, (samples, losses, memory_stats(rank, grid.device, baseline_rss)))
     return _on_rank_zero(rank, lambda: _report(
         gathered, decision=decision, steps=steps, warmup_steps=warmup_steps,
         tokens_per_step=global_batch_size * tokens_per_sample, record=record, url=url,

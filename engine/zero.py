@@ -21,6 +21,9 @@ the same way). Element-wise optimizers (SGD, Adam, AdamW) give exactly the unsha
 reduced shards summed over data, so clipping uses the global norm on every rank.
 One ZeroOptimizer per set of parameters: the newest one built over a parameter is the one
 sync_gradients and the norm functions consult.
+`step()` releases the full gradients (p.grad = None, as zero_grad(set_to_none=True) does) before
+the parameters are all-gathered, so the two never coexist; at most one full-size flat buffer (the
+reduce-scatter's input, then the all-gather's output) exists at a time.
 `stage=2` (ZeRO-2) also frees every full gradient as soon as the reduce-scatter has read it: only
 this rank's 1/G_data shard of the gradient lives on through clipping and the optimizer step, so
 the gradient memory between backward and the next backward is 1/G_data of ZeRO-1's. The
@@ -43,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
+from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_consumed
 from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, restore_hyperparameters
 from engine.grid import Grid, grid_of
 
@@ -70,7 +73,6 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         self.segment = self.padded // world
         self.start = group_rank(self.group) * self.segment
         end = self.start + self.segment
-        flat = self._flat([p.detach() for p in self.params])
         # one shard tensor per parameter group, covering the part of this rank's segment in it
         self.pieces: list[tuple[int, int, int]] = []  # (group index, flat start, flat end)
         inner_groups = []
@@ -80,14 +82,14 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
             g_end = offset + n + (self.padded - total if gi == len(self.param_groups) - 1 else 0)
             a, b = max(offset, self.start), min(g_end, end)
             if a < b:
-                shard = nn.Parameter(flat[a:b].clone().to(self.state_device))
+                shard = nn.Parameter(self._segment_of(list(self.params), a, b).to(self.state_device))
                 self.pieces.append((gi, a, b))
                 inner_groups.append({**self._hyper(g), "params": [shard]})
             offset += n
         if not inner_groups:  # a rank whose whole segment is padding still needs an optimizer
             gi = len(self.param_groups) - 1
             self.pieces.append((gi, end, end))
-            empty = nn.Parameter(flat[:0].clone().to(self.state_device))
+            empty = nn.Parameter(torch.zeros(0, dtype=self.params[0].dtype, device=self.state_device))
             inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [empty]})
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
         # every hyperparameter the wrapped optimizer has (its defaults too: lr, betas, ...) is visible
@@ -118,18 +120,47 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         super().zero_grad(set_to_none=set_to_none)
         self._reduced = False
 
+    def _segment_of(self, tensors: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of the padded flat concatenation of `tensors` (None reads as zeros),
+        built from the overlapping slices only: no full-size flat copy."""
+        out = torch.zeros(hi - lo, dtype=self.params[0].dtype, device=self.grid.device)
+        offset = 0
+        for p, t in zip(self.params, tensors):
+            n = p.numel()
+            a, b = max(lo, offset), min(hi, offset + n)
+            if a < b and t is not None:
+                out[a - lo:b - lo] = t.detach().reshape(-1)[a - offset:b - offset]
+            offset += n
+        return out
+
     @torch.no_grad()
     def reduce_gradients(self) -> None:
-        """Reduce-scatter the flat gradient over data into the shards (once per step)."""
+        """Reduce-scatter the flat gradient over data into the shards (once per step).
+
+        Memory: one padded flat buffer is the reduce-scatter's input (a collective needs it
+        contiguous); each gradient is copied in and, under ZeRO-2, freed right away, so the buffer
+        replaces the gradients instead of doubling them. Nothing else full-size is allocated."""
         if self._reduced:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat_grad = self._flat(grads)
-        mine = flat_grad[self.start:self.start + self.segment] if self.group is None else \
-            reduce_scatter_flat(flat_grad, self.group)
+        if self.group is None:
+            mine = self._segment_of([p.grad for p in self.params], self.start, self.start + self.segment)
+        else:
+            flat = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.grid.device)
+            offset = 0
+            for p in self.params:
+                n = p.numel()
+                if p.grad is not None:
+                    flat[offset:offset + n] = p.grad.reshape(-1)
+                    if self.stage == 2:  # ZeRO-2: only the shard of the gradient lives on
+                        p.grad = None
+                offset += n
+            mine = reduce_scatter_consumed(flat, self.group)
+            del flat
         for shard, (_, a, b) in zip(self.shards, self.pieces):
-            shard.grad = mine[a - self.start:b - self.start].to(self.state_device, copy=True)
-        if self.stage == 2:  # ZeRO-2: the full gradients are read; only the shard lives on
+            piece = mine[a - self.start:b - self.start]
+            shard.grad = piece.to(self.state_device, copy=True) if len(self.pieces) > 1 or self.offload \
+                else piece
+        if self.stage == 2:
             for p in self.params:
                 p.grad = None
         self._reduced = True
@@ -153,23 +184,30 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         if closure is not None:
             raise ValueError("ZeroOptimizer.step does not take a closure (got one)")
-        # the parameters are the truth (a checkpoint load or user code may have changed them)
-        flat_params = self._flat([p.detach() for p in self.params])
+        # the parameters are the truth (a checkpoint load or user code may have changed them);
+        # only this rank's segment is read (no full-size flat copy of the parameters)
         for shard, (_, a, b) in zip(self.shards, self.pieces):
-            shard.copy_(flat_params[a:b])
+            if b > a:
+                shard.copy_(self._segment_of(list(self.params), a, b))
         self.reduce_gradients()
         for inner, (gi, _, _) in zip(self.inner.param_groups, self.pieces):
             inner.update(self._hyper(self.param_groups[gi]))  # LR schedulers write to self.param_groups
         self.inner.step()
-        mine = flat_params[self.start:self.start + self.segment].clone()
+        # the full gradients are read (reduced into the shards): released now, as
+        # zero_grad(set_to_none=True) would, so they do not sit beside the gathered parameters
+        for p in self.params:
+            p.grad = None
+        mine = torch.zeros(self.segment, dtype=self.params[0].dtype, device=self.grid.device)
         for shard, (_, a, b) in zip(self.shards, self.pieces):
             mine[a - self.start:b - self.start] = shard.detach().to(mine.device)
+        # the gathered parameters are the one full-size temporary of the step
         full = all_gather_flat(mine, self.group)
         offset = 0
         for p in self.params:
             n = p.numel()
             p.copy_(full[offset:offset + n].view_as(p))
             offset += n
+        del full
         self._reduced = False
         return None
 

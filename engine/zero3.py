@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_flat
+from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_consumed
 from engine.grads import (
     ZERO_ATTR,
     ShardedGradNorm,
@@ -74,7 +74,7 @@ class _Unit:
         world = group_size(owner.group)
         self.padded = -(-total // world) * world
         self.segment = self.padded // world
-        start = group_rank(owner.group) * self.segment
+        start = self.start = group_rank(owner.group) * self.segment
         flat = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
         offset = 0
         for p, n in zip(params, self.numels):
@@ -92,6 +92,7 @@ class _Unit:
             if idx:
                 self.rep_index = torch.cat(idx).to(params[0].device)
         self.full: torch.Tensor | None = None
+        self.materialized = False  # gathered by materialize(): the user may change the values
         self.forwards_done = 0
         self.pending = sum(1 for p in params if p.requires_grad)
         self.free()
@@ -110,7 +111,16 @@ class _Unit:
         self.owner.live[full.untyped_storage().data_ptr()] = self
         self.owner.note_peak()
 
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """After materialize(): the gathered values (possibly changed by the user, a checkpoint load
+        or load_state_dict) become this rank's shard again."""
+        if self.materialized and self.full is not None:
+            self.shard.data.copy_(self.full[self.start:self.start + self.segment].to(self.shard.device))
+        self.materialized = False
+
     def free(self) -> None:
+        self.write_back()
         if self.full is not None:
             self.owner.live.pop(self.full.untyped_storage().data_ptr(), None)
         self.full = None
@@ -131,7 +141,7 @@ class _Unit:
             rep = flat[self.rep_index]
             dist.all_reduce(rep, group=self.owner.depth_group)
             flat[self.rep_index] = rep
-        mine = reduce_scatter_flat(flat, self.owner.group).to(self.owner.state_device)
+        mine = reduce_scatter_consumed(flat, self.owner.group).to(self.owner.state_device)
         if self.shard.grad is None:
             self.shard.grad = mine.clone() if mine is flat else mine
         else:
@@ -343,6 +353,8 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         if closure is not None:
             raise ValueError("Zero3.step does not take a closure (got one)")
+        for unit in self.units:  # values changed while materialized are the ones to update
+            unit.write_back()
         self.reduce_gradients()
         hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         self.inner.param_groups[0].update(hyper)
@@ -357,9 +369,66 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
 
     def materialize(self) -> None:
         """Gather every unit and keep it (a collective over data): full local shards for
-        engine.full_state_dict, evaluation or a checkpoint. The next forward frees them."""
+        engine.full_state_dict, evaluation or a checkpoint. Values written into the parameters
+        meanwhile (load_state_dict, engine.load_checkpoint, user code) become the shards at the
+        next forward or step, which frees the units again."""
         for unit in self.units:
             unit.gather()
+            unit.materialized = True
+
+    def gathered(self) -> list[bool]:
+        return [unit.full is not None for unit in self.units]
+
+    def release(self, keep: list[bool]) -> None:
+        """Free (writing back) the units not in `keep` (a `gathered()` taken before a materialize)."""
+        for unit, k in zip(self.units, keep):
+            if not k:
+                unit.free()
+
+    # ---- unsharded optimizer state (checkpoints) --------------------------------------------
+
+    def per_parameter_state(self) -> dict[int, dict[str, Any]]:
+        """The optimizer state as a plain optimizer holds it, keyed by id(parameter), each tensor
+        shaped like the (local, tensor-parallel) parameter: a collective over data per unit."""
+        out: dict[int, dict[str, Any]] = {}
+        for unit in self.units:
+            state = self.inner.state.get(unit.shard, {})
+            entries: list[dict[str, Any]] = [{} for _ in unit.params]
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    full = all_gather_flat(value.detach().to(self.grid.device), self.group)
+                    offset = 0
+                    for entry, n, shape in zip(entries, unit.numels, unit.shapes):
+                        entry[key] = full[offset:offset + n].view(shape).clone()
+                        offset += n
+                else:
+                    for entry in entries:
+                        entry[key] = value.clone() if isinstance(value, torch.Tensor) else value
+            for p, entry in zip(unit.params, entries):
+                if entry:
+                    out[id(p)] = entry
+        return out
+
+    def load_per_parameter_state(self, states: dict[int, dict[str, Any]]) -> None:
+        """Inverse of `per_parameter_state`: keep this rank's segment of each unit's state."""
+        for unit in self.units:
+            mine = [states.get(id(p), {}) for p in unit.params]
+            keys = {k for entry in mine for k in entry}
+            target: dict[str, Any] = {}
+            for key in keys:
+                values = [entry.get(key) for entry in mine]
+                if all(isinstance(v, torch.Tensor) and v.dim() > 0 for v in values):
+                    flat = torch.zeros(unit.padded, dtype=unit.shard.dtype, device=self.grid.device)
+                    offset = 0
+                    for v, n in zip(values, unit.numels):
+                        flat[offset:offset + n] = v.reshape(-1).to(flat)
+                        offset += n
+                    target[key] = flat[unit.start:unit.start + unit.segment].to(self.state_device, copy=True)
+                else:
+                    value = next(v for v in values if v is not None)
+                    target[key] = value.clone() if isinstance(value, torch.Tensor) else value
+            if target:
+                self.inner.state[unit.shard] = target
 
     def state_dict(self) -> dict[str, Any]:
         hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}

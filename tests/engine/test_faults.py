@@ -75,3 +75,36 @@ def test_bad_configs_fail_on_every_rank_before_any_collective():
         assert "global_batch_size=5 is not divisible by G_data*G_intra_d = 2*1 = 2" in out["batch"]
         assert "G_intra_r=2 does not divide out_features=15" in out["linear"]
         assert out["collectives"] == "0"
+
+
+def _row_all_reduce_with_a_missing_rank(rank: int, world: int, axis: str) -> dict[str, float]:
+    import time
+
+    import torch.distributed as dist
+
+    import engine
+
+    grid = engine.init(G_data=2, G_intra_r=2)
+    out = {"timeout_s": grid.timeout_s}
+    if rank == 3:  # never joins: its peers must time out on the subgroup, not hang for 30 minutes
+        time.sleep(25)
+        return out
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4), group=grid.group(axis))
+        dist.all_reduce(torch.ones(4), group=grid.group(axis))
+    except RuntimeError:
+        out["raised_after_s"] = time.monotonic() - start
+    return out
+
+
+@pytest.mark.parametrize("axis", ["row", "data"])
+def test_a_stuck_rank_raises_within_the_timeout_on_every_subgroup(axis):
+    """Issue 23 (3): init_device_mesh's per-axis groups kept torch's 30-minute gloo default."""
+    results = launch(_row_all_reduce_with_a_missing_rank, world_size=4, args=(axis,), timeout_s=4)
+    assert all(r["timeout_s"] == 4 for r in results)
+    # the members of rank 3's group along `axis` block on it and must raise within the timeout
+    blocked = [r for rank, r in enumerate(results) if rank != 3 and "raised_after_s" in r]
+    assert blocked, results
+    for r in blocked:
+        assert r["raised_after_s"] < 4 + 10, r

@@ -170,3 +170,40 @@ def test_engine_refuses_a_shared_rule_with_perfmodels_verdict_and_words(plan, al
     shape_ok = rules.heads_split(6, plan.G_intra_r) and rules.hidden_split(48, plan.G_intra_r, plan.G_intra_c)
     layers_ok = rules.enough_layers(4, plan.G_inter, plan.virtual_stages)
     assert (not gpt_split_problems(cfg, degrees, plan.virtual_stages)) == (shape_ok and layers_ok)
+
+
+def _train_with_defaults(rank, world):
+    import engine
+    from engine.train import DEFAULT_TIMED_STEPS, stdlib_text_dataset
+
+    report = engine.train(CFG, stdlib_text_dataset(CFG.seq_length, 100_000), auto=True, record=False,
+                          progress=False, use_calibrated=False)
+    return report, DEFAULT_TIMED_STEPS
+
+
+def test_the_missions_call_runs_with_default_batch_and_steps():
+    """Issue 23 (7): `engine.train(model, dataset, auto=True)` raised TypeError (no defaults)."""
+    (report, timed), _ = launch(_train_with_defaults, 2, timeout_s=180)
+    assert report.steps == report.warmup_steps + timed and len(report.losses) == report.steps
+    assert report.measured["steps_measured"] == timed
+    assert report.plan.world_size == 2
+    # two samples per rank: every layout of the world divides it
+    assert report.tokens_per_s == pytest.approx(2 * 2 * CFG.seq_length / report.median_step_time_s)
+    for m in report.memory:  # the process's own RSS before training, below the peak
+        assert 0 < m.baseline_rss_bytes <= m.peak_rss_bytes
+        assert m.training_rss_bytes == m.peak_rss_bytes - m.baseline_rss_bytes
+
+
+def test_cli_train_json_carries_per_rank_memory(capsys):
+    import json
+
+    from cli import main
+
+    assert main(["train", "--nproc", "2", "--steps", "4", "--warmup", "2", "--layers", "1", "--hidden", "16",
+                 "--heads", "2", "--seq", "8", "--global-batch-size", "4", "--plan", "G_data=2",
+                 "--no-store", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["rank"] for m in out["memory"]] == [0, 1]
+    for m in out["memory"]:
+        assert m["device"] == "cpu" and m["peak_bytes"] == m["peak_rss_bytes"] > 0
+        assert 0 < m["baseline_rss_bytes"] <= m["peak_rss_bytes"]
