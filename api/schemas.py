@@ -271,7 +271,8 @@ CLUSTER_FIELDS = (
 CLUSTER_ANY_OF = [
     *({"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
       for fields in (("preset",), ("profile_id",), CLUSTER_FIELDS)),
-    {"required": ["gpu", "num_gpus"], "properties": {"gpu": {"type": "string"}, "num_gpus": {"type": "integer"}}},
+    {"required": ["gpu", "num_gpus"],
+     "properties": {"gpu": {"type": "string"}, "num_gpus": {"type": "integer"}}},
 ]
 """What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks: a
 non-null `preset`, a non-null `profile_id`, all of CLUSTER_FIELDS non-null, or a GPU preset name
