@@ -109,7 +109,7 @@ def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.n
     g = np.repeat(grids, len(pairs), axis=0)
     pair = np.tile(pairs, (n, 1))
     out = np.concatenate([g, pair], axis=1)
-    if model.is_moe and (options.G_ep is None or options.G_etp is None):
+    if model.is_moe and options.G_ep is None:  # pinned degrees stay, so a rule can say why they fail
         tp = out[:, GRID_COLUMNS.index("G_intra_r")]
         etp = np.where(out[:, -1] > 0, out[:, -1], tp)
         stage = np.prod(out[:, : len(GRID_COLUMNS)], axis=1) // out[:, GRID_COLUMNS.index("G_inter")]
