@@ -98,7 +98,8 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
     num_valid = 0
     truncated = False
-    orders = placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()))
+    orders = placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()),
+                        moe=model.is_moe)
     stopped = (orders[0], 0)
     for order in orders:
         for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
