@@ -73,6 +73,27 @@ def recomputes_experts(model: Model, stack: object) -> bool:
     return model.is_moe and getattr(stack, "selective_recompute", "") == "attention-core"
 
 
+def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                blocks: np.ndarray) -> np.ndarray:
+    """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. The dropless
+    all-to-all dispatcher needs each expert's token count on the host before the all-to-all (its
+    split sizes): Megatron-Core's `MoEAlltoAllTokenDispatcher` synchronizes there once per MoE layer
+    forward (its `cuda_sync_point`), and after it the GPU runs only as fast as the host issues the
+    rest of the layer: about one block's forward issue time (`compute.host_seconds_per_block`).
+    Recomputing the MoE layers (full, or Megatron's MoE selective) syncs again. The "flex"
+    dispatcher (HybridEP, DeepEP) receives into preallocated buffers and is taken not to sync."""
+    from perfmodels.compute import host_seconds_per_block
+    from perfmodels.plans import RECOMPUTE_CODE
+
+    if not model.is_moe or training.moe_token_dispatcher == "flex":
+        return np.zeros(len(arrays))
+    selective = (arrays.recompute == RECOMPUTE_CODE["selective"]) & recomputes_experts(
+        model, training.effective_stack)
+    again = (arrays.recompute == RECOMPUTE_CODE["full"]) | selective
+    layers = np.asarray(blocks, dtype=np.float64) * model.moe_fraction
+    return layers * (1.0 + again) * host_seconds_per_block(cluster, training)
+
+
 def expert_flops_per_token(model: Model) -> float:
     """Forward FLOPs per token of one MoE layer besides its shared experts: the router (2 h E) and
     the k routed experts (2 FLOPs per multiply-add of each expert's weights)."""
