@@ -212,3 +212,16 @@ def test_context_parallelism_is_searched_from_the_minimum_sequence():
     assert cp_options(long, training, SearchOptions(), 64) == (1, 2, 4, 8, 16, 32, 64)
     assert cp_options(short, training, SearchOptions(), 64) == (1,)
     assert cp_options(short, training, SearchOptions(G_cp=(2,)), 64) == (2,)
+
+
+def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
+    from perfmodels.compute import host_seconds_per_block
+
+    cluster = presets.cluster("eos").with_gpus(4)
+    arrays = from_plans([Plan(G_data=4, G_ep=4, G_etp=1), Plan(G_data=4, G_ep=4, G_etp=1, recompute="full")])
+    training = Training(global_batch_size=4, stack="megatron-core")
+    wait = experts.sync_wait_s(TINY_MOE, cluster, training, arrays, np.array([2.0, 2.0]))
+    host = host_seconds_per_block(cluster, training)
+    assert list(wait) == pytest.approx([2 * host, 2 * 2 * host])  # two MoE layers; recomputed: twice
+    flex = dataclasses.replace(training, moe_token_dispatcher="flex")
+    assert not experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0])).any()
