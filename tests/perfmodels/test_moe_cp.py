@@ -225,3 +225,24 @@ def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
     assert list(wait) == pytest.approx([2 * host, 2 * 2 * host])  # two MoE layers; recomputed: twice
     flex = dataclasses.replace(training, moe_token_dispatcher="flex")
     assert not experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0])).any()
+
+
+@pytest.mark.parametrize("order", [("col", "row", "cp", "depth", "inter", "data"),
+                                   ("col", "row", "cp", "depth", "data", "inter")])
+def test_expert_group_geometry_matches_the_listed_groups(order):
+    """Members per node and link level of the expert groups, vectorized, against the groups
+    `layout.expert_groups` lists (8 GPUs per node)."""
+    from perfmodels import layout
+
+    cases = [((1, 8, 1), 8, 1), ((2, 8, 2), 4, 1), ((2, 4, 4), 2, 2), ((4, 16, 2), 16, 1),
+             ((1, 32, 4), 4, 2), ((8, 8, 2), 8, 1), ((2, 16, 8), 16, 2), ((1, 64, 2), 8, 1)]
+    for (r, d, i), ep, etp in cases:
+        deg = {"row": r, "data": d, "inter": i}
+        groups = layout.expert_groups(deg, ep, etp, order)
+        plan = Plan(G_data=d, G_inter=i, G_intra_r=r, G_ep=ep, G_etp=etp, placement=order)
+        geo = experts.expert_geometry(from_plans([plan]), 8)
+        for kind in ("etp", "ep", "edp"):
+            members = groups[kind][0]
+            per_node = [sum(1 for x in members if x // 8 == node) for node in {x // 8 for x in members}]
+            assert bool(geo[kind]["intra"][0]) == (len(per_node) == 1), (kind, deg, ep, etp)
+            assert int(geo[kind]["members_per_node"][0]) == max(per_node), (kind, deg, ep, etp)
