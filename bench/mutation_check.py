@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # "gpu:PRESET:field", "stack:PRESET:field", "cluster:PRESET:busbw_scale" (its measured collectives).
 MUTATIONS: list[tuple[str, float, float]] = [
     ("perfmodels.steptime:DP_OVERLAP_TAIL", 0.1, 0.6),
+    ("perfmodels.experts:EXPERT_LOAD_IMBALANCE", 1.15, 1.5),
+    ("perfmodels.experts:PERMUTE_PASSES", 4.0, 2.0),
+    ("perfmodels.experts:ROUTER_FP32_PASSES", 3.0, 1.0),
     ("perfmodels.steptime:PREFETCH_COVER", 0.8, 0.2),
     ("perfmodels.steptime:FIRST_GATHER_SHARE", 0.05, 0.5),
     ("perfmodels.compute:FP8_CAST_BYTES_PER_ELEMENT", 3.0, 1.0),

@@ -104,6 +104,12 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
                    help="the fused attention kernel: native to the GPU (cuDNN, FlashAttention-3) or "
                    "pre-hopper (FlashAttention-2, PyTorch SDPA's flash backend; slower on H100/H200) "
                    "(default: the stack's)")
+    g.add_argument("--moe-token-dispatcher", choices=("alltoall", "flex"),
+                   help="mixture-of-experts token dispatch: alltoall (every token-expert pair travels) or "
+                   "flex (DeepEP/HybridEP: once per remote node) (default: alltoall)")
+    g.add_argument("--expert-load-imbalance", type=float, metavar="X",
+                   help="busiest expert-parallel rank's tokens over the mean (default 1.15; 1 where "
+                   "routing is forced balanced, as in Megatron-Bridge's MoE benchmarks)")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -232,6 +238,8 @@ def training_from_args(args: argparse.Namespace) -> Training:
         "overlap_param_gather": False if args.no_overlap_param_gather else None,
         "torch_compile": getattr(args, "torch_compile", None),
         "flash_kernel": getattr(args, "flash_kernel", None),
+        "moe_token_dispatcher": getattr(args, "moe_token_dispatcher", None),
+        "expert_load_imbalance": getattr(args, "expert_load_imbalance", None),
     })
 
 

@@ -24,6 +24,7 @@ KIND_COLUMNS = {
         "num_query_groups",
         "gated_mlp",
         "dropout",
+        "num_moe_experts",
     ),
     "clusters": (
         "gpu",

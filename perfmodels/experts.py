@@ -73,6 +73,27 @@ def recomputes_experts(model: Model, stack: object) -> bool:
     return model.is_moe and getattr(stack, "selective_recompute", "") == "attention-core"
 
 
+def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                blocks: np.ndarray) -> np.ndarray:
+    """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. The dropless
+    all-to-all dispatcher needs each expert's token count on the host before the all-to-all (its
+    split sizes): Megatron-Core's `MoEAlltoAllTokenDispatcher` synchronizes there once per MoE layer
+    forward (its `cuda_sync_point`), and after it the GPU runs only as fast as the host issues the
+    rest of the layer: about one block's forward issue time (`compute.host_seconds_per_block`).
+    Recomputing the MoE layers (full, or Megatron's MoE selective) syncs again. The "flex"
+    dispatcher (HybridEP, DeepEP) receives into preallocated buffers and is taken not to sync."""
+    from perfmodels.compute import host_seconds_per_block
+    from perfmodels.plans import RECOMPUTE_CODE
+
+    if not model.is_moe or training.moe_token_dispatcher == "flex":
+        return np.zeros(len(arrays))
+    selective = (arrays.recompute == RECOMPUTE_CODE["selective"]) & recomputes_experts(
+        model, training.effective_stack)
+    again = (arrays.recompute == RECOMPUTE_CODE["full"]) | selective
+    layers = np.asarray(blocks, dtype=np.float64) * model.moe_fraction
+    return layers * (1.0 + again) * host_seconds_per_block(cluster, training)
+
+
 def expert_flops_per_token(model: Model) -> float:
     """Forward FLOPs per token of one MoE layer besides its shared experts: the router (2 h E) and
     the k routed experts (2 FLOPs per multiply-add of each expert's weights)."""
@@ -94,12 +115,14 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     """Link level and members per node of the expert groups, like `layout.group_geometry`.
 
     Within a stage the ranks are ordered by their coordinates innermost first (col, row, cp, depth,
-    data): etp groups are consecutive blocks, ep groups stride G_etp, edp stride G_etp * G_ep. The
-    axes placed inside "inter" make blocks of consecutive world ranks (all of the stage when the
-    pipeline is outermost, as in Megatron's order; col*row*cp*depth with the default placement, where
-    the data coordinate jumps by G_inter blocks), so a group that spans more than one block (and a
-    pipeline) is taken to cross nodes. `cp`: the context-parallel degree when `arrays` is the
-    context view of `perfmodels.context` (its G_data holds G_data * G_cp)."""
+    data; `layout.expert_groups` lists them): etp groups are consecutive blocks, ep groups stride
+    G_etp, edp stride G_etp * G_ep. The axes placed inside "inter" make blocks of consecutive world
+    ranks (all of the stage when the pipeline is outermost, as in Megatron's order; col*row*cp*depth
+    with the default placement, where the next block of the stage starts G_inter blocks later), so a
+    group is `a` members at its stride inside a block, repeated a block apart; its members per node
+    follow from the two strides (exact for placements that keep the stage axes in that order, as
+    the tests check against `layout.expert_groups`). `cp`: the context-parallel degree when `arrays`
+    is the context view of `perfmodels.context` (its G_data holds G_data * G_cp)."""
     n = int(gpus_per_node)
     deg = expert_degrees(arrays)
     real = {**arrays.degrees(), "cp": np.full(len(arrays), cp), "data": arrays.G_data // cp}
@@ -107,17 +130,25 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     inner = np.ones(len(arrays), dtype=np.int64)
     for axis in order[: order.index("inter")]:
         inner = inner * real[axis]
+    block_stride = inner * arrays.G_inter  # world ranks between the starts of consecutive blocks
     out: dict[str, dict[str, np.ndarray]] = {}
     stride = np.ones(len(arrays), dtype=np.int64)
     for name in ("etp", "ep", "edp"):
         p = deg[name].astype(np.int64)
-        span = stride * p
-        contiguous = (span <= inner) | (arrays.G_inter == 1)
-        intra = (span <= n) & (n % np.maximum(span, 1) == 0) & contiguous
-        q = np.minimum(np.clip(n // np.maximum(stride, 1), 1, None), p)
-        q = np.where(intra, p, np.where(contiguous, q, np.minimum(q, np.maximum(inner // stride, 1))))
-        out[name] = {"size": p, "stride": stride.copy(), "members_per_node": q, "intra": intra | (p == 1)}
-        stride = span
+        s = stride
+        # a group is `a` members at stride s inside a block, repeated `outer` times a block apart
+        within = s * p <= inner
+        a = np.where(within, p, np.where(s >= inner, 1, np.maximum(inner // s, 1)))
+        outer = np.maximum(p // np.maximum(a, 1), 1)
+        outer_stride = np.where(s >= inner, (s // np.maximum(inner, 1)) * block_stride, block_stride)
+        intra = np.where(outer > 1, (outer * outer_stride <= n) & (n % (outer * outer_stride) == 0),
+                         (s * p <= n) & (n % np.maximum(s * p, 1) == 0))
+        q_inner = np.minimum(a, np.clip(n // np.maximum(s, 1), 1, None))
+        blocks_per_node = np.minimum(outer, np.clip(n // np.maximum(outer_stride, 1), 1, None))
+        q = np.where(outer_stride < n, q_inner * blocks_per_node, q_inner)
+        q = np.where(intra, p, np.minimum(q, p))
+        out[name] = {"size": p, "stride": s.copy(), "members_per_node": q, "intra": intra | (p == 1)}
+        stride = s * p
     return out
 
 

@@ -142,3 +142,45 @@ def partition_chunks(
     """Interleaved placement: `num_stages * virtual_stages` chunks; stage s holds chunks s, s+S, ..."""
     chunks = partition_layers(num_layers, num_stages * virtual_stages)
     return [[chunks[v * num_stages + s] for v in range(virtual_stages)] for s in range(num_stages)]
+
+
+# --------------------------------------------------------------------------------------------
+# Expert groups of mixture-of-experts layers (MoE parallel folding)
+# --------------------------------------------------------------------------------------------
+
+STAGE_ORDER = ("col", "row", "cp", "depth", "data")
+"""How a pipeline stage's ranks are numbered for the expert groups: by their coordinates, innermost
+first (docs/architecture.md, "The grid")."""
+
+
+def expert_groups(degrees: Mapping[str, int], G_ep: int, G_etp: int,
+                  order: Sequence[str] = AXES) -> dict[str, list[list[int]]]:
+    """Every "etp", "ep" and "edp" group as world ranks. Each pipeline stage's world / G_inter ranks,
+    numbered by `STAGE_ORDER`, fold into G_etp (consecutive numbers) x G_ep (stride G_etp) x
+    expert-data (stride G_etp * G_ep), as Megatron-Core's MoE parallel folding does; the engine builds
+    its expert process groups from these lists."""
+    stage_size = int(np.prod([int(degrees.get(a, 1)) for a in STAGE_ORDER]))
+    if G_ep < 1 or G_etp < 1 or stage_size % (G_ep * G_etp):
+        raise ValueError(f"G_etp*G_ep = {G_etp}*{G_ep} = {G_etp * G_ep} does not divide the {stage_size} "
+                         "ranks of a pipeline stage (world size / G_inter)")
+    edp = stage_size // (G_ep * G_etp)
+    out: dict[str, list[list[int]]] = {"etp": [], "ep": [], "edp": []}
+    for stage in range(int(degrees.get("inter", 1))):
+        ranks = [0] * stage_size
+        for local in range(stage_size):
+            coords, rest = {"inter": stage}, local
+            for axis in STAGE_ORDER:
+                size = int(degrees.get(axis, 1))
+                coords[axis], rest = rest % size, rest // size
+            ranks[local] = rank_of(coords, degrees, order)
+        for e in range(edp):
+            for p in range(G_ep):
+                base = (e * G_ep + p) * G_etp
+                out["etp"].append(ranks[base: base + G_etp])
+        for e in range(edp):
+            for t in range(G_etp):
+                out["ep"].append([ranks[(e * G_ep + p) * G_etp + t] for p in range(G_ep)])
+        for p in range(G_ep):
+            for t in range(G_etp):
+                out["edp"].append([ranks[(e * G_ep + p) * G_etp + t] for e in range(edp)])
+    return out

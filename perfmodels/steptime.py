@@ -454,6 +454,8 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
     # where the framework launches asynchronously the GPU only waits when it outruns the host (a
     # floor); where it synchronizes around layers, `host_exposed_fraction` of the host time adds
     host_mb = _host_seconds_per_microbatch(model, cluster, training, arrays, st)
+    # a dropless MoE layer synchronizes host and device once per forward (perfmodels.experts)
+    t_mb_gpu = t_mb_gpu + experts.sync_wait_s(model, cluster, training, arrays, st.blocks)
     t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
 
     bubble, p2p = _pipeline_seconds(arrays, m, t_mb, comp, avg, t["p2p_call"], c_pp)

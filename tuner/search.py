@@ -99,7 +99,8 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     num_valid = 0
     truncated = False
     orders = stack_placements(
-        training, placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any())),
+        training, placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()),
+                             moe=model.is_moe),
         pinned=options.placement is not None)
     stopped = (orders[0], 0)
     for order in orders:

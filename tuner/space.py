@@ -70,9 +70,15 @@ def factorizations(n: int, parts: int = 5) -> np.ndarray:
     return np.asarray(out, dtype=np.int64).reshape(-1, parts)
 
 
-def placements(options: SearchOptions, with_cp: bool = False) -> list[tuple[str, ...]]:
+MEGATRON_ORDER = ("col", "row", "cp", "depth", "data", "inter")
+"""Megatron-Core's rank order (tp-cp-ep-dp innermost, the pipeline outermost): searched for
+mixture-of-experts models, whose expert groups stay on consecutive ranks only with it."""
+
+
+def placements(options: SearchOptions, with_cp: bool = False, moe: bool = False) -> list[tuple[str, ...]]:
     """The default order plus, for each other axis, the order that puts it innermost ("cp" only
-    when the search holds context-parallel grids: otherwise that order is the default one)."""
+    when the search holds context-parallel grids: otherwise that order is the default one), and
+    for a mixture of experts Megatron's order (`MEGATRON_ORDER`)."""
     if options.placement is not None:
         return [tuple(p) for p in options.placement]
     orders = [AXES]
@@ -80,6 +86,8 @@ def placements(options: SearchOptions, with_cp: bool = False) -> list[tuple[str,
         if axis == "cp" and not with_cp:
             continue
         orders.append((axis, *[a for a in AXES if a != axis]))
+    if moe:
+        orders.append(MEGATRON_ORDER)
     return orders
 
 
@@ -109,7 +117,7 @@ def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.n
     g = np.repeat(grids, len(pairs), axis=0)
     pair = np.tile(pairs, (n, 1))
     out = np.concatenate([g, pair], axis=1)
-    if model.is_moe and (options.G_ep is None or options.G_etp is None):
+    if model.is_moe and options.G_ep is None:  # pinned degrees stay, so a rule can say why they fail
         tp = out[:, GRID_COLUMNS.index("G_intra_r")]
         etp = np.where(out[:, -1] > 0, out[:, -1], tp)
         stage = np.prod(out[:, : len(GRID_COLUMNS)], axis=1) // out[:, GRID_COLUMNS.index("G_inter")]

@@ -50,3 +50,21 @@ def test_partition_layers_balanced_with_extras_after_first_stage():
         layout.partition_layers(2, 3)
     chunks = layout.partition_chunks(8, 2, 2)
     assert chunks == [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]
+
+
+def test_expert_groups_fold_a_stage_innermost_first():
+    # 8 ranks: row 2 (innermost), data 2, inter 2 (default order col,row,cp,depth,inter,data: data outermost)
+    deg = {"row": 2, "data": 2, "inter": 2}
+    groups = layout.expert_groups(deg, G_ep=2, G_etp=1)
+    # stage 0 holds ranks with inter=0: rows 0/1 at data 0 (ranks 0, 1) and data 1 (ranks 4, 5)
+    assert groups["ep"][:2] == [[0, 1], [4, 5]]
+    assert groups["edp"][:2] == [[0, 4], [1, 5]]
+    assert groups["etp"][:4] == [[0], [1], [4], [5]]
+    folded = layout.expert_groups(deg, G_ep=2, G_etp=2)
+    assert folded["etp"][:2] == [[0, 1], [4, 5]] and folded["ep"][:2] == [[0, 4], [1, 5]]
+    assert folded["edp"][0] == [0]
+    # every stage rank is in exactly one group of each kind
+    for kind in ("etp", "ep", "edp"):
+        assert sorted(r for g in groups[kind] for r in g) == list(range(8))
+    with pytest.raises(ValueError, match=r"G_etp\*G_ep = 1\*8 = 8 does not divide the 4 ranks"):
+        layout.expert_groups(deg, G_ep=8, G_etp=1)

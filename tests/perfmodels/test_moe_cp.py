@@ -139,3 +139,110 @@ def test_expert_flops_count_active_experts():
     active = (model_flops_per_token(model) - dense_attention) / 2
     assert active == pytest.approx(37e9, rel=0.06)
     assert experts.expert_flops_per_token(model) > 0
+
+
+def test_load_imbalance_scales_all_to_all_time_not_bytes():
+    cluster = presets.cluster("eos").with_gpus(16)
+    plan = Plan(G_data=16, G_ep=4, G_etp=1)
+    balanced = predict(TINY_MOE, cluster, Training(global_batch_size=16, expert_load_imbalance=1.0), plan)
+    default = predict(TINY_MOE, cluster, Training(global_batch_size=16), plan)
+    imbalance = experts.EXPERT_LOAD_IMBALANCE
+    assert default.breakdown.ep_comm_s == pytest.approx(imbalance * balanced.breakdown.ep_comm_s)
+    assert default.bytes_per_group["ep"] == balanced.bytes_per_group["ep"]
+
+
+def test_expert_memory_bound_seconds_hand_derived():
+    # G_ep=4: one local expert receives T*k = 64 (token, expert) pairs; its fc1 writes 64 x 2f and the
+    # activation 64 x f elements; permute/unpermute pass 4 x T*k*h elements; the router 3 fp32 passes
+    # over T x E logits
+    from perfmodels.compute import gemm_curve, hbm_rate
+
+    cluster = presets.cluster("eos").with_gpus(4)
+    training = Training(global_batch_size=4)
+    arrays = from_plans([Plan(G_data=4, G_ep=4, G_etp=1)])
+    curve = gemm_curve(cluster, training)
+    _, mem = experts.layer_compute(TINY_MOE, training, arrays, curve, hbm_rate(cluster))
+    T, k, h, f, E, e = 32, 2, 64, 32, 4, 2
+    moved = (experts.PERMUTE_PASSES * T * k * h * e + T * k * 3 * f * e) * experts.EXPERT_LOAD_IMBALANCE
+    router = experts.ROUTER_FP32_PASSES * T * E * 4
+    assert mem[0] == pytest.approx((moved + router) / hbm_rate(cluster) + 3 * curve.overhead_s)
+
+
+def test_all_to_all_across_nodes_runs_at_each_gpus_nic_share():
+    from perfmodels import collectives
+
+    cluster = presets.cluster("eos").with_gpus(16)  # 450 GB/s NVLink x 0.8, 50 GB/s NIC per GPU x 0.85
+    one = np.array([1e9])
+    t = collectives.all_to_all_s(cluster, one, np.array([1.0]), np.array([16]), np.array([False]),
+                                 np.array([8]), np.array([0.0]))
+    assert t[0] == pytest.approx(1e9 * 8 / 16 / (50e9 * 0.85))
+    inside = collectives.all_to_all_s(cluster, one, np.array([1.0]), np.array([8]), np.array([True]),
+                                      np.array([8]), np.array([0.0]))
+    assert inside[0] == pytest.approx(1e9 * 7 / 8 / (450e9 * 0.8))
+    # DeepSeek-V3's top-8 over 8 nodes: 7 (1 - (7/8)^8) distinct remote nodes where 8 x 7/8 copies go
+    dedup = experts.node_dedup(presets.model("deepseek-v3"), np.array([64.0]), np.array([8.0]))
+    assert dedup[0] == pytest.approx((1 - (7 / 8) ** 8) / 1.0)
+
+
+def test_ring_hop_hides_behind_attention():
+    from perfmodels import context
+
+    cluster = presets.cluster("eos").with_gpus(2)
+    training = Training(global_batch_size=1)
+    arrays = from_plans([Plan(G_cp=2)])
+    model_v, training_v, arrays_v = context.view(TINY, training, arrays, 2)
+    geo = {"intra": np.array([True])}
+    hop = 4096 / (450e9 * 0.8) + 5e-6  # 2 x 32 tokens x 32 features x 2 bytes over NVLink, one latency
+    total, exposed = context.ring_exposed_s(cluster, model_v, training_v, arrays_v, 2, geo, np.array([0.0]),
+                                            np.array([0.0]), np.array([0.0]))
+    assert total[0] == pytest.approx(3 * hop)  # 1 forward hop, 2 backward
+    assert exposed[0] == pytest.approx(3 * hop)  # nothing to hide behind
+    _, hidden = context.ring_exposed_s(cluster, model_v, training_v, arrays_v, 2, geo, np.array([1.0]),
+                                       np.array([1.0]), np.array([0.0]))
+    assert hidden[0] == 0.0
+
+
+def test_context_parallelism_is_searched_from_the_minimum_sequence():
+    from tuner.space import CP_MIN_SEQUENCE, cp_options
+    from tuner.types import SearchOptions
+
+    training = Training(global_batch_size=8, stack="megatron-core")
+    long = dataclasses.replace(presets.model("llama3.1-8b"), seq_length=CP_MIN_SEQUENCE)
+    short = dataclasses.replace(presets.model("llama3.1-8b"), seq_length=CP_MIN_SEQUENCE // 2)
+    assert cp_options(long, training, SearchOptions(), 64) == (1, 2, 4, 8, 16, 32, 64)
+    assert cp_options(short, training, SearchOptions(), 64) == (1,)
+    assert cp_options(short, training, SearchOptions(G_cp=(2,)), 64) == (2,)
+
+
+def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
+    from perfmodels.compute import host_seconds_per_block
+
+    cluster = presets.cluster("eos").with_gpus(4)
+    arrays = from_plans([Plan(G_data=4, G_ep=4, G_etp=1), Plan(G_data=4, G_ep=4, G_etp=1, recompute="full")])
+    training = Training(global_batch_size=4, stack="megatron-core")
+    wait = experts.sync_wait_s(TINY_MOE, cluster, training, arrays, np.array([2.0, 2.0]))
+    host = host_seconds_per_block(cluster, training)
+    assert list(wait) == pytest.approx([2 * host, 2 * 2 * host])  # two MoE layers; recomputed: twice
+    flex = dataclasses.replace(training, moe_token_dispatcher="flex")
+    assert not experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0])).any()
+
+
+@pytest.mark.parametrize("order", [("col", "row", "cp", "depth", "inter", "data"),
+                                   ("col", "row", "cp", "depth", "data", "inter")])
+def test_expert_group_geometry_matches_the_listed_groups(order):
+    """Members per node and link level of the expert groups, vectorized, against the groups
+    `layout.expert_groups` lists (8 GPUs per node)."""
+    from perfmodels import layout
+
+    cases = [((1, 8, 1), 8, 1), ((2, 8, 2), 4, 1), ((2, 4, 4), 2, 2), ((4, 16, 2), 16, 1),
+             ((1, 32, 4), 4, 2), ((8, 8, 2), 8, 1), ((2, 16, 8), 16, 2), ((1, 64, 2), 8, 1)]
+    for (r, d, i), ep, etp in cases:
+        deg = {"row": r, "data": d, "inter": i}
+        groups = layout.expert_groups(deg, ep, etp, order)
+        plan = Plan(G_data=d, G_inter=i, G_intra_r=r, G_ep=ep, G_etp=etp, placement=order)
+        geo = experts.expert_geometry(from_plans([plan]), 8)
+        for kind in ("etp", "ep", "edp"):
+            members = groups[kind][0]
+            per_node = [sum(1 for x in members if x // 8 == node) for node in {x // 8 for x in members}]
+            assert bool(geo[kind]["intra"][0]) == (len(per_node) == 1), (kind, deg, ep, etp)
+            assert int(geo[kind]["members_per_node"][0]) == max(per_node), (kind, deg, ep, etp)

@@ -127,3 +127,42 @@ def test_explanation_names_the_differences():
     )
     assert "faster than the runner-up" in rec.explanation
     assert "largest component differences" in rec.explanation
+
+
+def test_long_sequences_search_context_parallelism_not_cross_node_tensor_parallelism():
+    """Llama-3 8B at 131,072 tokens on 64 H100s: NeMo runs context parallelism; the search must not
+    answer with tensor parallelism across nodes (G_intra_r > 8)."""
+    import dataclasses
+
+    from perfmodels import presets
+    from perfmodels.specs import Training
+    from tuner import recommend
+
+    model = dataclasses.replace(presets.model("llama3.1-8b"), seq_length=131072)
+    training = Training(global_batch_size=64, stack="megatron-core")
+    rec = recommend(model, presets.cluster("eos").with_gpus(64), training, top_k=3)
+    best = rec.best.plan
+    assert best.G_cp > 1 and best.G_intra_r <= 8, best
+    # at the default 8192 tokens the dense space is what it always was: no CP plan is generated
+    short = recommend(presets.model("llama3.1-8b"), presets.cluster("eos").with_gpus(8),
+                      Training(global_batch_size=64, stack="megatron-core"), top_k=3)
+    assert all(c.plan.G_cp == 1 and c.plan.G_ep == 1 for c in short.candidates)
+
+
+def test_expert_parallel_search_only_over_divisors_of_the_experts():
+    from perfmodels import presets
+    from perfmodels.specs import Training
+    from tuner import recommend
+    from tuner.types import SearchOptions
+
+    model = presets.model("mixtral-8x7b")  # 8 experts
+    training = Training(global_batch_size=64, stack="megatron-core")
+    cluster = presets.cluster("eos").with_gpus(16)
+    options = SearchOptions(G_inter=(1, 2), micro_batch_size=(1,))
+    rec = recommend(model, cluster, training, top_k=20, search=options)
+    assert rec.best is not None and rec.best.plan.G_ep > 1
+    assert all(8 % c.plan.G_ep == 0 for c in rec.candidates)
+    options = SearchOptions(G_ep=(3,), micro_batch_size=(1,))
+    pinned = recommend(model, cluster, training, top_k=3, search=options)
+    assert pinned.best is None, pinned.best
+    assert pinned.pruned.get("G_ep does not divide model.num_moe_experts=8"), pinned.pruned
