@@ -624,6 +624,7 @@ class CandidateOut(BestOut):
 
 class LaunchOut(_Out):
     kind: str
+    stack: str = Field("", description="the stack preset the plan was ranked for")
     text: str = Field(description="what to paste: a command line, a JSON config, or Python")
     args: list[str] = []
     config: dict[str, Any] = {}
@@ -646,8 +647,9 @@ class RecommendOut(_Out):
     )
     num_not_evaluated: int = 0
     launch: dict[str, LaunchOut] = Field(
-        {}, description="the best plan as Megatron-LM/NeMo arguments, a DeepSpeed config, and the gridtune "
-                        "engine's torchrun line (keys megatron, deepspeed, torchrun)")
+        {}, description="the best plan's launch for every framework that runs the stack it was ranked for "
+                        "(keys among megatron, nemo, deepspeed, torchtitan, fsdp, gridtune: the text "
+                        "`gridtune recommend --emit KIND` prints)")
 
 
 class ClusterOut(_Out):

@@ -26,8 +26,14 @@ from typing import Any
 from perfmodels.specs import Cluster, Model, Plan, Training
 from tuner.launch import Launch
 
-PACKAGES = {"megatron": "megatron.core", "nemo": "megatron.core", "deepspeed": "deepspeed",
-            "torchtitan": "torchtitan", "fsdp": "torch", "gridtune": "torch"}
+PACKAGES = {
+    "megatron": "megatron.core",
+    "nemo": "megatron.core",
+    "deepspeed": "deepspeed",
+    "torchtitan": "torchtitan",
+    "fsdp": "torch",
+    "gridtune": "torch",
+}
 
 
 def missing(kind: str) -> str | None:
@@ -67,61 +73,147 @@ def _i(a: dict[str, Any], flag: str, default: int = 1) -> int:
 
 
 MEGATRON_ARG_RULES: tuple[ArgRule, ...] = (
-    ArgRule("megatron/core/transformer/attention.py:169 (core_v0.15.3)", "--num-query-groups (default: the "
-            "heads) is divisible by --tensor-model-parallel-size (releases before 0.16 split whole groups)",
-            lambda a, w: _i(a, "--num-query-groups", _i(a, "--num-attention-heads"))
-            % _i(a, "--tensor-model-parallel-size") == 0),
-    ArgRule("arguments.py:997", "without uneven-stage or virtual-stage flags, --num-layers is divisible by "
-            "--pipeline-model-parallel-size",
-            lambda a, w: "--decoder-first-pipeline-num-layers" in a
+    ArgRule(
+        "megatron/core/transformer/attention.py:169 (core_v0.15.3)",
+        "--num-query-groups (default: the "
+        "heads) is divisible by --tensor-model-parallel-size (releases before 0.16 split whole groups)",
+        lambda a, w: (
+            _i(a, "--num-query-groups", _i(a, "--num-attention-heads"))
+            % _i(a, "--tensor-model-parallel-size")
+            == 0
+        ),
+    ),
+    ArgRule(
+        "arguments.py:997",
+        "without uneven-stage or virtual-stage flags, --num-layers is divisible by "
+        "--pipeline-model-parallel-size",
+        lambda a, w: (
+            "--decoder-first-pipeline-num-layers" in a
             or "--num-layers-per-virtual-pipeline-stage" in a
             or "--num-virtual-stages-per-pipeline-rank" in a
-            or _i(a, "--num-layers") % _i(a, "--pipeline-model-parallel-size") == 0),
-    ArgRule("arguments.py:955", "--num-layers-per-virtual-pipeline-stage is not combined with the "
-            "uneven-stage flags (those take --num-virtual-stages-per-pipeline-rank)",
-            lambda a, w: not ("--num-layers-per-virtual-pipeline-stage" in a
-                              and ("--decoder-first-pipeline-num-layers" in a
-                                   or "--decoder-last-pipeline-num-layers" in a))),
-    ArgRule("arguments.py:968-972", "with --num-layers-per-virtual-pipeline-stage, the layers divide by the "
-            "pipeline size and the per-stage layers by it",
-            lambda a, w: "--num-layers-per-virtual-pipeline-stage" not in a or (
+            or _i(a, "--num-layers") % _i(a, "--pipeline-model-parallel-size") == 0
+        ),
+    ),
+    ArgRule(
+        "arguments.py:955",
+        "--num-layers-per-virtual-pipeline-stage is not combined with the "
+        "uneven-stage flags (those take --num-virtual-stages-per-pipeline-rank)",
+        lambda a, w: (
+            not (
+                "--num-layers-per-virtual-pipeline-stage" in a
+                and ("--decoder-first-pipeline-num-layers" in a or "--decoder-last-pipeline-num-layers" in a)
+            )
+        ),
+    ),
+    ArgRule(
+        "arguments.py:968-972",
+        "with --num-layers-per-virtual-pipeline-stage, the layers divide by the "
+        "pipeline size and the per-stage layers by it",
+        lambda a, w: (
+            "--num-layers-per-virtual-pipeline-stage" not in a
+            or (
                 _i(a, "--num-layers") % _i(a, "--pipeline-model-parallel-size") == 0
                 and (_i(a, "--num-layers") // _i(a, "--pipeline-model-parallel-size"))
-                % _i(a, "--num-layers-per-virtual-pipeline-stage") == 0)),
-    ArgRule("arguments.py:1001-1009", "an interleaved schedule needs --pipeline-model-parallel-size > 1 "
-            "(> 2 with --no-overlap-p2p-communication)",
-            lambda a, w: not ("--num-layers-per-virtual-pipeline-stage" in a
-                              or "--num-virtual-stages-per-pipeline-rank" in a)
-            or _i(a, "--pipeline-model-parallel-size") > (2 if "--no-overlap-p2p-communication" in a else 1)),
-    ArgRule("arguments.py:1025-1029", "--overlap-param-gather needs --use-distributed-optimizer or "
-            "--use-megatron-fsdp, and --overlap-grad-reduce",
-            lambda a, w: "--overlap-param-gather" not in a or (
+                % _i(a, "--num-layers-per-virtual-pipeline-stage")
+                == 0
+            )
+        ),
+    ),
+    ArgRule(
+        "arguments.py:1001-1009",
+        "an interleaved schedule needs --pipeline-model-parallel-size > 1 "
+        "(> 2 with --no-overlap-p2p-communication)",
+        lambda a, w: (
+            not (
+                "--num-layers-per-virtual-pipeline-stage" in a
+                or "--num-virtual-stages-per-pipeline-rank" in a
+            )
+            or _i(a, "--pipeline-model-parallel-size") > (2 if "--no-overlap-p2p-communication" in a else 1)
+        ),
+    ),
+    ArgRule(
+        "arguments.py:1025-1029",
+        "--overlap-param-gather needs --use-distributed-optimizer or "
+        "--use-megatron-fsdp, and --overlap-grad-reduce",
+        lambda a, w: (
+            "--overlap-param-gather" not in a
+            or (
                 ("--use-distributed-optimizer" in a or "--use-megatron-fsdp" in a)
-                and "--overlap-grad-reduce" in a)),
-    ArgRule("arguments.py:1165,1170", "Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 and "
-            "--ckpt-format fsdp_dtensor",
-            lambda a, w: "--use-megatron-fsdp" not in a or (
+                and "--overlap-grad-reduce" in a
+            )
+        ),
+    ),
+    ArgRule(
+        "arguments.py:1165,1170",
+        "Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 and --ckpt-format fsdp_dtensor",
+        lambda a, w: (
+            "--use-megatron-fsdp" not in a
+            or (
                 a["env"].get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
-                and a.get("--ckpt-format") == "fsdp_dtensor")),
-    ArgRule("arguments.py:1442", "--tp-comm-overlap needs --sequence-parallel",
-            lambda a, w: "--tp-comm-overlap" not in a or "--sequence-parallel" in a),
-    ArgRule("arguments.py:1477", "tensor or context parallelism (without FSDP) needs "
-            "CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell",
-            lambda a, w: "--use-megatron-fsdp" in a or (
-                _i(a, "--tensor-model-parallel-size") == 1 and _i(a, "--context-parallel-size") == 1)
-            or a["env"].get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"),
-    ArgRule("megatron/core/num_microbatches_calculator.py:381", "--global-batch-size is divisible by "
-            "--micro-batch-size x data-parallel size (world / (TP x PP x CP))",
-            lambda a, w: _i(a, "--global-batch-size") % (_i(a, "--micro-batch-size") * (w // (
-                _i(a, "--tensor-model-parallel-size") * _i(a, "--pipeline-model-parallel-size")
-                * _i(a, "--context-parallel-size")))) == 0),
-    ArgRule("megatron/core/parallel_state.py:822", "the world size is divisible by TP x PP x CP",
-            lambda a, w: w % (_i(a, "--tensor-model-parallel-size") * _i(a, "--pipeline-model-parallel-size")
-                              * _i(a, "--context-parallel-size")) == 0),
-    ArgRule("megatron/core/parallel_state.py:881", "the world size is divisible by ETP x EP x PP",
-            lambda a, w: w % (_i(a, "--expert-tensor-parallel-size", _i(a, "--tensor-model-parallel-size"))
-                              * _i(a, "--expert-model-parallel-size")
-                              * _i(a, "--pipeline-model-parallel-size")) == 0),
+                and a.get("--ckpt-format") == "fsdp_dtensor"
+            )
+        ),
+    ),
+    ArgRule(
+        "arguments.py:1442",
+        "--tp-comm-overlap needs --sequence-parallel",
+        lambda a, w: "--tp-comm-overlap" not in a or "--sequence-parallel" in a,
+    ),
+    ArgRule(
+        "arguments.py:1477",
+        "tensor or context parallelism (without FSDP) needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell",
+        lambda a, w: (
+            "--use-megatron-fsdp" in a
+            or (_i(a, "--tensor-model-parallel-size") == 1 and _i(a, "--context-parallel-size") == 1)
+            or a["env"].get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"
+        ),
+    ),
+    ArgRule(
+        "megatron/core/num_microbatches_calculator.py:381",
+        "--global-batch-size is divisible by "
+        "--micro-batch-size x data-parallel size (world / (TP x PP x CP))",
+        lambda a, w: (
+            _i(a, "--global-batch-size")
+            % (
+                _i(a, "--micro-batch-size")
+                * (
+                    w
+                    // (
+                        _i(a, "--tensor-model-parallel-size")
+                        * _i(a, "--pipeline-model-parallel-size")
+                        * _i(a, "--context-parallel-size")
+                    )
+                )
+            )
+            == 0
+        ),
+    ),
+    ArgRule(
+        "megatron/core/parallel_state.py:822",
+        "the world size is divisible by TP x PP x CP",
+        lambda a, w: (
+            w
+            % (
+                _i(a, "--tensor-model-parallel-size")
+                * _i(a, "--pipeline-model-parallel-size")
+                * _i(a, "--context-parallel-size")
+            )
+            == 0
+        ),
+    ),
+    ArgRule(
+        "megatron/core/parallel_state.py:881",
+        "the world size is divisible by ETP x EP x PP",
+        lambda a, w: (
+            w
+            % (
+                _i(a, "--expert-tensor-parallel-size", _i(a, "--tensor-model-parallel-size"))
+                * _i(a, "--expert-model-parallel-size")
+                * _i(a, "--pipeline-model-parallel-size")
+            )
+            == 0
+        ),
+    ),
 )
 """The rules Megatron-LM checks in its training script (or in code that needs a process group), with
 their lines at NVIDIA/Megatron-LM d98e8a64; checked against the emitted arguments."""
@@ -154,8 +246,10 @@ def rank_generator_problems(cfg: dict[str, Any], world: int, order: str) -> list
     builds them (parallel_state.py: world divisible by TP x PP x CP and by ETP x EP x PP first)."""
     from megatron.core.parallel_state import RankGenerator
 
-    tp, pp, cp = (cfg.get(k, 1) or 1 for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                              "context_parallel_size"))
+    tp, pp, cp = (
+        cfg.get(k, 1) or 1
+        for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+    )
     ep, etp = cfg.get("expert_model_parallel_size", 1) or 1, cfg.get("expert_tensor_parallel_size") or tp
     if world % (tp * pp * cp) or world % (etp * ep * pp):
         return [f"world {world} is not divisible by TP*PP*CP={tp * pp * cp} or ETP*EP*PP={etp * ep * pp}"]
@@ -166,6 +260,9 @@ def rank_generator_problems(cfg: dict[str, Any], world: int, order: str) -> list
         expert.get_ranks("ep")
     except (AssertionError, RuntimeError, ValueError) as exc:
         return [f"RankGenerator: {exc}"]
+    expert_dp, dp = world // (etp * ep * pp), world // (tp * pp * cp)
+    if not order.endswith("pp") and pp > 1 and expert_dp != dp:  # parallel_state.py:902
+        return [f"order {order}: the attention ({dp}) and expert ({expert_dp}) data-parallel sizes differ"]
     if tp_groups[0] != list(range(tp)):
         return [f"tensor-parallel group 0 is {tp_groups[0][:8]}, not the first {tp} ranks"]
     return []
@@ -174,8 +271,11 @@ def rank_generator_problems(cfg: dict[str, Any], world: int, order: str) -> list
 def check_megatron(launch: Launch, world: int) -> list[str]:
     cfg = launch.config["transformer_config"]
     order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in launch.args else "tp-cp-ep-dp-pp"
-    return (megatron_arg_problems(launch, world) + transformer_config_problems(cfg)
-            + rank_generator_problems(cfg, world, order))
+    return (
+        megatron_arg_problems(launch, world)
+        + transformer_config_problems(cfg)
+        + rank_generator_problems(cfg, world, order)
+    )
 
 
 def check_nemo(launch: Launch, world: int) -> list[str]:
@@ -194,16 +294,21 @@ def check_nemo(launch: Launch, world: int) -> list[str]:
         return [*problems, f"DistributedDataParallelConfig/OptimizerConfig: {exc}"]
     # arguments.py:1025 and :1170 hold for the Bridge's DDP config too
     if ddp.overlap_param_gather and not (ddp.use_distributed_optimizer or ddp.use_megatron_fsdp):
-        problems.append("arguments.py:1025: overlap_param_gather needs the distributed optimizer or "
-                        "Megatron FSDP")
+        problems.append(
+            "arguments.py:1025: overlap_param_gather needs the distributed optimizer or Megatron FSDP"
+        )
     if ddp.use_megatron_fsdp and cfg.get("checkpoint", {}).get("ckpt_format") != "fsdp_dtensor":
         problems.append("arguments.py:1170: Megatron FSDP needs checkpoint.ckpt_format=fsdp_dtensor")
     model = cfg["model"]
-    dp = world // (model["tensor_model_parallel_size"] * model["pipeline_model_parallel_size"]
-                   * model.get("context_parallel_size", 1))
+    dp = world // (
+        model["tensor_model_parallel_size"]
+        * model["pipeline_model_parallel_size"]
+        * model.get("context_parallel_size", 1)
+    )
     if cfg["train"]["global_batch_size"] % (cfg["train"]["micro_batch_size"] * dp):
-        problems.append("num_microbatches_calculator.py:381: global batch not divisible by micro x "
-                        "data-parallel")
+        problems.append(
+            "num_microbatches_calculator.py:381: global batch not divisible by micro x data-parallel"
+        )
     return problems
 
 
@@ -229,8 +334,10 @@ def check_deepspeed(launch: Launch, data_parallel: int) -> list[str]:
     problems = []
     stages = launch.config.get("pipeline", {}).get("stages", 1)
     if stages != "auto" and int(stages) > 1 and cfg.zero_optimization_stage >= 2:
-        problems.append("deepspeed/runtime/pipe/engine.py:77: ZeRO-2 and ZeRO-3 are incompatible with "
-                        "pipeline parallelism")
+        problems.append(
+            "deepspeed/runtime/pipe/engine.py:77: ZeRO-2 and ZeRO-3 are incompatible with "
+            "pipeline parallelism"
+        )
     return problems
 
 
@@ -251,12 +358,19 @@ def check_torchtitan(launch: Launch, world: int, num_layers: int) -> list[str]:
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    sections = make_dataclass("Sections", [  # the sections of Trainer.Config the launch overrides
-        ("parallelism", ParallelismConfig, field(default_factory=ParallelismConfig)),
-        ("training", TrainingConfig, field(default_factory=TrainingConfig)),
-        ("compile", CompileConfig, field(default_factory=CompileConfig)),
-        ("activation_checkpoint", ActivationCheckpointingConfig, field(default_factory=SelectiveAC.Config)),
-    ])
+    sections = make_dataclass(
+        "Sections",
+        [  # the sections of Trainer.Config the launch overrides
+            ("parallelism", ParallelismConfig, field(default_factory=ParallelismConfig)),
+            ("training", TrainingConfig, field(default_factory=TrainingConfig)),
+            ("compile", CompileConfig, field(default_factory=CompileConfig)),
+            (
+                "activation_checkpoint",
+                ActivationCheckpointingConfig,
+                field(default_factory=SelectiveAC.Config),
+            ),
+        ],
+    )
 
     argv: list[str] = []
     for arg in launch.args:
@@ -290,8 +404,9 @@ def check_torchtitan(launch: Launch, world: int, num_layers: int) -> list[str]:
     dp = dims.dp_replicate * dims.dp_shard
     gb, lb = cfg.training.global_batch_size, cfg.training.local_batch_size
     if gb % (lb * dp):
-        problems.append(f"training.global_batch_size={gb} is not a multiple of local_batch_size x dp = "
-                        f"{lb * dp}")
+        problems.append(
+            f"training.global_batch_size={gb} is not a multiple of local_batch_size x dp = {lb * dp}"
+        )
     return problems
 
 
@@ -313,8 +428,9 @@ def check_fsdp(launch: Launch, world: int) -> list[str]:
             problems.append(f"fsdp_config.{key}={fsdp[key]} is not a {enum.__name__}")
     gb, mb = cfg["global_train_batch_size"], cfg["device_train_microbatch_size"]
     if gb % world or (gb // world) % mb:
-        problems.append(f"global_train_batch_size={gb} does not split into {world} devices x "
-                        f"micro-batches of {mb}")
+        problems.append(
+            f"global_train_batch_size={gb} does not split into {world} devices x micro-batches of {mb}"
+        )
     return problems
 
 
@@ -327,8 +443,9 @@ def check_gridtune(launch: Launch, model: Model, training: Training) -> list[str
     return engine_problems(model, plan, training)
 
 
-def check(kind: str, launch: Launch, model: Model, cluster: Cluster, training: Training,
-          plan: Plan) -> list[str]:
+def check(
+    kind: str, launch: Launch, model: Model, cluster: Cluster, training: Training, plan: Plan
+) -> list[str]:
     """Every framework check of `kind` on this launch ([] when all pass)."""
     from tuner.launch import target
     from tuner.launch.common import layout_of
@@ -346,3 +463,156 @@ def check(kind: str, launch: Launch, model: Model, cluster: Cluster, training: T
     if kind == "fsdp":
         return check_fsdp(launch, lay.world)
     return check_gridtune(launch, model, training)
+
+
+# ---------------------------------------------------------------------------------------------
+# What layout a launch states, read back from what was emitted
+# ---------------------------------------------------------------------------------------------
+
+LAYOUT_KEYS = (
+    "tp",
+    "pp",
+    "vpp",
+    "dp",
+    "micro_batch_size",
+    "global_batch_size",
+    "zero_stage",
+    "recompute",
+    "sequence_parallel",
+)
+
+
+def emitted_layout(kind: str, launch: Launch, world: int) -> dict[str, Any]:
+    """The layout the launch tells its framework to run, read from the emitted arguments/config (not
+    from the plan), in the `LAYOUT_KEYS` terms; compare with `plan_layout`."""
+    from tuner.launch import target
+
+    kind = target(kind).kind
+    if kind == "megatron":
+        a = parse_args(launch)
+        tp, pp, cp = (
+            _i(a, f)
+            for f in (
+                "--tensor-model-parallel-size",
+                "--pipeline-model-parallel-size",
+                "--context-parallel-size",
+            )
+        )
+        if "--num-virtual-stages-per-pipeline-rank" in a:
+            vpp = _i(a, "--num-virtual-stages-per-pipeline-rank")
+        elif "--num-layers-per-virtual-pipeline-stage" in a:
+            vpp = _i(a, "--num-layers") // pp // _i(a, "--num-layers-per-virtual-pipeline-stage")
+        else:
+            vpp = 1
+        zero = 3 if "--use-megatron-fsdp" in a else 1 if "--use-distributed-optimizer" in a else 0
+        recompute = a.get("--recompute-granularity", "none")
+        return dict(
+            tp=tp,
+            pp=pp,
+            vpp=vpp,
+            dp=world // (tp * pp * cp),
+            micro_batch_size=_i(a, "--micro-batch-size"),
+            global_batch_size=_i(a, "--global-batch-size"),
+            zero_stage=zero,
+            recompute=recompute,
+            sequence_parallel="--sequence-parallel" in a,
+        )
+    if kind == "nemo":
+        m, ddp = launch.config["model"], launch.config["ddp"]
+        tp, pp, cp = (
+            m["tensor_model_parallel_size"],
+            m["pipeline_model_parallel_size"],
+            m["context_parallel_size"],
+        )
+        zero = 3 if ddp.get("use_megatron_fsdp") else 1 if ddp["use_distributed_optimizer"] else 0
+        return dict(
+            tp=tp,
+            pp=pp,
+            vpp=m.get("virtual_pipeline_model_parallel_size", 1),
+            dp=world // (tp * pp * cp),
+            micro_batch_size=launch.config["train"]["micro_batch_size"],
+            global_batch_size=launch.config["train"]["global_batch_size"],
+            zero_stage=zero,
+            recompute=m.get("recompute_granularity", "none"),
+            sequence_parallel=m["sequence_parallel"],
+        )
+    if kind == "deepspeed":
+        c = launch.config
+        pp = c.get("pipeline", {}).get("stages", 1)
+        tp = c.get("tensor_parallel", {}).get("autotp_size", 1)
+        for arg in launch.args[0].split("\\\n") if launch.args else []:
+            if "--tensor-model-parallel-size" in arg:
+                tp = int(arg.split()[-1])
+        return dict(
+            tp=tp,
+            pp=pp,
+            vpp=1,
+            dp=world // (tp * pp),
+            micro_batch_size=c["train_micro_batch_size_per_gpu"],
+            global_batch_size=c["train_batch_size"],
+            zero_stage=c["zero_optimization"]["stage"],
+            recompute="full"
+            if "activation_checkpointing" in c
+            else "selective"
+            if launch.args and "--recompute-granularity selective" in launch.args[0]
+            else "none",
+            sequence_parallel=False,
+        )
+    if kind == "torchtitan":
+        p, t = launch.config["parallelism"], launch.config["training"]
+        dp = p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"]
+        zero = (
+            0
+            if p["data_parallel_shard_degree"] == 1
+            else (3 if p["fsdp_reshard_after_forward"] == "always" else 2)
+        )
+        mb = (
+            p.get("pipeline_parallel_microbatch_size", t["local_batch_size"])
+            if p["pipeline_parallel_degree"] > 1
+            else t["local_batch_size"]
+        )
+        return dict(
+            tp=p["tensor_parallel_degree"],
+            pp=p["pipeline_parallel_degree"],
+            vpp=launch.config["vpp"],
+            dp=dp,
+            micro_batch_size=mb,
+            global_batch_size=t["global_batch_size"],
+            zero_stage=zero,
+            recompute=launch.config["activation_checkpoint"],
+            sequence_parallel=p["enable_sequence_parallel"] and p["tensor_parallel_degree"] > 1,
+        )
+    if kind == "fsdp":
+        c = launch.config
+        zero = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3}[c["fsdp_config"]["sharding_strategy"]]
+        return dict(
+            tp=1,
+            pp=1,
+            vpp=1,
+            dp=world,
+            micro_batch_size=c["device_train_microbatch_size"],
+            global_batch_size=c["global_train_batch_size"],
+            zero_stage=zero,
+            recompute="full" if c["fsdp_config"]["activation_checkpointing"] else "none",
+            sequence_parallel=False,
+        )
+    from perfmodels.io import plan_from_dict
+
+    plan = plan_from_dict(launch.config["plan"])
+    return plan_layout(plan, launch.config["global_batch_size"])  # the engine takes the plan itself
+
+
+def plan_layout(plan: Plan, global_batch_size: int) -> dict[str, Any]:
+    """The same keys for a ranked plan."""
+    interleaved = plan.G_inter > 1 and plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1
+    return dict(
+        tp=plan.G_intra_r,
+        pp=plan.G_inter,
+        vpp=plan.virtual_stages if interleaved else 1,
+        dp=plan.G_data * plan.G_intra_d,
+        micro_batch_size=plan.micro_batch_size,
+        global_batch_size=global_batch_size,
+        zero_stage=plan.zero_stage,
+        recompute=plan.recompute,
+        sequence_parallel=bool(plan.sequence_parallel),
+    )

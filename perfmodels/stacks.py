@@ -206,6 +206,13 @@ class Stack:
       tp-cp-ep-dp-pp) or pipeline inside data (--use-tp-pp-dp-mapping); torchtitan's mesh
       (pp, dp_replicate, dp_shard, cp, tp) and DeepSpeed's PipeModelDataParallelTopology (pipe, data,
       model): pipeline outermost.
+    - `launch_recomputes`: the recomputation modes the launcher offers where it lacks one (None: all
+      three): DeepSpeed's and LLM Foundry's activation checkpointing and the engine recompute whole
+      blocks only, so "selective" is not theirs.
+    - `launch_tp_with_pp`: tensor and pipeline parallelism run together. Plain DeepSpeed's tensor
+      parallelism is AutoTP, which gives the engine its own tensor x data mesh
+      (deepspeed/runtime/engine.py `_configure_tensor_parallel`) where the pipeline engine takes its
+      grid from the PipelineModule's topology: both at once need Megatron-DeepSpeed's one mpu.
     - `launch_zero_stages`: the ZeRO stages today's launcher of this stack offers, where they are
       fewer than `zero_stages` (None: all of them). `zero_stages` stays what published runs of the
       stack used (the loader's candidates): megatron-core's ZeRO-2 is Apex's DistributedFusedAdam as
@@ -264,6 +271,8 @@ class Stack:
     pipeline_max_zero_stage: int = 3
     launch_zero_stages: tuple[int, ...] | None = None
     launch_placements: tuple[tuple[str, ...], ...] | None = None
+    launch_recomputes: tuple[str, ...] | None = None
+    launch_tp_with_pp: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -332,6 +341,11 @@ class Stack:
                                                  for p in self.launch_placements):
                 raise ValueError(f"stack.launch_placements must be orders of {sorted(known)}, "
                                  f"got {self.launch_placements!r}")
+        if self.launch_recomputes is not None:
+            object.__setattr__(self, "launch_recomputes", tuple(self.launch_recomputes))
+            if not self.launch_recomputes or not set(self.launch_recomputes) <= {"none", "selective", "full"}:
+                raise ValueError(f"stack.launch_recomputes must be some of none, selective, full, "
+                                 f"got {self.launch_recomputes!r}")
         if self.launch_zero_stages is not None:
             object.__setattr__(self, "launch_zero_stages", tuple(self.launch_zero_stages))
             if not self.launch_zero_stages or any(z not in self.zero_stages for z in self.launch_zero_stages):
@@ -477,6 +491,8 @@ STACK_PRESETS: dict[str, Stack] = {
             # DeepSpeed-MoE: experts over `ep_size` ranks with all-to-all dispatch
             expert_parallel=True,
             pipeline_max_zero_stage=1,
+            launch_tp_with_pp=False,
+            launch_recomputes=("none", "full"),
             launch_placements=_PIPE_OUTERMOST,
             **_DEEPSPEED,
         ),
@@ -491,6 +507,7 @@ STACK_PRESETS: dict[str, Stack] = {
             tensor_parallel=False,
             pipeline_parallel=False,
             sequence_parallel=False,
+            launch_recomputes=("none", "full"),
             **_FSDP,
         ),
         Stack(
@@ -559,6 +576,8 @@ STACK_PRESETS: dict[str, Stack] = {
             expert_parallel=True,
             # engine.parallel_gpt replicates a key/value group on the row ranks that share it
             tp_splits_query_groups=False,
+            # engine.train recomputes whole blocks of the built-in GPT or nothing (engine_limits)
+            launch_recomputes=("none", "full"),
             # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
             # GPT with the fake process group): the host issues a block's forward in ~0.6 ms
             # unsharded, +20% with row, +60% with col, +30% with depth split; each split axis

@@ -24,12 +24,11 @@ print(f"iteration {pred['iteration_time_s']:.2f} s, MFU {pred['mfu']:.1%}, "
 print(f"evaluated {answer['num_evaluated']:,} plans; why: {answer['explanation']}")
 for reason, count in sorted(answer["pruned"].items(), key=lambda kv: -kv[1]):
     print(f"  rejected {count:>10,}: {reason}")
-# Megatron-LM runs 1D tensor parallelism only: a plan that splits col or depth runs on our engine
-engine_only = plan.get("G_intra_c", 1) > 1 or plan.get("G_intra_d", 1) > 1
-kind, name = ("torchrun", "the gridtune engine") if engine_only else ("megatron", "Megatron-LM")
-launch = answer.get("launch", {}).get(kind)
-if launch:
-    print(f"launch with {name} (`launch` in the answer has megatron, deepspeed and torchrun):")
+# `launch` holds the best plan's launch for every framework that runs the stack it was ranked for
+for kind, launch in answer.get("launch", {}).items():
+    if not launch.get("text"):
+        continue
+    print(f"launch with {kind} ({launch.get('stack', '')} stack):")
     print("  " + launch["text"].replace("\n", "\n  "))
     for note in launch.get("notes", []):
         print(f"  note: {note}")

@@ -270,10 +270,32 @@ def stack_zero_stages(model: Model, cluster: Cluster, training: Training, cols: 
                      example)
 
 
+def stack_recompute(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Only the recomputation modes the stack's launcher offers (`Stack.launch_recomputes`: DeepSpeed,
+    LLM Foundry and the engine checkpoint whole blocks, not Megatron's selective core)."""
+    stack = training.effective_stack
+    modes = stack.launch_recomputes or tuple(RECOMPUTE_CODE)
+    rc = cols["recompute"]
+    names = {code: name for name, code in RECOMPUTE_CODE.items()}
+    bad = ~np.isin(rc, [RECOMPUTE_CODE[m] for m in modes])
+    return Rejection(bad, f"the {stack.name} stack's launcher recomputes only {', '.join(modes)}",
+                     lambda i: f"{stack.name} has no recompute={names[int(rc[i])]}")
+
+
+def stack_tp_with_pp(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Tensor and pipeline parallelism together only where the stack's launcher runs both
+    (`Stack.launch_tp_with_pp`: plain DeepSpeed's AutoTP does not go with its pipeline engine)."""
+    stack = training.effective_stack
+    r, S = cols["G_intra_r"], cols["G_inter"]
+    bad = (r > 1) & (S > 1) & (not stack.launch_tp_with_pp)
+    return Rejection(bad, f"the {stack.name} stack runs tensor or pipeline parallelism, not both",
+                     lambda i: f"{stack.name}: G_intra_r={r[i]} with G_inter={S[i]}")
+
+
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run,
-                    stack_layer_split, stack_zero_stages, experts_split, expert_grid_fits,
-                    stack_runs_context_expert)
+                    stack_layer_split, stack_zero_stages, stack_recompute, stack_tp_with_pp, experts_split,
+                    expert_grid_fits, stack_runs_context_expert)
 
 
 def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:

@@ -101,7 +101,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     orders = stack_placements(
         training, placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()),
                              moe=model.is_moe),
-        pinned=options.placement is not None)
+        pinned=options.placement is not None, model=model)
     stopped = (orders[0], 0)
     for order in orders:
         for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
@@ -175,13 +175,20 @@ def complete_order(partial: tuple[str, ...], axes: tuple[str, ...] = AXES) -> tu
     return tuple(order)
 
 
-def stack_placements(training: Training, orders: list[tuple[str, ...]], *,
-                     pinned: bool) -> list[tuple[str, ...]]:
+def stack_placements(training: Training, orders: list[tuple[str, ...]], *, pinned: bool,
+                     model: Model | None = None) -> list[tuple[str, ...]]:
     """The placements to search: the stack's launchable orders (`Stack.launch_placements`) where it
-    has them, kept to the pinned ones when the user pinned placements."""
+    has them, kept to the pinned ones when the user pinned placements. A mixture-of-experts model
+    keeps only the orders with the pipeline outermost: Megatron-Core asserts that without pp-last
+    ordering the attention and expert layers have the same data-parallel size
+    (megatron/core/parallel_state.py:902 at NVIDIA/Megatron-LM d98e8a64), which expert folding breaks."""
     launch = training.effective_stack.launch_placements
     if not launch:
         return orders
+    if model is not None and getattr(model, "num_moe_experts", None):
+        outer = [p for p in launch if "inter" not in p or "data" not in p
+                 or p.index("data") < p.index("inter")]
+        launch = tuple(outer) or launch
     mine = list(dict.fromkeys(complete_order(p) for p in launch))
     if pinned:
         kept = [o for o in orders if o in mine]

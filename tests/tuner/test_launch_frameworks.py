@@ -57,7 +57,7 @@ def test_every_emitter_passes_its_framework_for_the_best_plan(kind, case):
     _need(kind)
     model, cluster, tr, rec = _best(*case, stack=TARGETS[kind].default_stack)
     plan = rec.best.plan
-    assert launch_problems(kind, model, tr, plan) == []
+    assert launch_problems(kind, model, cluster, tr, plan) == []
     launch = launch_for(kind, model, cluster, tr, plan)
     assert fc.check(kind, launch, model, cluster, tr, plan) == []
     pred = predict(model, cluster, tr, plan)
@@ -92,6 +92,7 @@ def test_deepspeed_pipelines_allow_zero_1_at_most():
     tr = Training(global_batch_size=64, stack="deepspeed")
     rec = recommend(model, cluster, tr, top_k=50)
     assert all(c.plan.zero_stage <= 1 for c in rec.candidates if c.plan.G_inter > 1)
+    assert all(c.plan.G_intra_r == 1 for c in rec.candidates if c.plan.G_inter > 1)  # AutoTP or a pipeline
     assert any("ZeRO" in reason and "deepspeed" in reason for reason in rec.pruned)
     piped = Plan(G_data=4, G_inter=4, micro_batch_size=1, zero_stage=2,
                  placement=("col", "row", "depth", "data", "inter"))  # DeepSpeed's pipe-outermost order

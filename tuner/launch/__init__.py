@@ -27,7 +27,6 @@ import numpy as np
 
 from perfmodels.launchable import stack_problems
 from perfmodels.specs import Cluster, Model, Plan, Training, plan_problems
-from perfmodels.stacks import can_run
 from tuner.launch.common import Launch
 from tuner.launch.deepspeed import deepspeed
 from tuner.launch.fsdp import fsdp
@@ -103,24 +102,49 @@ def check_emit_stack(kind: str, stack_name: str) -> None:
                          f"{kind_for_stack(stack_name) or 'nothing: no emitter launches ' + stack_name}")
 
 
-def launch_problems(kind: str, model: Model, training: Training, plan: Plan) -> list[str]:
-    """Why `kind` cannot launch `plan` for `training`'s stack (empty: it can)."""
+def launch_problems(kind: str, model: Model, cluster: Cluster, training: Training, plan: Plan) -> list[str]:
+    """Why `kind` cannot launch `plan` for `training`'s stack (empty: it can): the shared plan rules
+    (`specs.plan_problems`), the stack's launcher rules in words (`launchable.stack_problems`), and
+    every other constraint the search applies (`tuner/constraints.py`, on this one plan)."""
+    from tuner import constraints as C
+
     t = target(kind)
     stack = training.effective_stack
     if stack.name not in t.stacks:
         return [f"--emit {t.kind} launches the {' or '.join(t.stacks)} stack, not {stack.name}"]
-    ok = can_run(stack, G_inter=np.asarray([plan.G_inter]), G_intra_r=np.asarray([plan.G_intra_r]),
-                 G_intra_c=np.asarray([plan.G_intra_c]), G_intra_d=np.asarray([plan.G_intra_d]),
-                 schedule_names=np.asarray([plan.schedule]), zero_stage=np.asarray([plan.zero_stage]),
-                 sequence_parallel=np.asarray([plan.sequence_parallel]))
-    problems = [] if bool(ok[0]) else [
-        f"the {stack.name} stack does not run {plan.grid_string()} schedule={plan.schedule} "
-        f"zero_stage={plan.zero_stage} sequence_parallel={plan.sequence_parallel}"]
-    problems += plan_problems(model, training, plan) + stack_problems(model, training, plan)
+    problems = plan_problems(model, training, plan) + stack_problems(model, training, plan)
+    if model.kind != "transformer" and t.kind != "gridtune":
+        problems.append(f"the model is a list of layers: --emit {t.kind} writes a transformer's shape; the "
+                        "gridtune engine (--emit gridtune) runs any nn.Module")
+    worded = {C.query_groups_split, C.stack_layer_split, C.stack_zero_stages, C.stack_recompute,
+              C.stack_tp_with_pp, C.enough_layers, C.sequence_parallel_shape}
+    cols = _columns(plan)
+    for rule in (*C.GRID_CONSTRAINTS, *C.PLAN_CONSTRAINTS):
+        if rule in worded:
+            continue
+        rejection = rule(model, cluster, training, cols)
+        if bool(rejection.mask[0]):
+            problems.append(rejection.example(0))
     if stack.launch_placements and not _placement_ok(stack.launch_placements, plan):
         problems.append(f"placement {'/'.join(plan.order)}: the {stack.name} stack builds only "
                         f"{[list(p) for p in stack.launch_placements]}")
-    return problems
+    return list(dict.fromkeys(problems))
+
+
+def _columns(plan: Plan) -> dict[str, np.ndarray]:
+    """One plan as the search's columns (every scalar Plan field; schedule and recompute as codes)."""
+    from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE
+    from perfmodels.specs import SCALAR_PLAN_FIELDS
+
+    cols = {}
+    for name in SCALAR_PLAN_FIELDS:
+        value = getattr(plan, name)
+        if name == "schedule":
+            value = SCHEDULE_CODE[value]
+        elif name == "recompute":
+            value = RECOMPUTE_CODE[value]
+        cols[name] = np.asarray([value if value is not None else 0])
+    return cols
 
 
 def _placement_ok(orders: tuple[tuple[str, ...], ...], plan: Plan) -> bool:
@@ -135,7 +159,7 @@ def launch_for(kind: str, model: Model, cluster: Cluster, training: Training, pl
     """The launch of `plan` with emitter `kind` (one of KINDS); ValueError naming every reason the
     stack cannot start it."""
     t = target(kind)
-    problems = launch_problems(t.kind, model, training, plan)
+    problems = launch_problems(t.kind, model, cluster, training, plan)
     if problems:
         raise ValueError(f"--emit {t.kind} cannot launch this plan: " + "; ".join(problems))
     return t.build(model, cluster, training, plan)

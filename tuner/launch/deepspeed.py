@@ -36,7 +36,7 @@ def ds_config(model: Model, training: Training, plan: Plan) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif training.dtype == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    if plan.recompute != "none":
+    if plan.recompute == "full":
         config["activation_checkpointing"] = {"partition_activations": plan.G_intra_r > 1,
                                               "contiguous_memory_optimization": False}
     if lay.pp > 1:
@@ -66,8 +66,10 @@ def deepspeed(model: Model, cluster: Cluster, training: Training, plan: Plan) ->
                 f"--zero-stage {plan.zero_stage}", "--deepspeed", "--deepspeed_config ds_config.json"]
         if training.dtype in ("bf16", "fp16"):
             args.append(f"--{training.dtype}")
-        if plan.recompute != "none":
+        if plan.recompute == "full":
             args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+        elif plan.recompute == "selective":
+            args.append("--recompute-granularity selective")
         if lay.pp == 1:
             args.append("--no-pipeline-parallel")
         cmd = " \\\n    ".join([f"deepspeed --num_nodes {n} --num_gpus {per_node} pretrain_gpt.py", *args])

@@ -32,6 +32,7 @@ def gridtune(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
         f"#   loader = engine.create_dataloader(dataset, global_batch_size={training.global_batch_size})",
     ])
     text = " ".join(shlex.quote(c) if "$" not in c else c for c in cmd) + "\n\n# train.py\n" + python
-    config: dict[str, Any] = {"init": init, "plan": plan_to_dict(plan)}
+    config: dict[str, Any] = {"init": init, "plan": plan_to_dict(plan),
+                              "global_batch_size": training.global_batch_size}
     return Launch(kind="gridtune", stack=training.effective_stack.name, text=text, args=tuple(cmd),
                   config=config)
