@@ -490,6 +490,9 @@ class SearchIn(_In):
         | None
     ) = None
     examples_per_reason: Annotated[int, Field(ge=0, le=50)] | None = None
+    suggest_trials: Annotated[int, Field(ge=0, le=10, description=(
+        "when the leaders are closer than the band, name this many layouts whose measurement best "
+        "separates them (the answer's 'uncertainty')"))] | None = None
 
     @field_validator("placement")
     @classmethod

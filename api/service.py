@@ -366,12 +366,14 @@ class RecommendJob:
     profile_id: str | None
     time_budget_s: float
     key: str = ""
+    suggest_trials: int = 0
 
 
 def search_options(body: schemas.SearchIn | None, settings: Settings) -> tuple[Any, float]:
     from tuner.types import SearchOptions
 
     data = _dump(body) if body is not None else {}
+    data.pop("suggest_trials", None)  # not a search option: what to say about the answer (run_recommend)
     budget = float(data.pop("time_budget_s", settings.default_search_time_s))
     budget = min(budget, settings.max_search_time_s)
     kwargs: dict[str, Any] = {}
@@ -403,7 +405,8 @@ def prepare_recommend(
     top_k = min(body.top_k, settings.max_top_k)
     return RecommendJob(model=model, cluster=cluster, training=training, top_k=top_k, search=options,
                         profile_id=profile_id, time_budget_s=budget,
-                        key=cache_key(f"recommend|{budget}", body, profile_id))
+                        key=cache_key(f"recommend|{budget}", body, profile_id),
+                        suggest_trials=int((body.search.suggest_trials if body.search else None) or 0))
 
 
 def run_recommend(job: RecommendJob) -> tuple[bytes, bool]:
@@ -417,6 +420,10 @@ def run_recommend(job: RecommendJob) -> tuple[bytes, bool]:
         from tuner.launch import all_launches
 
         out["launch"] = all_launches(job.model, job.cluster, job.training, rec.best.plan)
+    from tuner.trials import advice_json, advise
+
+    out["uncertainty"] = advice_json(advise(job.model, job.cluster, job.training, rec.candidates,
+                                            job.suggest_trials))
     schemas.RecommendOut.model_validate(out)
     # a search cut short by its budget depends on load: not reused
     cut_short = any(str(reason).startswith("not evaluated") for reason in rec.pruned)

@@ -47,6 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="measured runs: a CSV of the validation/data format, or JSON lines of run objects")
     p.add_argument("--log", type=Path, action="append", default=[], metavar="FILE",
                    help="a training log (Megatron-LM/NeMo, torchtitan, DeepSpeed)")
+    p.add_argument("--log-config", type=Path, metavar="FILE.toml",
+                   help="the torchtitan job TOML of the --log files (what their lines do not state)")
+    p.add_argument("--model", metavar="PRESET", help="the model of --log files that do not describe it "
+                   "(DeepSpeed runs the user's own module)")
+    p.add_argument("--model-file", type=Path, metavar="FILE.json", help="the same as a JSON model object")
+    p.add_argument("--global-batch-size", type=int, help="the batch of --log files that do not state it")
     g = p.add_argument_group("cluster (a CSV's own hardware columns when none is given)")
     g.add_argument("--cluster", metavar="PRESET",
                    help=f"cluster preset: {', '.join(presets.cluster_names())}")
@@ -105,6 +111,22 @@ def csv_runs(path: Path, cluster: Cluster | None, stack: str | None) -> list[Run
     return runs
 
 
+def _log_defaults(args: argparse.Namespace) -> dict:
+    defaults: dict = {}
+    if args.model and args.model_file:
+        raise ValueError("give either --model or --model-file, not both")
+    if args.model:
+        defaults["model"] = {"preset": args.model}
+    elif args.model_file:
+        try:
+            defaults["model"] = json.loads(args.model_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--model-file {str(args.model_file)!r}: {exc}") from None
+    if args.global_batch_size:
+        defaults["global_batch_size"] = args.global_batch_size
+    return defaults
+
+
 def gather_runs(args: argparse.Namespace) -> tuple[Cluster, list[Run]]:
     """Every run of every --runs and --log file, on the given cluster (or the CSV's own)."""
     if not args.runs and not args.log:
@@ -119,10 +141,12 @@ def gather_runs(args: argparse.Namespace) -> tuple[Cluster, list[Run]]:
             runs += csv_runs(path, cluster, args.stack)
         else:
             objects += read_jsonl(path)
-    for path in args.log:
+    if args.log:
         from tuner.logs import parse_log
 
-        objects += parse_log(path)
+        defaults = _log_defaults(args)
+        for path in args.log:
+            objects += parse_log(path, config=args.log_config, defaults=defaults)
     if objects and cluster is None:
         raise ValueError("runs from JSON lines or logs need the cluster: --cluster PRESET (with --gpus), "
                          "--cluster-file FILE or --gpu NAME --gpus N")

@@ -67,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emit", choices=KINDS, metavar="STACK",
                    help=f"print how to launch the best plan with this stack ({', '.join(KINDS)}); without "
                         "--stack, rank as the stack it launches")
+    p.add_argument("--suggest-trials", type=int, default=0, metavar="N",
+                   help="when the leaders are closer than the prediction's band, name the N layouts whose "
+                   "measurement best separates them (tuner.trials)")
     # stack None: --stack not given (then the --emit target's stack, or the default)
     p.set_defaults(handler=run, stack=None)
 
@@ -118,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
 
         with Console(stderr=True).status(f"ranking layouts for {model.name} on {cluster.num_gpus} GPUs..."):
             rec = recommend(model, cluster, training, top_k=args.top, search=options)
+    from tuner.trials import advice_json, advise
+
+    if args.suggest_trials < 0:
+        raise ValueError(f"--suggest-trials must be >= 0, got {args.suggest_trials}")
+    advice = advise(model, cluster, training, rec.candidates, args.suggest_trials)
     title = f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name}"
     if args.plot and rec.candidates:
         from tuner.plot import plot_candidates
@@ -131,12 +139,18 @@ def run(args: argparse.Namespace) -> int:
         out = recommendation_to_dict(rec)
         if rec.best is not None:
             out["launch"] = all_launches(model, cluster, training, rec.best.plan)
+        out["uncertainty"] = advice_json(advice)
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
         print_recommendation(
             rec, title=f"{title} ({cluster.name}), global batch {training.global_batch_size}"
         )
+        if advice is not None:
+            print(advice.message)
+            for t in advice.trials:
+                print(f"  measure #{t.rank}: {t.plan.grid_string()} "
+                      f"micro_batch_size={t.plan.micro_batch_size} (predicted {t.predicted_s:.3f} s)")
         if args.emit and rec.best is not None:
             launch = launch_for(args.emit, model, cluster, training, rec.best.plan)
             print(f"\n# launch the best plan (#1 above) with {launch.kind} ({launch.stack} stack):")

@@ -15,8 +15,10 @@ cluster and stack) uses it through the ordinary formulas:
   (`compute.gemm_time_s`: 1 / (1 + H/m + H/n + H/k));
 - `attention_efficiency` (fraction of the attention dtype's peak, forward): `GPU.flash_fwd_efficiency`
   (backward keeps the preset's backward/forward ratio);
-- `host_us_per_layer` (us per layer per micro-batch, forward + backward): the stack's host cost that
-  adds to GPU time (`Stack.host_exposed_fraction` x `host_us_per_block`);
+- `host_us_per_layer` (us per layer per micro-batch, forward + backward): the host's time to issue a
+  layer's kernels, a floor under the step (`Stack.host_us_per_block` x 3), and
+  `host_exposed_fraction`: the share of it that adds to GPU time (`Stack.host_exposed_fraction`), so
+  the additive host cost per layer per micro-batch is their product;
 - `intra_node_busbw_GBps`, `intra_node_latency_us`: collectives inside a node (tensor parallelism):
   `Cluster.intra_node_bandwidth_GBps` x `link_efficiency_intra`, `Cluster.intra_node_latency_us`;
 - `inter_node_busbw_GBps` (GB/s per GPU): `Cluster.inter_node_bandwidth_GBps` x `link_efficiency_inter`;
@@ -73,8 +75,10 @@ PARAMETERS: tuple[Parameter, ...] = (
               what="shape at which a GEMM dimension halves efficiency (fall-off at small shards)"),
     Parameter(name="attention_efficiency", unit="fraction", scale="log", sigma=0.3, lower=0.03, upper=1.0,
               what="fraction of peak the fused attention kernel reaches in forward"),
-    Parameter(name="host_us_per_layer", unit="us", scale="linear", sigma=250.0, lower=0.0, upper=20000.0,
-              what="host time per layer per micro-batch (forward + backward) that adds to GPU time"),
+    Parameter(name="host_us_per_layer", unit="us", scale="linear", sigma=1000.0, lower=0.0, upper=100000.0,
+              what="host time to issue one layer's forward and backward per micro-batch (a floor)"),
+    Parameter(name="host_exposed_fraction", unit="fraction", scale="linear", sigma=0.1, lower=0.0, upper=1.0,
+              what="share of that host time that adds to GPU time (the additive host cost)"),
     Parameter(name="intra_node_busbw_GBps", unit="GB/s", scale="log", sigma=0.4, lower=0.5, upper=5000.0,
               what="bus bandwidth of collectives inside a node (tensor parallelism)"),
     Parameter(name="intra_node_latency_us", unit="us", scale="linear", sigma=15.0, lower=0.0, upper=2000.0,
@@ -145,7 +149,8 @@ def priors(cluster: Cluster, training: Training) -> dict[str, float]:
         "gemm_efficiency": eff,
         "gemm_half_size": half,
         "attention_efficiency": min(gpu.flash_fwd_efficiency, _flash_cap(cluster, training)),
-        "host_us_per_layer": stack.host_exposed_fraction * HOST_PASSES * host_block_us,
+        "host_us_per_layer": HOST_PASSES * host_block_us,
+        "host_exposed_fraction": stack.host_exposed_fraction,
         "intra_node_busbw_GBps": cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra,
         "intra_node_latency_us": cluster.intra_node_latency_us,
         "inter_node_busbw_GBps": cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter,
@@ -190,14 +195,9 @@ def apply_constants(cluster: Cluster, training: Training,
         if training.effective_stack.flash_kernel != "native":
             training_changes["flash_kernel"] = "native"  # the measured rate already says what the kernel does
     if "host_us_per_layer" in c:
-        per_block = host_seconds_per_block(cluster, training) * 1e6
-        additive = c["host_us_per_layer"] / HOST_PASSES  # per block forward pass, as the stack counts it
-        if 0.0 < additive <= per_block:
-            training_changes["host_exposed_fraction"] = additive / per_block
-            training_changes["host_us_per_block"] = per_block
-        else:  # more than the whole host floor (or no floor, e.g. a CPU device): all of it adds
-            training_changes["host_exposed_fraction"] = 1.0 if additive > 0 else 0.0
-            training_changes["host_us_per_block"] = additive if additive > 0 else per_block
+        training_changes["host_us_per_block"] = c["host_us_per_layer"] / HOST_PASSES
+    if "host_exposed_fraction" in c:
+        training_changes["host_exposed_fraction"] = c["host_exposed_fraction"]
     if "intra_node_busbw_GBps" in c:
         intra = c["intra_node_busbw_GBps"] / cluster.link_efficiency_intra
         cluster_changes["intra_node_bandwidth_GBps"] = intra

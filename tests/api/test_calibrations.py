@@ -65,9 +65,14 @@ def test_round_trip_calibrate_then_predict_with_the_profile(client) -> None:
     other = {**body, "model": {"preset": "gpt3-1.7b"}}
     assert client.post("/v1/predict", json=other).json()["constants_source"] == "calibrated"
     rec = client.post("/v1/recommend", json={"model": {"preset": "gpt3-7.5b"}, "cluster": body["cluster"],
-                                             "training": body["training"], "top_k": 3})
+                                             "training": body["training"], "top_k": 5,
+                                             "search": {"suggest_trials": 2}})
     assert rec.status_code == 200, rec.text
-    assert rec.json()["best"]["prediction"]["constants_source"] == "calibrated"
+    answer = rec.json()
+    assert answer["best"]["prediction"]["constants_source"] == "calibrated"
+    advice = answer["uncertainty"]
+    assert advice["band"] == out["uncertainty_rel"]  # the calibrated band, not the preset's 15%
+    assert len(advice["trials"]) == (min(2, len(advice["leaders"])) if advice["close"] else 0)
 
 
 def test_bad_runs_get_422_naming_the_run_and_store_nothing(client) -> None:
