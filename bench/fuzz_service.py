@@ -137,6 +137,17 @@ def run_one(name: str, db_url: str, env_extra: dict[str, str], args: argparse.Na
     }
 
 
+def report(row: dict[str, object], args: argparse.Namespace) -> None:
+    print(f"{row['database']}: {row['cases']:,} cases ({row['with_failures']} with failures) "
+          f"in {row['seconds']:.0f} s (schemathesis -n "
+          f"{args.max_examples}, seed {args.seed}, all phases); 5xx: {row['server_errors']}; schema "
+          f"violations: {row['schema_violations']}; other failed checks: {row['other_failures'] or 0}; "
+          f"errors: {row['errors']}; tracebacks in the server log: {row['tracebacks_in_server_log']}",
+          flush=True)
+    if row["tail"]:
+        print(row["tail"], flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-examples", type=int, default=1500, help="schemathesis -n per operation")
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.databases.split(","):
             if name == "sqlite":
                 rows.append(run_one("sqlite", f"sqlite:///{tmp / 'fuzz.db'}", {}, args, tmp))
+                report(rows[-1], args)
             elif name == "postgres":
                 why = postgres_answers(pg_url)
                 if why:
@@ -160,20 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                 prefix = f"fz{uuid.uuid4().hex[:8]}_"
                 try:
                     rows.append(run_one("postgres", pg_url, {"GRIDTUNE_TABLE_PREFIX": prefix}, args, tmp))
+                    report(rows[-1], args)
                 finally:
                     from tuner.store import Store
 
                     Store(pg_url, table_prefix=prefix, create=False).drop_tables()
             else:
                 raise SystemExit(f"unknown database {name!r} (sqlite, postgres)")
-    for row in rows:
-        print(f"{row['database']}: {row['cases']:,} cases ({row['with_failures']} with failures) "
-              f"in {row['seconds']:.0f} s (schemathesis -n "
-              f"{args.max_examples}, seed {args.seed}, all phases); 5xx: {row['server_errors']}; schema "
-              f"violations: {row['schema_violations']}; other failed checks: {row['other_failures'] or 0}; "
-              f"errors: {row['errors']}; tracebacks in the server log: {row['tracebacks_in_server_log']}")
-        if row["tail"]:
-            print(row["tail"])
     return 0 if all(r["with_failures"] == 0 and r["errors"] == 0 for r in rows) else 1
 
 
