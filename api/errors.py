@@ -122,9 +122,24 @@ def _range_note(loc: list[Any], kind: str) -> str:
     return f" (plausible range {lo:g} to {hi:g} {unit})"
 
 
+_SCALAR_MISMATCH = ("string_type", "literal_error", "int_type", "float_type", "bool_type")
+
+
+def _useful(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Without the "not a string" errors of a union's scalar branch (`gpu: str | GPUIn`, `stack: name |
+    StackIn`) when an object was sent and its object branch says what is wrong inside it."""
+    def inside(err: dict[str, Any], other: dict[str, Any]) -> bool:
+        loc, deeper = tuple(err.get("loc", ())), tuple(other.get("loc", ()))
+        return len(deeper) > len(loc) and deeper[: len(loc) - 1] == loc[:-1]
+
+    return [err for err in errors
+            if not (err.get("type") in _SCALAR_MISMATCH and isinstance(err.get("input"), dict)
+                    and any(inside(err, other) for other in errors))]
+
+
 def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     detail = []
-    for err in errors[:50]:
+    for err in _useful(errors)[:50]:
         loc = [_loc_part(p) for p in err.get("loc", ())]
         field = _field(loc)
         kind = str(err.get("type", "value_error"))

@@ -48,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="default: %(default)s",
     )
     parser.add_argument("--request-timeout", type=float, default=30.0, metavar="S",
-                        help="seconds a request's headers and body may take to arrive (default: %(default)s)")
+                        help="seconds a request may take to arrive, from its 1st byte (default: %(default)s)")
     parser.add_argument("--limit-concurrency", type=int, default=1024, metavar="N",
-                        help="connections or requests served at once; more get 503 (default: %(default)s)")
+                        help="requests served at once; more get 503, not probes (default: %(default)s)")
     parser.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                         help="a connection that sends no byte of a request within S seconds is closed "
                              "(default: %(default)s)")

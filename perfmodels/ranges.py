@@ -20,7 +20,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str]] = {
     "memory_gib": (1e-2, 1e5, "GiB"),
     "hbm_bandwidth_GBps": (0.1, 1e6, "GB/s"),
     "alpha_us": (0.0, 1e6, "microseconds"),
-    "efficiency": (1e-3, 1.0, "(fraction of peak)"),
+    "efficiency": (1e-3, 1.0, "of peak"),
 }
 """kind -> (lowest, highest, unit); both bounds included."""
 

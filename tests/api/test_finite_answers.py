@@ -272,3 +272,14 @@ def dataclasses_replace(obj: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
+
+
+def test_the_reported_500_is_a_422_naming_the_field(client):
+    """The issue's case: memory_efficiency=5e-324 on a 0.1 GB/s HBM divided by zero (a 500)."""
+    body = copy.deepcopy(examples.PREDICT_EXPLICIT)
+    body["cluster"]["gpu"] = {"preset": "H100-SXM", "memory_efficiency": 5e-324, "hbm_bandwidth_GBps": 0.1}
+    r = client.post("/v1/predict", json=body)
+    assert r.status_code == 422, r.text[:300]
+    (item,) = r.json()["detail"]  # only what is wrong inside the GPU object, not "gpu is not a string"
+    assert item["loc"] == ["body", "cluster", "gpu", "GPUIn", "memory_efficiency"], item
+    assert "plausible range 0.001 to 1" in r.text, r.text[:300]

@@ -1,0 +1,186 @@
+"""Long schemathesis run against a real `gridtune serve`, on SQLite and on PostgreSQL: how many generated
+requests, how many 5xx, how many answers that break the documented schema.
+
+Per database, starts the service on a free loopback port (API key set, so the bearer scheme is
+exercised; searches capped at 0.3 s and 64 GPUs so each generated search stays small), then runs the
+schemathesis CLI (`st run`, all phases: examples, coverage, fuzzing, stateful) with the checks the test
+suite uses (tests/api/test_openapi_fuzz.py):
+
+- not_a_server_error: no 5xx;
+- status_code_conformance, content_type_conformance, response_schema_conformance: every answer is a
+  documented status with a body that matches the documented schema;
+- negative_data_rejection: schema-invalid requests are refused.
+
+and prints one line per database with the cases generated, the 5xx and the schema violations (from
+schemathesis' JSON report). PostgreSQL runs on GRIDTUNE_TEST_POSTGRES_URL (default
+postgresql+psycopg://postgres@127.0.0.1:5432/test) under a throw-away table prefix; skipped with a
+note when no server answers there.
+
+    .venv/bin/python bench/fuzz_service.py            # both databases, -n 1500 (> 20,000 cases each)
+    .venv/bin/python bench/fuzz_service.py --max-examples 50 --databases sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KEY = "fuzz-key"
+CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
+          "response_schema_conformance", "negative_data_rejection")
+SCHEMA_CHECKS = ("status_code_conformance", "content_type_conformance", "response_schema_conformance")
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def postgres_answers(url: str) -> str:
+    """"" when a PostgreSQL server answers at `url`, else why not."""
+    try:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        finally:
+            engine.dispose()
+    except Exception as exc:  # no driver, no server, refused: all mean "not here"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return ""
+
+
+def start_server(port: int, db_url: str, env_extra: dict[str, str], log: pathlib.Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "GRIDTUNE_API_KEY": KEY,
+           "GRIDTUNE_MAX_SEARCH_S": "0.3", "GRIDTUNE_MAX_GPUS": "64", **env_extra}
+    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
+           "serve", "--port", str(port), "--database-url", db_url, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not start within 60 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(15)
+
+
+def run_one(name: str, db_url: str, env_extra: dict[str, str], args: argparse.Namespace,
+            tmp: pathlib.Path) -> dict[str, object]:
+    port = free_port()
+    log = tmp / f"{name}-server.log"
+    report = tmp / f"{name}-report.json"
+    proc = start_server(port, db_url, env_extra, log)
+    t0 = time.monotonic()
+    try:
+        st = pathlib.Path(sys.executable).with_name("st")
+        cmd = [str(st), "run", f"http://127.0.0.1:{port}/openapi.json", "-c", ",".join(CHECKS),
+               "-n", str(args.max_examples), "-H", f"Authorization: Bearer {KEY}", "--seed", str(args.seed),
+               "-w", str(args.workers), "--continue-on-failure", "--request-timeout", "60",
+               "--report", "json", "--report-json-path", str(report)]
+        out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=args.timeout_s)
+    finally:
+        stop(proc)
+    data = json.loads(report.read_text())
+    failures = data.get("failures") or []
+    by_check: dict[str, int] = {}
+    for failure in failures:
+        check = str(failure.get("check") or failure.get("name") or failure.get("title") or "?")
+        by_check[check] = by_check.get(check, 0) + 1
+    server_log = log.read_text(errors="replace")
+    return {
+        "database": name,
+        "cases": data["test_cases"]["generated"],
+        "with_failures": data["test_cases"]["with_failures"],
+        "server_errors": by_check.get("not_a_server_error", 0),
+        "schema_violations": sum(by_check.get(c, 0) for c in SCHEMA_CHECKS),
+        "other_failures": {k: v for k, v in by_check.items() if k != "not_a_server_error"
+                           and k not in SCHEMA_CHECKS},
+        "errors": len(data.get("errors") or []),
+        "tracebacks_in_server_log": server_log.count("Traceback"),
+        "seconds": time.monotonic() - t0,
+        "exit_code": out.returncode,
+        "tail": out.stdout[-1500:] if data["test_cases"]["with_failures"] or data.get("errors") else "",
+    }
+
+
+def report(row: dict[str, object], args: argparse.Namespace) -> None:
+    print(f"{row['database']}: {row['cases']:,} cases ({row['with_failures']} with failures) "
+          f"in {row['seconds']:.0f} s (schemathesis -n "
+          f"{args.max_examples}, seed {args.seed}, all phases); 5xx: {row['server_errors']}; schema "
+          f"violations: {row['schema_violations']}; other failed checks: {row['other_failures'] or 0}; "
+          f"errors: {row['errors']}; tracebacks in the server log: {row['tracebacks_in_server_log']}",
+          flush=True)
+    if row["tail"]:
+        print(row["tail"], flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-examples", type=int, default=1500, help="schemathesis -n per operation")
+    parser.add_argument("--databases", default="sqlite,postgres")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="ceiling on one database's run")
+    args = parser.parse_args(argv)
+    pg_url = os.environ.get("GRIDTUNE_TEST_POSTGRES_URL", "").strip() or DEFAULT_POSTGRES_URL
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = pathlib.Path(tmp_name)
+        for name in args.databases.split(","):
+            if name == "sqlite":
+                rows.append(run_one("sqlite", f"sqlite:///{tmp / 'fuzz.db'}", {}, args, tmp))
+                report(rows[-1], args)
+            elif name == "postgres":
+                why = postgres_answers(pg_url)
+                if why:
+                    print(f"postgres: skipped, no server at {pg_url} ({why})")
+                    continue
+                prefix = f"fz{uuid.uuid4().hex[:8]}_"
+                try:
+                    rows.append(run_one("postgres", pg_url, {"GRIDTUNE_TABLE_PREFIX": prefix}, args, tmp))
+                    report(rows[-1], args)
+                finally:
+                    from tuner.store import Store
+
+                    Store(pg_url, table_prefix=prefix, create=False).drop_tables()
+            else:
+                raise SystemExit(f"unknown database {name!r} (sqlite, postgres)")
+    return 0 if all(r["with_failures"] == 0 and r["errors"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
