@@ -574,6 +574,8 @@ class CandidateOut(BestOut):
     rank: int
     equivalent_placements: list[list[str]] = Field(
         [], description="other rank orders of this plan that predict the same time (merged into this row)")
+    equivalent_zero_stages: list[int] = Field(
+        [], description="other ZeRO stages of this plan that predict the same time and memory (merged)")
 
 
 class LaunchOut(_Out):

@@ -306,5 +306,13 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     return StageMemory(
         params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
         activations_gib=activations / GIB, comm_buffers_gib=comm / GIB, overhead_gib=overhead / GIB,
-        total_gib=total / GIB, capacity_gib=float(cluster.gpu.memory_gib),
+        total_gib=total / GIB, capacity_gib=capacity_per_rank_gib(cluster),
     )
+
+
+def capacity_per_rank_gib(cluster: Cluster) -> float:
+    """Memory one rank may use: a GPU's own memory; for CPU "devices" (vendor "cpu", ranks that are
+    processes on one host) the host's memory shared by the ranks placed on one node."""
+    if cluster.gpu.vendor == "cpu":
+        return float(cluster.gpu.memory_gib) / cluster.gpus_per_node_used
+    return float(cluster.gpu.memory_gib)
