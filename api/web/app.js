@@ -528,7 +528,9 @@ async function answer(token) {
   if (!data.best) {
     status.textContent = "no layout fits; the rejection reasons are below";
     $("#summary").textContent = "No layout fits this question.";
-    $("#explanation").textContent = "";
+    $("#explanation").textContent = data.explanation || "";
+    // pins that leave nothing: the service says which rule rejects each pinned value
+    if (values.pins && data.explanation) showError("pins", data.explanation);
     $("#ranked tbody").replaceChildren();
     renderLaunch(data);
     renderPruned(data);
