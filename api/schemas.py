@@ -355,7 +355,10 @@ class StackIn(_In):
     sp_saves_gathered_inputs: bool | None = None
     torch_compile: TorchCompile | None = None
 
-    _name_is_known = field_validator("name", mode="before")(classmethod(lambda cls, v: _known_stack(v)))
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_is_known(cls, value: Any) -> Any:
+        return _known_stack(value)
 
 
 class TrainingIn(_In):
@@ -379,7 +382,10 @@ class TrainingIn(_In):
     torch_compile: TorchCompile | None = None
     flash_kernel: FlashKernel | None = None
 
-    _stack_is_known = field_validator("stack", mode="before")(classmethod(lambda cls, v: _known_stack(v)))
+    @field_validator("stack", mode="before")
+    @classmethod
+    def _stack_is_known(cls, value: Any) -> Any:
+        return _known_stack(value)
 
 
 class PlanIn(_In):
