@@ -215,6 +215,14 @@ class UnitMemory:
     logits: np.ndarray | float = 0.0
 
 
+def capacity_per_rank_gib(cluster: Cluster) -> float:
+    """Memory one rank may use: a GPU's own memory; for CPU "devices" (vendor "cpu", ranks that are
+    processes on one host) the host's memory shared by the ranks placed on one node."""
+    if cluster.gpu.vendor == "cpu":
+        return float(cluster.gpu.memory_gib) / cluster.gpus_per_node_used
+    return float(cluster.gpu.memory_gib)
+
+
 def _is_zero(x: np.ndarray | float) -> bool:
     return isinstance(x, float) and x == 0.0
 
@@ -309,10 +317,3 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         total_gib=total / GIB, capacity_gib=capacity_per_rank_gib(cluster),
     )
 
-
-def capacity_per_rank_gib(cluster: Cluster) -> float:
-    """Memory one rank may use: a GPU's own memory; for CPU "devices" (vendor "cpu", ranks that are
-    processes on one host) the host's memory shared by the ranks placed on one node."""
-    if cluster.gpu.vendor == "cpu":
-        return float(cluster.gpu.memory_gib) / cluster.gpus_per_node_used
-    return float(cluster.gpu.memory_gib)
