@@ -24,7 +24,7 @@ from api import errors
 from api.limits import BodyLimitMiddleware
 from api.methods import AllowMiddleware
 from api.metrics import Metrics, MetricsMiddleware
-from api.routers import clusters, measurements, model, ops
+from api.routers import clusters, measurements, model, ops, web
 from api.searches import SearchRunner
 from api.service import ProfileCache, ResponseCache
 from api.settings import Settings
@@ -106,11 +106,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.cache = cache
     app.state.metrics.gauges.append(lambda: _service_lines(cache, runner))
     errors.install(app)
-    for router in (model.router, clusters.router, measurements.router, ops.router):
+    for router in (model.router, clusters.router, measurements.router, ops.router, web.router):
         app.include_router(router)
-    from api.routers import web
-
-    app.include_router(web.router)  # the page at /
     app.add_middleware(BodyLimitMiddleware, max_bytes=int(settings.max_body_mb * 2**20))
     app.add_middleware(AllowMiddleware, fastapi_app=app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts 413s too

@@ -243,7 +243,8 @@ CLUSTER_FIELDS = (
     "intra_node_bandwidth_GBps",
     "inter_node_bandwidth_GBps",
 )
-CLUSTER_ANY_OF = [{"required": ["preset"]}, {"required": ["profile_id"]}, {"required": list(CLUSTER_FIELDS)}]
+CLUSTER_ANY_OF = [{"required": ["preset"]}, {"required": ["profile_id"]}, {"required": list(CLUSTER_FIELDS)},
+                  {"required": ["gpu", "num_gpus"]}]
 """What the OpenAPI schema says a cluster needs, exactly what `_says_which_hardware` checks."""
 
 
@@ -288,11 +289,6 @@ class ClusterIn(_In):
                 f"{list(CLUSTER_FIELDS)} (missing {missing})"
             )
         return self
-
-
-CLUSTER_ANY_OF.append({"required": ["gpu", "num_gpus"], "properties": {"gpu": {"type": "string"}}})
-"""... or a GPU by name and a count (`{"gpu": "H100", "num_gpus": 64}`): node size and links from that
-GPU's preset node (`tuner.catalog.with_node_defaults`), as the CLI's `--gpu H100 --gpus 64`."""
 
 
 StackName = Literal[tuple(sorted(STACK_PRESETS))]  # type: ignore[valid-type]

@@ -179,7 +179,8 @@ def peak_memory(model: Model, cluster: Cluster, training: Training, arrays: Plan
     pick = {name: np.where(take_a, getattr(a, name), getattr(b, name))
             for name in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
                          "overhead_gib", "total_gib")}
-    return StageMemory(**pick, capacity_gib=a.capacity_gib)
+    # a CPU rank shares its host's memory with the node's other ranks
+    return StageMemory(**pick, capacity_gib=capacity_per_rank_gib(cluster))
 
 
 def in_flight_layers(arrays: PlanArrays, m: np.ndarray, position: str) -> np.ndarray:
@@ -314,6 +315,6 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     return StageMemory(
         params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
         activations_gib=activations / GIB, comm_buffers_gib=comm / GIB, overhead_gib=overhead / GIB,
-        total_gib=total / GIB, capacity_gib=capacity_per_rank_gib(cluster),
+        total_gib=total / GIB, capacity_gib=float(cluster.gpu.memory_gib),
     )
 

@@ -73,6 +73,17 @@ def resolve_gpu_name(name: str) -> tuple[str, str | None]:
     return gpu.name, f"GPU {name!r} is taken as the {gpu.name} preset{others}"
 
 
+def node_defaults(gpu_name: str) -> tuple[Cluster | None, str]:
+    """The cluster preset whose nodes carry this GPU (gpus per node, link bandwidths, latencies, backend),
+    so a cluster given by `--gpu` alone gets plausible links; (None, "") when no preset has it."""
+    gpu = presets.gpu(gpu_name)
+    for name in presets.cluster_names():
+        c = presets.cluster(name)
+        if c.gpu.name == gpu.name:
+            return c, name
+    return None, ""
+
+
 NODE_FIELDS = ("gpus_per_node", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps")
 
 
@@ -104,17 +115,6 @@ def with_node_defaults(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
     taken = ", ".join(f"{k}={getattr(base, k):g}" for k in missing)
     notes = [n for n in (alias_note, f"{taken} taken from the {base_name!r} preset ({gpu_name} nodes)") if n]
     return merged, notes
-
-
-def node_defaults(gpu_name: str) -> tuple[Cluster | None, str]:
-    """The cluster preset whose nodes carry this GPU (gpus per node, link bandwidths, latencies, backend),
-    so a cluster given by `--gpu` alone gets plausible links; (None, "") when no preset has it."""
-    gpu = presets.gpu(gpu_name)
-    for name in presets.cluster_names():
-        c = presets.cluster(name)
-        if c.gpu.name == gpu.name:
-            return c, name
-    return None, ""
 
 
 PLAUSIBLE: dict[str, tuple[float, float, str]] = {
