@@ -317,4 +317,3 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         activations_gib=activations / GIB, comm_buffers_gib=comm / GIB, overhead_gib=overhead / GIB,
         total_gib=total / GIB, capacity_gib=float(cluster.gpu.memory_gib),
     )
-
