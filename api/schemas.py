@@ -390,7 +390,10 @@ class StackIn(_In):
     sp_saves_gathered_inputs: bool | None = None
     torch_compile: TorchCompile | None = None
 
-    _name_is_known = field_validator("name", mode="before")(classmethod(lambda cls, v: _known_stack(v)))
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_is_known(cls, value: Any) -> Any:
+        return _known_stack(value)
 
 
 class TrainingIn(_In):
@@ -416,7 +419,10 @@ class TrainingIn(_In):
     expert_load_imbalance: Annotated[float, Field(ge=1, le=64)] | None = None
     moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
 
-    _stack_is_known = field_validator("stack", mode="before")(classmethod(lambda cls, v: _known_stack(v)))
+    @field_validator("stack", mode="before")
+    @classmethod
+    def _stack_is_known(cls, value: Any) -> Any:
+        return _known_stack(value)
 
 
 class PlanIn(_In):
@@ -623,6 +629,8 @@ class CandidateOut(BestOut):
     rank: int
     equivalent_placements: list[list[str]] = Field(
         [], description="other rank orders of this plan that predict the same time (merged into this row)")
+    equivalent_zero_stages: list[int] = Field(
+        [], description="other ZeRO stages of this plan that predict the same time and memory (merged)")
 
 
 class LaunchOut(_Out):

@@ -447,6 +447,7 @@ def recommendation_json(rec: Any, profile_id: str | None) -> dict[str, Any]:
                     "plan": pio.plan_to_dict(c.plan),
                     "prediction": prediction_json(c.prediction, profile_id),
                     "equivalent_placements": [list(p) for p in getattr(c, "equivalent_placements", ())],
+                    "equivalent_zero_stages": list(getattr(c, "equivalent_zero_stages", ())),
                 }
                 for c in rec.candidates
             ],

@@ -37,8 +37,24 @@ from perfmodels.specs import Cluster, Model, Training
 from perfmodels.stacks import DEFAULT_STACK, FLASH_KERNEL_VALUES, STACK_PRESETS, TORCH_COMPILE_VALUES
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the examples in descriptions as written and shows every default."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples in descriptions as written and shows each default once: "(default: X)" is
+    added where an option has a default and its help does not already say one (no "(default: None)",
+    nothing for on/off flags)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+            or not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
+            or default == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number of GPUs to plan for") -> None:
@@ -165,7 +181,13 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
         profile, profile_doc = load_profile(args.profile)
     calibrated_on = (profile_doc.get("calibration") or {}).get("cluster")
     if args.cluster_file:
-        cluster = cluster_from_dict(_read_json(args.cluster_file, "--cluster-file"))
+        from tuner.catalog import with_node_defaults
+
+        # {"gpu": "H100", "num_gpus": 64}: node size and links from that GPU's preset node, as --gpu
+        data, notes = with_node_defaults(_read_json(args.cluster_file, "--cluster-file"))
+        for line in notes:
+            note(line)
+        cluster = cluster_from_dict(data)
     elif args.cluster:
         cluster = presets.cluster(args.cluster)
     elif args.gpu and args.gpus:
@@ -252,6 +274,38 @@ def parse_assignments(text: str, what: str) -> dict[str, str]:
         key, value = (x.strip() for x in part.split("=", 1))
         out[key] = value
     return out
+
+
+def plan_fields() -> set[str]:
+    from dataclasses import fields
+
+    from perfmodels.specs import Plan
+
+    return {f.name for f in fields(Plan)}
+
+
+def plan_from_text(text: str, what: str = "--plan") -> dict[str, Any]:
+    """'tp=8,pp=4,dp=2,mbs=1' or 'G_intra_r=8,...' -> the plan's fields, typed. Megatron's names
+    (tp, pp, dp, cp, ep, etp, vpp, mbs; `tuner.aliases`) mean the fields they name."""
+    from tuner.aliases import rename_aliases
+
+    raw = rename_aliases(parse_assignments(text, what), plan_fields(), where=what)
+    return {k: coerce(k, v) for k, v in raw.items()}
+
+
+def pin_field(name: str, pinnable: set[str]) -> str:
+    """The search field a `--pin NAME=...` restricts: a field name or Megatron's name for it."""
+    from tuner.aliases import canonical_name
+
+    field = canonical_name(name, pinnable, where="--pin")
+    if field not in pinnable:
+        import difflib
+
+        close = difflib.get_close_matches(field, sorted(pinnable), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"--pin: unknown field {name!r}{hint} (pinnable: {', '.join(sorted(pinnable))}; "
+                         "or Megatron's tp, pp, dp, cp, ep, etp, vpp, mbs)")
+    return field
 
 
 def coerce(field: str, value: str) -> Any:

@@ -2,8 +2,15 @@
 
     gridtune predict --model gpt3-175b --cluster selene --gpus 1024 --global-batch-size 1536 \\
         --plan G_data=8,G_inter=16,G_intra_r=8,micro_batch_size=1,schedule=1f1b [--json]
+    gridtune predict ... --plan tp=8,pp=16,dp=8,mbs=1       # the same plan in Megatron's names
 
 Fields left out of --plan take their defaults (degrees 1, micro-batch 1, 1f1b, no recompute, ZeRO 0).
+Megatron's names mean gridtune's fields: tp=G_intra_r, pp=G_inter, dp=G_data, cp=G_cp, ep=G_ep,
+etp=G_etp, vpp=virtual_stages, mbs=micro_batch_size.
+
+`--json` prints the prediction as `POST /v1/predict` answers it (iteration_time_s, memory, breakdown,
+...), plus the plan under "plan". Exit status: 0 when the layout fits in memory, 1 when it does not
+(the prediction is still printed), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -16,12 +23,11 @@ from cli.common import (
     HelpFormatter,
     add_spec_arguments,
     cluster_from_args,
-    coerce,
     model_from_args,
-    parse_assignments,
+    plan_from_text,
     training_from_args,
 )
-from perfmodels.io import plan_from_dict, plan_to_dict, prediction_to_dict
+from perfmodels.io import json_safe, plan_from_dict, plan_to_dict, prediction_to_dict
 from perfmodels.steptime import predict
 from tuner.report import MEMORY_PARTS
 
@@ -31,20 +37,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=HelpFormatter)
     add_spec_arguments(p)
     p.add_argument("--plan", required=True, metavar="FIELD=VALUE,...",
-                   help="e.g. G_data=8,G_inter=4,G_intra_r=8,micro_batch_size=2,schedule=1f1b")
+                   help="e.g. G_data=8,G_inter=4,G_intra_r=8,micro_batch_size=2,schedule=1f1b, or in "
+                        "Megatron's names dp=8,pp=4,tp=8,mbs=2 (also cp, ep, etp, vpp)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     model, cluster, training = model_from_args(args), cluster_from_args(args), training_from_args(args)
-    raw = parse_assignments(args.plan, "--plan")
-    plan = plan_from_dict({k: coerce(k, v) for k, v in raw.items()})
+    plan = plan_from_dict(plan_from_text(args.plan))
     pred = predict(model, cluster, training, plan)
-    if args.json:  # exit 0: the prediction succeeded; "fits" says whether the layout does
-        json.dump({"plan": plan_to_dict(plan), "prediction": prediction_to_dict(pred)}, sys.stdout)
+    fits = 0 if pred.memory.fits else 1
+    if args.json:  # as POST /v1/predict answers (not nested), with the plan it predicted
+        json.dump({**json_safe(prediction_to_dict(pred)), "plan": plan_to_dict(plan)}, sys.stdout)
         sys.stdout.write("\n")
-        return 0
+        return fits
     from rich.console import Console
     from rich.table import Table
 
@@ -94,4 +101,4 @@ def run(args: argparse.Namespace) -> int:
     for axis, value in pred.bytes_per_group.items():
         g.add_row(axis, f"{pred.calls_per_group.get(axis, 0):,.0f}", f"{value / 1e6:,.1f}")
     console.print(g)
-    return 0
+    return fits

@@ -38,6 +38,42 @@ KIND_COLUMNS = {
 }
 
 
+def _stack_runs(s: dict) -> str:
+    """What layouts a stack can run, in a few words: its parallelisms, schedules and ZeRO stages."""
+    named = (("tensor_parallel", "TP"), ("sequence_parallel", "SP"), ("pipeline_parallel", "PP"),
+             ("tensor_parallel_3d", "3D-TP"))
+    kinds = " ".join(name for key, name in named if s.get(key)) or "data only"
+    schedules = "/".join(x.replace("interleaved-1f1b", "interleaved") for x in s.get("schedules") or ())
+    zero = ",".join(str(z) for z in s.get("zero_stages") or ())
+    return f"{kinds}; {schedules if s.get('pipeline_parallel') else '-'}; ZeRO {zero}"
+
+
+def _stack_overlaps(s: dict) -> str:
+    named = (("overlap_grad_reduce", "grad reduce"), ("overlap_param_gather", "param gather"),
+             ("overlap_tp_comm", "TP comm"), ("overlap_depth_comm", "depth comm"))
+    return ", ".join(name for key, name in named if s.get(key)) or "none"
+
+
+STACK_COLUMNS = (  # (title, value, widest)
+    ("runs (parallelism; schedules; ZeRO)", _stack_runs, 28),
+    ("overlaps", _stack_overlaps, 16),
+    ("attention", lambda s: "flash" if s.get("flash_attention") else "unfused", 9),
+)
+
+
+def _stacks_table(items: dict) -> object:
+    from rich.table import Table
+
+    table = Table(title=f"stacks ({len(items)})", show_lines=True)
+    table.add_column("name", no_wrap=True)
+    for title, _, widest in STACK_COLUMNS:
+        table.add_column(title, max_width=widest)
+    table.add_column("what it is", ratio=1, min_width=40)
+    for name, fields in items.items():
+        table.add_row(name, *(fn(fields) for _, fn, _ in STACK_COLUMNS), str(fields.get("summary") or ""))
+    return table
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from cli.common import HelpFormatter
 
@@ -69,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     for kind, items in catalog.items():
         if not items:
             continue
-        columns = KIND_COLUMNS.get(kind) or tuple(next(iter(items.values())).keys())[:8]
+        if kind == "stacks":
+            console.print(_stacks_table(items))
+            continue
+        columns = KIND_COLUMNS.get(kind) or tuple(k for k in next(iter(items.values())) if k != "name")[:8]
         table = Table(title=f"{kind} ({len(items)})")
         table.add_column("name", no_wrap=True)
         for col in columns:

@@ -53,11 +53,13 @@ def parse_bytes(text: str) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from cli.common import HelpFormatter
+
     p = subparsers.add_parser(
         "profile",
         help="measure collectives/GEMMs on this cluster (or import nccl-tests) and fit the model's constants",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to fork on this machine (default: the visible GPUs, else 2); "

@@ -31,6 +31,7 @@ from cli.common import (
     cluster_from_args,
     coerce,
     model_from_args,
+    pin_field,
     training_from_args,
 )
 from perfmodels.specs import Plan
@@ -79,9 +80,8 @@ def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions
     for pin in pins:
         if "=" not in pin:
             raise ValueError(f"--pin expects FIELD=V1,V2, got {pin!r}")
-        field, text = (x.strip() for x in pin.split("=", 1))
-        if field not in PINNABLE:
-            raise ValueError(f"--pin: unknown field {field!r}; pinnable: {sorted(PINNABLE)}")
+        name, text = (x.strip() for x in pin.split("=", 1))
+        field = pin_field(name, PINNABLE)  # Megatron's names (tp, pp, ...) too
         values[field] = tuple(
             coerce(field, v.strip()) for v in text.replace("|", ",").split(",") if v.strip()
         )
@@ -160,6 +160,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if rec.best is not None else 1
 
 
+def innermost_axis(plan: Plan) -> str:
+    """The axis whose ranks are consecutive: the first axis of the placement with more than one rank
+    (an axis of degree 1 places nothing), "-" when every degree is 1."""
+    from perfmodels.specs import AXIS_FIELDS
+
+    return next((axis for axis in plan.order if getattr(plan, AXIS_FIELDS[axis], 1) > 1), "-")
+
+
+def zero_label(c: object) -> str:
+    """The row's ZeRO stage, with the stages merged into it ("1=2": same time and memory)."""
+    return "=".join(str(z) for z in (c.plan.zero_stage, *c.equivalent_zero_stages))  # type: ignore[attr-defined]
+
+
 def plan_label(plan: Plan) -> str:
     if plan.G_inter == 1:
         return "-"
@@ -182,8 +195,9 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
     table = Table(
         title=("PARTIAL: " if not rec.complete else "") + title,
         caption="grid = G_data x G_inter x G_intra_d x G_intra_r x G_intra_c (data x pipeline x depth x "
-        "row x column); innermost = the axis whose ranks are consecutive (share a node first); "
-        "+n = n other placements predict the same time (merged)",
+        "row x column; Megatron's DP x PP x - x TP x -); innermost = the axis whose ranks are consecutive "
+        "(share a node first); +n = n other placements predict the same time (merged); SP = sequence "
+        "parallelism; ZeRO 1=2: both stages predict the same time and memory (merged)",
     )
     for col in (
         "#",
@@ -192,6 +206,7 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
         "schedule",
         "recomp",
         "ZeRO",
+        "SP",
         "innermost",
         "step s",
         "MFU",
@@ -207,14 +222,15 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
         p, pr = c.plan, c.prediction
         b = pr.breakdown
         grid = f"{p.G_data}x{p.G_inter}x{p.G_intra_d}x{p.G_intra_r}x{p.G_intra_c}"
-        inner = p.order[0] + (f" +{len(c.equivalent_placements)}" if c.equivalent_placements else "")
+        inner = innermost_axis(p) + (f" +{len(c.equivalent_placements)}" if c.equivalent_placements else "")
         table.add_row(
             str(c.rank),
             grid,
             str(p.micro_batch_size),
             plan_label(p),
             p.recompute,
-            str(p.zero_stage),
+            zero_label(c),
+            "yes" if p.sequence_parallel else "-",
             inner,
             f"{pr.iteration_time_s:.3f}",
             _mfu(pr.mfu),

@@ -24,11 +24,13 @@ import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from cli.common import HelpFormatter
+
     parser = subparsers.add_parser(
         "serve",
         help="run the REST service (predict, recommend, clusters, measurements)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     parser.add_argument(
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     from api.server import ServerLimits, uvicorn_config
     from api.settings import Settings
+    from cli.db import database_errors
 
     settings = Settings.from_env()  # fail here, with one line, on a bad setting
     try:
@@ -89,8 +92,13 @@ def run(args: argparse.Namespace) -> int:
     if args.workers == 1:
         from api import create_app
 
-        app: object = create_app(settings)
+        with database_errors(args.database_url):  # a bad URL is one line, not a traceback
+            app: object = create_app(settings)
     else:
+        from tuner.store import Store
+
+        with database_errors(args.database_url):  # each worker opens it again; check it once here
+            Store(settings.database_url, table_prefix=settings.table_prefix).close()
         app = "api.app:create_app"
     config = uvicorn_config(
         app, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level, limits=limits

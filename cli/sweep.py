@@ -6,7 +6,8 @@
 
 Exactly one of --gpus / --global-batch-size takes a comma list. Each point runs a full search
 (`--time-budget` each) and reports the best layout's step time, tokens/s (total and per GPU), MFU
-and memory per GPU; `--plot` draws throughput against ideal linear scaling, and memory per GPU.
+and memory per GPU; `--plot` draws throughput (over GPU counts against ideal linear scaling from the
+smallest count; over batch sizes, at one GPU count, the predictions alone) and memory per GPU.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
             points,
             args.plot,
             x_label=label,
-            title=f"{model.name} on {cluster.gpu.name}: best layout per {label}",
+            title=f"{model.name} on {cluster.gpu.name}: best layout per {label}"
+                  + ("" if swept == "gpus" else f" ({cluster.num_gpus:,} GPUs)"),
+            swept=swept,
         )
         print(f"gridtune: wrote the plot to {Path(path).resolve()}", file=sys.stderr)
     if args.json:

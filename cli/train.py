@@ -23,8 +23,10 @@ EXAMPLES = ("gpt",)
 
 
 def register(subparsers: Any) -> None:
+    from cli.common import HelpFormatter
+
     p = subparsers.add_parser("train", help="train a built-in example with engine.train (auto or --plan)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--example", choices=EXAMPLES, default="gpt")
     p.add_argument("--nproc", type=int, default=2, help="ranks to fork on this machine (default 2)")
     p.add_argument("--steps", type=int, default=50)
@@ -53,11 +55,10 @@ def register(subparsers: Any) -> None:
 
 
 def parse_plan(text: str) -> Any:
-    from cli.common import coerce, parse_assignments
+    from cli.common import plan_from_text
     from perfmodels.io import plan_from_dict
 
-    fields = {k: coerce(k, v) for k, v in parse_assignments(text, "--plan").items()}
-    return plan_from_dict(fields)
+    return plan_from_dict(plan_from_text(text))  # Megatron's names (tp, pp, dp, ...) too
 
 
 def _rank_main(rank: int, world: int, opts: dict[str, Any]) -> Any:

@@ -35,8 +35,10 @@ from perfmodels.stacks import STACK_PRESETS
 
 
 def register(subparsers: Any) -> None:
+    from cli.common import HelpFormatter
+
     p = subparsers.add_parser("validate", help="profile, predict, run and compare every plan on this machine",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--nproc", type=int, default=4, help="ranks to fork on this machine (default 4)")
     p.add_argument("--model", default="tiny-gpt", help="model preset the engine can build (default tiny-gpt)")
     p.add_argument("--global-batch-size", type=int, default=16)

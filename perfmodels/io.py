@@ -30,6 +30,9 @@ from perfmodels.specs import (
     Training,
 )
 
+TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+"""The dimensions a transformer given by its shape must state (the rest have defaults)."""
+
 
 def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
@@ -71,6 +74,15 @@ def model_from_dict(data: Mapping[str, Any]) -> Model:
         overrides = {k: v for k, v in data.items() if v is not None}
         return dataclasses.replace(base, **overrides) if overrides else base
     data = {k: v for k, v in data.items() if v is not None}
+    if "layers" not in data:
+        # every missing dimension in one message, not the first of them as "got 0"
+        missing = [f for f in TRANSFORMER_FIELDS if f not in data]
+        if missing:
+            needs = ", ".join(TRANSFORMER_FIELDS)
+            raise ValueError(
+                f"model is missing {', '.join(missing)} (a transformer needs {needs}; or start from a "
+                'preset, {"preset": "llama3-8b", ...}, or give model.layers for another network)'
+            )
     return _build("model", Model, data)
 
 

@@ -186,7 +186,8 @@ def peak_memory(model: Model, cluster: Cluster, training: Training, arrays: Plan
     pick = {name: np.where(take_a, getattr(a, name), getattr(b, name))
             for name in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
                          "overhead_gib", "total_gib")}
-    return StageMemory(**pick, capacity_gib=a.capacity_gib)
+    # a CPU rank shares its host's memory with the node's other ranks
+    return StageMemory(**pick, capacity_gib=capacity_per_rank_gib(cluster))
 
 
 def in_flight_layers(arrays: PlanArrays, m: np.ndarray, position: str) -> np.ndarray:
@@ -220,6 +221,14 @@ class UnitMemory:
     act_layer: np.ndarray | float = 0.0
     layer_input: np.ndarray | float = 0.0
     logits: np.ndarray | float = 0.0
+
+
+def capacity_per_rank_gib(cluster: Cluster) -> float:
+    """Memory one rank may use: a GPU's own memory; for CPU "devices" (vendor "cpu", ranks that are
+    processes on one host) the host's memory shared by the ranks placed on one node."""
+    if cluster.gpu.vendor == "cpu":
+        return float(cluster.gpu.memory_gib) / cluster.gpus_per_node_used
+    return float(cluster.gpu.memory_gib)
 
 
 def _is_zero(x: np.ndarray | float) -> bool:

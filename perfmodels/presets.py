@@ -101,7 +101,8 @@ _GPUS: dict[str, GPU] = {
             peak_tflops_fp16=181.0, memory_gib=64.0, hbm_bandwidth_GBps=1638.0, gemm_efficiency_max=0.70,
             vendor="amd"),
         # A CPU "device" for the local closed loop: numbers of the order of this 2-core machine;
-        # `gridtune profile` replaces them with measured ones.
+        # `gridtune profile` replaces them with measured ones. memory_gib is the host's memory: the
+        # ranks on one node share it (perfmodels.memory.capacity_per_rank_gib).
         GPU(name="cpu", peak_tflops_fp32=0.1, peak_tflops_tf32=0.0, peak_tflops_bf16=0.05,
             peak_tflops_fp16=0.05, memory_gib=24.0, hbm_bandwidth_GBps=20.0, gemm_efficiency_max=0.6,
             memory_efficiency=0.5, vendor="cpu"),

@@ -9,8 +9,10 @@
 Row labels spell the whole plan ("data 32 x pipe 4 (1f1b v2) x depth 4 x tensor 2x1, mb 1,
 recompute selective, ZeRO 1"), so no two rows read the same; legends sit below the panels.
 
-`plot_sweep` draws predicted throughput (with ideal linear scaling from the first point) and memory
-per GPU of the best layout at each point of a sweep.
+`plot_sweep` draws predicted throughput and memory per GPU of the best layout at each point of a
+sweep. Over GPU counts it adds ideal linear scaling from the smallest count (what perfect scaling
+would give); over global batch sizes at a fixed GPU count there is no such reference, so it draws only
+what was predicted (`sweep_lines` says which lines a sweep gets).
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ def plot_candidates(rec: Recommendation, path: str | Path, title: str = "") -> P
     if not rec.candidates:
         raise ValueError("nothing to plot: no valid candidate")
     cands = rec.candidates
-    labels = [f"#{c.rank} {plan_text(c.plan)}" + (f" (+{len(c.equivalent_placements)} placements)"
-                                                  if c.equivalent_placements else "") for c in cands]
+    labels = [f"#{c.rank} {plan_text(c.plan)}"
+              + "".join(f"={z}" for z in c.equivalent_zero_stages)
+              + (f" (+{len(c.equivalent_placements)} placements)" if c.equivalent_placements else "")
+              for c in cands]
     n = len(labels)
     fig, (ax_s, ax_t, ax_m) = plt.subplots(1, 3, figsize=(17, 0.42 * n + 3.2), sharey=True,
                                            gridspec_kw={"width_ratios": [1.2, 2, 1.4]})
@@ -106,10 +110,25 @@ def plot_candidates(rec: Recommendation, path: str | Path, title: str = "") -> P
     return out
 
 
-def plot_sweep(points: Sequence[dict[str, Any]], path: str | Path, *, x_label: str, title: str = "") -> Path:
-    """Throughput (tokens/s, with ideal linear scaling from the first point) and memory per GPU of the
-    best layout at each sweep point. `points`: dicts with "x", "tokens_per_s", "per_gpu_gib",
-    "capacity_gib", "mfu" (None where nothing fits)."""
+def sweep_lines(points: Sequence[dict[str, Any]], swept: str) -> dict[str, tuple[list[float], list[float]]]:
+    """The throughput lines of a sweep's plot, by legend label: the prediction at each point that has
+    a layout, and over GPU counts (`swept="gpus"`) ideal linear scaling from the smallest count. A
+    batch-size sweep runs at one GPU count, where "linear scaling" has no meaning: no reference line."""
+    ok = [p for p in points if p.get("tokens_per_s")]
+    xs = [float(p["x"]) for p in ok]
+    tps = [float(p["tokens_per_s"]) for p in ok]
+    lines = {"predicted (best layout)": (xs, tps)}
+    if swept == "gpus" and len(ok) > 1:
+        lines["linear scaling from the smallest GPU count"] = (xs, [tps[0] * x / xs[0] for x in xs])
+    return lines
+
+
+def plot_sweep(points: Sequence[dict[str, Any]], path: str | Path, *, x_label: str, title: str = "",
+               swept: str = "gpus") -> Path:
+    """Throughput (tokens/s; over GPU counts with ideal linear scaling from the smallest) and memory
+    per GPU of the best layout at each sweep point. `points`: dicts with "x", "tokens_per_s",
+    "per_gpu_gib", "capacity_gib", "mfu" (None where nothing fits); `swept`: "gpus" or
+    "global_batch_size"."""
     plt = _pyplot()
     ok = [p for p in points if p.get("tokens_per_s")]
     if not ok:
@@ -117,10 +136,9 @@ def plot_sweep(points: Sequence[dict[str, Any]], path: str | Path, *, x_label: s
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
     xs = [p["x"] for p in ok]
     tps = [p["tokens_per_s"] for p in ok]
-    ax_t.plot(xs, tps, "o-", label="predicted (best layout)")
-    ax_t.plot(
-        xs, [tps[0] * x / xs[0] for x in xs], "--", color="gray", label="linear scaling from the first point"
-    )
+    for label, (lx, ly) in sweep_lines(points, swept).items():
+        style = {"linestyle": "--", "color": "gray"} if label.startswith("linear") else {"marker": "o"}
+        ax_t.plot(lx, ly, label=label, **style)
     for x, t, p in zip(xs, tps, ok, strict=True):
         ax_t.annotate(f"MFU {p['mfu']:.0%}", (x, t), textcoords="offset points", xytext=(0, 6), fontsize=7,
                       ha="center")

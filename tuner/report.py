@@ -13,10 +13,13 @@ from tuner.types import Candidate, Recommendation
 
 
 def candidate_to_dict(rank: int, plan: Plan, prediction: Prediction,
-                      equivalent_placements: tuple[tuple[str, ...], ...] = ()) -> dict[str, Any]:
+                      equivalent_placements: tuple[tuple[str, ...], ...] = (),
+                      equivalent_zero_stages: tuple[int, ...] = ()) -> dict[str, Any]:
     out = {"rank": rank, "plan": plan_to_dict(plan), "prediction": prediction_to_dict(prediction)}
     if equivalent_placements:
         out["equivalent_placements"] = [list(p) for p in equivalent_placements]
+    if equivalent_zero_stages:
+        out["equivalent_zero_stages"] = list(equivalent_zero_stages)
     return out
 
 
@@ -26,7 +29,8 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
         best = {"plan": plan_to_dict(rec.best.plan), "prediction": prediction_to_dict(rec.best.prediction)}
     return {
         "best": best,
-        "candidates": [candidate_to_dict(c.rank, c.plan, c.prediction, c.equivalent_placements)
+        "candidates": [candidate_to_dict(c.rank, c.plan, c.prediction, c.equivalent_placements,
+                                         c.equivalent_zero_stages)
                        for c in rec.candidates],
         "num_evaluated": rec.num_evaluated,
         "num_valid": rec.num_valid,
@@ -53,6 +57,7 @@ def candidate_row(c: Candidate) -> dict[str, Any]:
     row.update({f: getattr(c.plan, f, None) for f in CSV_PLAN})
     row["placement"] = "/".join(c.plan.order)
     row["equivalent_placements"] = " ".join("/".join(p) for p in c.equivalent_placements)
+    row["equivalent_zero_stages"] = " ".join(str(z) for z in c.equivalent_zero_stages)
     row.update({f: getattr(c.prediction, f) for f in CSV_PREDICTION})
     row.update({f"memory_{f}": getattr(c.prediction.memory, f, None) for f in CSV_MEMORY})
     row.update({f"time_{k}": v for k, v in vars(c.prediction.breakdown).items()})

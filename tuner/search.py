@@ -85,8 +85,10 @@ def _valid_plans(model: Model, cluster: Cluster, training: Training, options: Se
 
 
 def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 10,
-              search: SearchOptions | None = None) -> Recommendation:
-    """The `top_k` fastest valid layouts with predictions, and every rejection counted by reason."""
+              search: SearchOptions | None = None, *, diagnose: bool = True) -> Recommendation:
+    """The `top_k` fastest valid layouts with predictions, and every rejection counted by reason.
+    When pins leave no layout, the explanation says which rules reject each pinned value
+    (`tuner.pins.diagnose_pins`; `diagnose=False` skips that)."""
     options = search or SearchOptions()
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -148,6 +150,14 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
             f"never scored)"
         ] += skipped
     source = "preset" if cluster.profile is None else cluster.profile.source
+    explanation = explain(candidates)
+    if not candidates and diagnose and not truncated:
+        from tuner.pins import diagnose_pins, pinned_fields
+
+        if pinned_fields(options):
+            explanation = diagnose_pins(
+                lambda alone: recommend(model, cluster, training, 1, alone, diagnose=False), options,
+                cluster.num_gpus)
     return Recommendation(
         best=candidates[0] if candidates else None,
         candidates=candidates,
@@ -156,7 +166,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         pruned=dict(pruned.counts),
         pruned_examples=pruned.examples,
         constants_source=source,
-        explanation=explain(candidates),
+        explanation=explanation,
         search_time_s=time.perf_counter() - t0,
         complete=not truncated,
         num_not_evaluated=skipped,
@@ -200,26 +210,41 @@ def stack_placements(training: Training, orders: list[tuple[str, ...]], *, pinne
 
 
 def _merge_placements(best: list[tuple[float, object, int]], top_k: int) -> list[Candidate]:
-    """The `top_k` fastest distinct plans; a plan seen again under another placement with the same
-    predicted time (to 1e-6) is folded into the first row as an equivalent placement."""
-    rows: list[tuple[object, list[tuple[str, ...]]]] = []
+    """The `top_k` fastest distinct plans. A plan seen again under another placement with the same
+    predicted time (to 1e-6) is folded into the first row as an equivalent placement; a plan that
+    differs from a row only in its ZeRO stage with the same predicted time and memory per GPU (to 1e-6;
+    e.g. ZeRO-1 and ZeRO-2 where the stack keeps full gradients either way) is folded into it as an
+    equivalent ZeRO stage. The row shows the simpler plan (the ranking breaks exact ties toward it)."""
+    rows: list[tuple[object, list[tuple[str, ...]], list[int]]] = []
     index: dict[tuple, int] = {}
+    by_zero: dict[tuple, int] = {}
     plans = []
     for _, batch, i in best:
         plan = batch.arrays.to_plan(i)  # type: ignore[attr-defined]
-        seconds = float(batch.iteration_time_s[i])  # type: ignore[attr-defined]
-        key = (dataclasses.replace(plan, placement=None), float(f"{seconds:.6g}"))
+        seconds = float(f"{float(batch.iteration_time_s[i]):.6g}")  # type: ignore[attr-defined]
+        key = (dataclasses.replace(plan, placement=None), seconds)
         if key in index:
             rows[index[key]][1].append(plan.order)
             continue
+        gib = float(f"{float(batch.memory.total_gib[i]):.6g}")  # type: ignore[attr-defined]
+        zero_key = (dataclasses.replace(plan, placement=None, zero_stage=0), seconds, gib)
+        if zero_key in by_zero:
+            row = by_zero[zero_key]
+            index[key] = row  # its other placements fold into the same row
+            if plan.order == plans[row].order and plan.zero_stage not in rows[row][2]:
+                rows[row][2].append(plan.zero_stage)
+            elif plan.order != plans[row].order:
+                rows[row][1].append(plan.order)
+            continue
         if len(rows) == top_k:
             continue
-        index[key] = len(rows)
-        rows.append(((batch, i), []))
+        index[key] = by_zero[zero_key] = len(rows)
+        rows.append(((batch, i), [], []))
         plans.append(plan)
     return [Candidate(rank=r + 1, plan=plans[r], prediction=b.prediction(i),  # type: ignore[attr-defined]
-                      equivalent_placements=tuple(dict.fromkeys(eq)))
-            for r, ((b, i), eq) in enumerate(rows)]
+                      equivalent_placements=tuple(dict.fromkeys(eq)),
+                      equivalent_zero_stages=tuple(sorted(zs)))
+            for r, ((b, i), eq, zs) in enumerate(rows)]
 
 
 def _count_rest(model: Model, training: Training, grids: np.ndarray, options: SearchOptions,

@@ -76,6 +76,8 @@ class Candidate:
     plan: Plan
     prediction: Prediction
     equivalent_placements: tuple[tuple[str, ...], ...] = ()
+    equivalent_zero_stages: tuple[int, ...] = ()
+    """Other ZeRO stages of this plan that predict the same time and memory (merged into this row)."""
 
 
 @dataclass(frozen=True, kw_only=True)

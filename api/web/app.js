@@ -299,7 +299,8 @@ function renderTable(data) {
     const plan = c.plan;
     const step = p.iteration_time_s;
     const merged = c.equivalent_placements && c.equivalent_placements.length
-      ? ` (+${c.equivalent_placements.length} equivalent)` : "";
+      ? ` (+${c.equivalent_placements.length} equivalent placements)` : "";
+    const zero = [plan.zero_stage, ...(c.equivalent_zero_stages || [])].join(" = ");
     const sched = plan.G_inter > 1 ? plan.schedule.replace("interleaved-1f1b", "interleaved") : "-";
     const row = el("tr", { "data-rank": String(c.rank) },
       el("td", { text: String(c.rank) }),
@@ -307,7 +308,8 @@ function renderTable(data) {
       el("td", { class: "grid", text: gridWords(plan) + merged, title: (plan.placement || []).join("/") }),
       el("td", { text: sched }),
       el("td", { text: plan.recompute }),
-      el("td", { text: String(plan.zero_stage) }),
+      el("td", { class: "zero", text: zero,
+        title: zero.includes("=") ? "these ZeRO stages predict the same time and memory" : "" }),
       el("td", { class: "num step", "data-value": String(step), text: fmt.step(step) }),
       el("td", { class: "num", text: fmt.int(p.tokens_per_s) }),
       el("td", { class: "num", text: fmt.pct(p.mfu) }),
@@ -526,7 +528,9 @@ async function answer(token) {
   if (!data.best) {
     status.textContent = "no layout fits; the rejection reasons are below";
     $("#summary").textContent = "No layout fits this question.";
-    $("#explanation").textContent = "";
+    $("#explanation").textContent = data.explanation || "";
+    // pins that leave nothing: the service says which rule rejects each pinned value
+    if (values.pins && data.explanation) showError("pins", data.explanation);
     $("#ranked tbody").replaceChildren();
     renderLaunch(data);
     renderPruned(data);

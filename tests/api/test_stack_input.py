@@ -84,7 +84,7 @@ def test_cli_predict_stack_flag_changes_memory(capsys):
     assert main([*args, "--stack", "gridtune"]) == 0
     ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # Megatron: 2 + 4 + 12 bytes per parameter; the engine: 4 + 4 + 8
-    lm_mem, our_mem = lm["prediction"]["memory"], ours["prediction"]["memory"]
+    lm_mem, our_mem = lm["memory"], ours["memory"]
     assert abs(lm_mem["params_gib"] * 2 - our_mem["params_gib"]) < 1e-9
     assert abs(lm_mem["optimizer_gib"] * 8 / 12 - our_mem["optimizer_gib"]) < 1e-9
 
@@ -112,8 +112,10 @@ _LLAMA_ON_GRAND_TETON = ["predict", "--model", "llama3-8b", "--cluster", "grand-
 
 def _cli_prediction(capsys, plan: str, *flags: str) -> dict:
     """`gridtune predict --json` for Llama 3 8B on 8 Grand Teton H100s under torchtitan: its prediction."""
-    assert main([*_LLAMA_ON_GRAND_TETON, "--plan", plan, *flags]) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]
+    code = main([*_LLAMA_ON_GRAND_TETON, "--plan", plan, *flags])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # flat, as /v1/predict
+    assert code == (0 if out["memory"]["fits"] else 1)  # exit 1: the layout does not fit
+    return out
 
 
 def _assert_422_names(client, body: dict, field: str, value: str) -> None:

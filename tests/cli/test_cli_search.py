@@ -32,7 +32,7 @@ def test_cli_predict_and_errors_are_one_line():
     ok = run_cli("predict", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "64",
                  "--global-batch-size", "64", "--plan", "G_inter=8,G_intra_r=8,recompute=full", "--json")
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["prediction"]["memory"]["fits"]
+    assert json.loads(ok.stdout)["memory"]["fits"]
     bad = run_cli("predict", "--model", "gpt3-175b", "--cluster", "selene", "--gpus", "64",
                   "--global-batch-size", "64", "--plan", "G_inter=8,G_intra_r=4")
     assert bad.returncode == 2

@@ -104,7 +104,7 @@ def test_plot_path_is_printed(tmp_path, capsys):
 
 
 def test_predict_of_a_layout_that_does_not_fit_leads_with_it(capsys):
-    assert main(["predict", *GPT3, "--plan", "G_data=512,G_intra_r=2"]) == 0
+    assert main(["predict", *GPT3, "--plan", "G_data=512,G_intra_r=2"]) == 1  # exit 1: it does not fit
     out = capsys.readouterr().out.strip()
     assert out.startswith("DOES NOT FIT") and "hypothetical" in out.splitlines()[0] + out.splitlines()[1]
 
@@ -144,7 +144,7 @@ def test_a_profile_faster_than_the_preset_never_shows_mfu_above_100(tmp_path, ca
                "gemm_overhead_us": 20.0, "source": "profile"}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
-    assert main(["recommend", "--model", "gpt3-1.7b", "--cluster", "local-cpu", "--gpus", "4",
+    assert main(["recommend", "--model", "gpt2-small", "--cluster", "local-cpu", "--gpus", "4",
                  "--global-batch-size", "64", "--profile", str(path), "--json", "--top", "3"]) == 0
     captured = capsys.readouterr()
     rec = json.loads(captured.out.strip().splitlines()[-1])
@@ -156,7 +156,7 @@ def test_a_profile_faster_than_the_preset_never_shows_mfu_above_100(tmp_path, ca
             [
                 "predict",
                 "--model",
-                "gpt3-1.7b",
+                "gpt2-small",
                 "--cluster",
                 "local-cpu",
                 "--gpus",

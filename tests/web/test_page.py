@@ -125,6 +125,16 @@ def test_bad_input_shows_the_422_next_to_its_field(page, web_server, query, fiel
     assert all("422" in line for line in page.console_errors), page.console_errors
 
 
+def test_pins_that_leave_nothing_say_why_next_to_the_pins(page, web_server):
+    _open(page, "/?model=llama3-70b&gpu=H100&gpus=256&global_batch_size=512&stack=megatron-core&pins=tp%3D3")
+    assert "G_intra_r=3: no grid of 256 GPUs has it (3 does not divide 256)" in \
+        page.locator(".error[data-for=pins]").inner_text()
+    assert page.locator("#ranked tbody tr").count() == 0
+    rule = page.locator("#pruned tbody tr").first.locator("td").nth(1)
+    assert rule.inner_text() == "excluded by the search pins"
+    assert page.console_errors == []
+
+
 def test_the_form_asks_and_the_url_carries_the_question(page, web_server):
     _open(page, "/")
     assert page.locator("#results").is_hidden()
