@@ -281,7 +281,7 @@ def _check_synced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> N
 def install_sync_guard(module: nn.Module, grid: Grid) -> None:
     """Mark `module`'s parameters so that an optimizer step after a backward without
     engine.sync_gradients raises. Nothing to do when the batch is not split (one replica)."""
-    if grid.batch_shards == 1:
+    if grid.grad_shards == 1:
         return
     from torch.optim import optimizer as optimizer_module
 
@@ -343,7 +343,7 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
     if reduce_data and not overlapped:
         all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes,
                             dtype=getattr(model, "_gridtune_reduce_dtype", None))
-    scale = 1.0 / grid.batch_shards
+    scale = 1.0 / grid.grad_shards
     if scale != 1.0:
         for p in params:
             p.grad.mul_(scale)
