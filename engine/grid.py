@@ -322,8 +322,9 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     for axis in names:
         if axis == "data" and G_cp > 1:
             # Megatron's dp-cp group: one flattened group over data and cp (the contract counts
-            # its traffic under "data"); DeviceMesh._flatten has no public name in torch 2.13
-            pg = mesh["data", "cp"]._flatten("data_cp").get_group()
+            # its traffic under "data"), always a group of its own, so that the recorder tells it
+            # from the cp group even when both span the same ranks
+            pg = _data_cp_group(rank, degrees, order, timeout_s)
         else:
             pg = mesh[axis].get_group()
         set_group_timeout(pg, timeout_s)
@@ -336,6 +337,22 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
                 group_names=group_names, timeout_s=timeout_s)
     _CURRENT[:] = [grid]
     return grid
+
+
+def _data_cp_group(rank: int, degrees: dict[str, int], order: tuple[str, ...], timeout_s: float) -> Any:
+    """This rank's flattened data x cp group; every rank creates every such group, in one order."""
+    from itertools import product
+
+    others = [a for a in ENGINE_MESH if a not in ("data", "cp")]
+    mine = None
+    for combo in product(*(range(degrees[a]) for a in others)):
+        coords = dict(zip(others, combo))
+        ranks = sorted(rank_of({**coords, "data": d, "cp": c}, degrees, order)
+                       for d in range(degrees["data"]) for c in range(degrees["cp"]))
+        pg = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s), group_desc="data_cp")
+        if rank in ranks:
+            mine = pg
+    return mine
 
 
 def current_grid(grid: Grid | None = None) -> Grid:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from engine.context import causal_attention_cp, check_sequence, grid_positions
 from engine.grads import STAGE_SPLIT_ATTR, wrap
 from engine.grid import Grid, GridError, current_grid
 from engine.layers import ParallelLayerNorm, SplitEmbedding, vocab_parallel_cross_entropy
@@ -116,10 +117,13 @@ class ParallelAttention(nn.Module):
         h = cfg.hidden_size
         self.local_heads = cfg.num_attention_heads // grid.size("row")
         self.head_dim = cfg.head_dim
+        self.cp_grid = grid if grid.degrees.get("cp", 1) > 1 else None
         self.qkv = _linear(source, serial and serial.qkv, h, 3 * h, True, grid)
         self.proj = _linear(source, serial and serial.proj, h, h, True, grid, transpose=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cp_grid is not None:  # the sequence is split over cp: ring attention (engine.context)
+            return self.proj(causal_attention_cp(self.qkv(x), self.local_heads, self.head_dim, self.cp_grid))
         return self.proj(causal_attention(self.qkv(x), self.local_heads, self.head_dim))
 
 
@@ -173,6 +177,8 @@ class ParallelGPT(nn.Module):
         problems = gpt_split_problems(cfg, grid.degrees, virtual_stages)
         if problems:
             raise GridError(f"GPT cannot be split on grid {grid.describe()}: " + "; ".join(problems))
+        if grid.degrees.get("cp", 1) > 1:
+            check_sequence(cfg.seq_length, grid.size("cp"))
         self.cfg, self.grid, self.virtual_stages = cfg, grid, virtual_stages
         S, s = grid.size("inter"), grid.coord("inter")
         setattr(self, STAGE_SPLIT_ATTR, S > 1)
@@ -223,7 +229,7 @@ class ParallelGPT(nn.Module):
         return block(x)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        pos = grid_positions(self.grid, tokens.shape[1], device=tokens.device)  # global positions under cp
         return self.tok_emb(tokens) + self.pos_emb(pos)
 
     def run_blocks(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
@@ -262,6 +268,7 @@ class GPTChunk(nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.start, self.end = start, end
+        self.grid = model.grid
         self.run_block = model.run_block
         if first:
             self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
@@ -271,7 +278,7 @@ class GPTChunk(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            pos = torch.arange(x.shape[1], device=x.device)
+            pos = grid_positions(self.grid, x.shape[1], device=x.device)
             x = self.tok_emb(x) + self.pos_emb(pos)
         for i in range(self.start, self.end):
             x = self.run_block(i, x)
