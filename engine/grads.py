@@ -61,6 +61,15 @@ def replicated_over_depth(p: torch.Tensor) -> bool:
     return spec is None or not spec.depth_flat
 
 
+EXPERT_ATTR = "_gridtune_expert"  # engine.moe marks its expert weights: split over ep/etp, reduced over edp
+
+
+def is_expert(p: torch.Tensor) -> bool:
+    """A MoE expert weight (engine.moe): not replicated over data; its gradient is reduced over the
+    expert-data group ("edp") instead."""
+    return bool(getattr(p, EXPERT_ATTR, False))
+
+
 def _params_with_grads(model: nn.Module) -> list[torch.Tensor]:
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -125,7 +134,7 @@ class _OverlappedReducer:
         # factor the schedule applies to the gradients after backward, which a gradient copied into
         # its bucket during backward has not seen (torch.distributed.pipelining's scale_grads)
         self.launch_scale = 1.0
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad and not is_expert(p)]
         self.buckets = _param_buckets(list(reversed(params)), bucket_bytes)
         self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.offset: dict[int, int] = {}
@@ -341,8 +350,11 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
         overlapped = reducer.finish() if reduce_data else (reducer.discard() or False)
     reduce_depth_replicated(model, grid, bucket_bytes)
     if reduce_data and not overlapped:
-        all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes,
-                            dtype=getattr(model, "_gridtune_reduce_dtype", None))
+        all_reduce_bucketed([p.grad for p in params if not is_expert(p)], grid.comm_group("data"),
+                            bucket_bytes, dtype=getattr(model, "_gridtune_reduce_dtype", None))
+    experts = [p.grad for p in params if is_expert(p)]
+    if experts and data and "edp" in grid.degrees:  # MoE experts: over the expert-data group
+        all_reduce_bucketed(experts, grid.comm_group("edp"), bucket_bytes)
     scale = 1.0 / grid.grad_shards
     if scale != 1.0:
         for p in params:
@@ -520,6 +532,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
 def _replicated_over(t: torch.Tensor, axis: str, is_param: bool) -> bool:
     if not is_param:
         return True
+    if is_expert(t):  # split over ep/etp; equal over edp by construction (engine.moe)
+        return False
     spec = spec_of(t)
     if axis == "data":
         return True

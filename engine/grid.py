@@ -261,7 +261,7 @@ def _env_world_size() -> int:
 
 
 def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1, *,
-         G_cp: int = 1,
+         G_cp: int = 1, G_ep: int = 1, G_etp: int | None = None,
          gpus_per_node: int | None = None, placement: tuple[str, ...] | list[str] | None = None,
          backend: str | None = None, device: str | torch.device | None = None,
          timeout_s: float | None = None) -> Grid:
@@ -287,6 +287,7 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     order = with_cp(given)
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
     check_degrees(degrees, world)
+    G_etp = check_expert_degrees(degrees, world, G_ep, G_etp)
     if not dist.is_initialized():
         _init_default_group(backend, 600.0 if timeout_s is None else timeout_s, gpus_per_node)
     if timeout_s is None:
@@ -331,12 +332,71 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
         groups[axis] = pg
         if degrees[axis] > 1 or (axis == "data" and G_cp > 1):  # the recorder attributes only real axes
             group_names[axis] = pg.group_name
+    if G_ep > 1 or G_etp > 1:
+        expert_groups(rank, degrees, order, G_ep, G_etp, timeout_s, groups, group_names)
     placed = order if G_cp > 1 or "cp" in given else given  # five axes as before when there is no cp
     grid = Grid(degrees=degrees, placement=placed, rank=rank, world_size=world,
                 coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,
                 group_names=group_names, timeout_s=timeout_s)
+    for axis in ("etp", "ep", "edp"):
+        if axis in degrees:
+            grid.coords[axis] = dist.get_rank(groups[axis])
     _CURRENT[:] = [grid]
     return grid
+
+
+EXPERT_RANK_ORDER = ("col", "row", "cp", "depth", "data")
+"""Within one pipeline stage, ranks ordered by these coordinates, innermost first (the contract)."""
+
+
+def check_expert_degrees(degrees: dict[str, int], world: int, G_ep: int, G_etp: int | None) -> int:
+    """Validate G_ep/G_etp before any collective; returns G_etp (None -> G_intra_r)."""
+    G_etp = degrees["row"] if G_etp is None else G_etp
+    for name, value in (("G_ep", G_ep), ("G_etp", G_etp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GridError(f"{name} must be a positive integer, got {value!r}")
+    stage = world // degrees["inter"]
+    if stage % (G_ep * G_etp):
+        raise GridError(f"G_etp*G_ep = {G_etp}*{G_ep} = {G_etp * G_ep} does not divide the ranks of one "
+                        f"pipeline stage (world / G_inter = {world}/{degrees['inter']} = {stage})")
+    return G_etp
+
+
+def expert_groups(rank: int, degrees: dict[str, int], order: tuple[str, ...], G_ep: int, G_etp: int,
+                  timeout_s: float, groups: dict[str, Any], group_names: dict[str, str]) -> None:
+    """The etp, ep and edp groups (shared CP/MoE contract): one pipeline stage's ranks ordered by
+    (col, row, cp, depth, data) innermost first; consecutive blocks of G_etp are the etp groups,
+    stride G_etp the ep groups, stride G_etp*G_ep the expert-data groups. Every rank creates every
+    group, in one order (new_group is collective); fills `groups`/`group_names` and degrees."""
+    from itertools import product
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    n = 1
+    for a in EXPERT_RANK_ORDER:
+        n *= degrees[a]
+    G_edp = n // (G_ep * G_etp)
+    for inter in range(degrees["inter"]):
+        stage = []
+        for combo in product(*(range(degrees[a]) for a in reversed(EXPERT_RANK_ORDER))):
+            coords = dict(zip(reversed(EXPERT_RANK_ORDER), combo))
+            stage.append(rank_of({**coords, "inter": inter}, degrees, order))
+        # `stage` lists ranks with col varying fastest (innermost first)
+        layouts = {
+            "etp": [[stage[b * G_etp + i] for i in range(G_etp)] for b in range(n // G_etp)],
+            "ep": [[stage[b * G_etp * G_ep + o + j * G_etp] for j in range(G_ep)]
+                   for b in range(G_edp) for o in range(G_etp)],
+            "edp": [[stage[o + j * G_etp * G_ep] for j in range(G_edp)] for o in range(G_etp * G_ep)],
+        }
+        for axis, lists in layouts.items():
+            for ranks in lists:
+                pg = dist.new_group(ranks, timeout=timeout, group_desc=f"expert_{axis}")
+                if rank in ranks:
+                    groups[axis] = pg
+                    group_names[axis] = pg.group_name
+                    degrees[axis] = len(ranks)
+    for axis in ("etp", "ep", "edp"):
+        if degrees.get(axis, 1) == 1:
+            group_names.pop(axis, None)
 
 
 def _data_cp_group(rank: int, degrees: dict[str, int], order: tuple[str, ...], timeout_s: float) -> Any:

@@ -32,7 +32,8 @@ from engine.grads import STAGE_SPLIT_ATTR, wrap
 from engine.grid import Grid, GridError, current_grid
 from engine.layers import ParallelLayerNorm, SplitEmbedding, vocab_parallel_cross_entropy
 from engine.linear import ShardedLinear, linear_init_chunks
-from engine.models.gpt import GPT, GPTConfig, causal_attention
+from engine.models.gpt import GPT, GPTConfig, causal_attention, moe_of
+from engine.moe import MoE
 from engine.shard import drawn_chunks, tensor_chunks
 from perfmodels import rules
 from perfmodels.layout import partition_chunks
@@ -85,14 +86,17 @@ class _Source:
             raise ValueError(f"init must be 'serial' or 'local', got {init!r}")
         self.serial, self.init = serial, init
 
-    def skip_block(self, cfg: GPTConfig) -> None:
+    def skip_block(self, cfg: GPTConfig, index: int = 0) -> None:
         if self.serial is not None or self.init == "local":
             return
         h, f = cfg.hidden_size, cfg.ffn
-        for n, k in ((3 * h, h), (h, h), (f, h), (h, f)):
+        moe = cfg.is_moe_layer(index)
+        for n, k in ((3 * h, h), (h, h)) if moe else ((3 * h, h), (h, h), (f, h), (h, f)):
             for chunks in linear_init_chunks(n, k, True):
                 for _ in chunks or ():
                     pass
+        if moe:
+            moe_of(cfg)  # the experts' draws, in GPT(cfg)'s order
 
     def embedding(self, rows: int, hidden: int, serial: nn.Embedding | None) -> Iterator | None:
         if serial is not None:
@@ -144,12 +148,16 @@ def _norm(cfg: GPTConfig, grid: Grid, serial: nn.LayerNorm | None) -> ParallelLa
 
 
 class ParallelBlock(nn.Module):
-    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source) -> None:
+    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source,
+                 index: int = 0) -> None:
         super().__init__()
         self.ln1 = _norm(cfg, grid, serial and serial.ln1)
         self.attn = ParallelAttention(serial and serial.attn, cfg, grid, source)
         self.ln2 = _norm(cfg, grid, serial and serial.ln2)
-        self.mlp = ParallelMLP(serial and serial.mlp, cfg, grid, source)
+        if cfg.is_moe_layer(index):  # experts over ep/etp (engine.moe), same values as GPT(cfg)'s
+            self.mlp: nn.Module = MoE.from_serial(serial.mlp if serial is not None else moe_of(cfg), grid)
+        else:
+            self.mlp = ParallelMLP(serial and serial.mlp, cfg, grid, source)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -202,9 +210,10 @@ class ParallelGPT(nn.Module):
         built = {}
         for i in range(cfg.num_layers):  # GPT.__init__'s order, so the RNG stream matches
             if i in mine:
-                built[i] = ParallelBlock(serial.blocks[i] if serial is not None else None, cfg, grid, source)
+                built[i] = ParallelBlock(serial.blocks[i] if serial is not None else None, cfg, grid, source,
+                                         i)
             else:
-                source.skip_block(cfg)
+                source.skip_block(cfg, i)
         for i in sorted(built):
             self.blocks[str(i)] = built[i]
         if self.has_head:
