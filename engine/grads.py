@@ -422,9 +422,15 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.grad_norm(norm_type=norm_type, model=model)
-    params = [p for p in model.parameters() if p.grad is not None]
+    params = [p for p in model.parameters() if p.grad is not None and not is_expert(p)]
+    experts = [p.grad.detach() for p in model.parameters() if p.grad is not None and is_expert(p)]
+    extra = None
+    if experts:  # MoE experts: distinct over etp (summed with row) and over ep, alike over edp
+        extra = sum_of_powers(experts, [1.0] * len(experts), norm_type, grid.device)
+        if grid.degrees.get("ep", 1) > 1:
+            dist.all_reduce(extra, group=grid.comm_group("ep"))
     return global_norm([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
-                       norm_type, grid, model)
+                       norm_type, grid, model, extra=extra)
 
 
 def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.Tensor], numels: list[int],
@@ -445,7 +451,8 @@ def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.T
 
 
 def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: float, grid: Grid,
-                model: nn.Module | None, *, data_sharded: bool = False) -> torch.Tensor:
+                model: nn.Module | None, *, data_sharded: bool = False,
+                extra: torch.Tensor | None = None) -> torch.Tensor:
     """The p-norm of the whole model's gradient, on every rank, from this rank's part of it.
 
     `grads[i]` weighs `weights[i]` (1/k for a tensor k tensor-parallel ranks hold alike, so the sum
@@ -456,6 +463,8 @@ def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: floa
     `grad_norm`, `ZeroOptimizer.grad_norm` and `Zero3.grad_norm` all take.
     """
     total = sum_of_powers(grads, weights, norm_type, grid.device)
+    if extra is not None:  # a part already summed where it differs (MoE experts over ep)
+        total = total + extra
     data = grid.comm_group("data") if data_sharded else None
     if data is not None:
         dist.all_reduce(total, group=data)

@@ -163,7 +163,10 @@ class MoE(nn.Module):
         if self.ep_group is not None:
             rows = _AllToAll.apply(rows, send_l, recv_l, self.ep_group)  # dispatch
         local_expert = recv_expert - self.first_expert
-        y = torch.zeros_like(rows)
+        # `rows * 0`, not zeros_like: the combine's output must depend on the dispatch's even when
+        # this rank received no rows, so that every rank runs both all-to-alls' backward (a rank
+        # skipping one would pair its next collective with a peer's all-to-all)
+        y = rows * 0.0
         for e in range(self.local):
             sel = (local_expert == e).nonzero(as_tuple=True)[0]
             if sel.numel():

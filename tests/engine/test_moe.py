@@ -43,13 +43,15 @@ def _reference(num_layers: int) -> tuple[list[float], dict[str, torch.Tensor]]:
         opt.zero_grad()
         loss = model(tokens[rows], targets[rows])
         loss.backward()
+        if s == 0:
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
         opt.step()
         losses.append(float(loss))
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, norm
 
 
 @functools.lru_cache(maxsize=2)
-def reference(num_layers: int = 2) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(num_layers: int = 2) -> tuple[list[float], dict[str, torch.Tensor], float]:
     return isolated(_reference, num_layers)
 
 
@@ -79,15 +81,19 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> d
         engine.sync_gradients(model)
         if s == STEPS - 1:
             rec.__exit__(None, None, None)
+        if s == 0:
+            norm = float(engine.grad_norm(model))  # experts summed over ep and etp
         opt.step()
         losses.append(loss)
     state = engine.full_state_dict(model)
-    return {"coords": dict(grid.coords), "losses": losses, "state": state,
+    return {"coords": dict(grid.coords), "losses": losses, "state": state, "norm": norm,
             "table": rec.table(), "local": local, "mb": 1 if pipe is not None else local}
 
 
 def _check(results: list[dict[str, Any]], degrees: dict[str, int], num_layers: int = 2) -> None:
-    ref_losses, ref_state = reference(num_layers)
+    ref_losses, ref_state, ref_norm = reference(num_layers)
+    for r in results:
+        assert r["norm"] == pytest.approx(ref_norm, rel=1e-5)
     last = [r for r in results
             if r["coords"]["inter"] == degrees.get("inter", 1) - 1 and r["coords"]["row"] == 0]
     assert [sum(r["losses"][s] for r in last) / len(last) for s in range(STEPS)] == \
@@ -155,3 +161,50 @@ def test_moe_grid_errors_name_the_field():
     assert "G_etp*G_ep = 1*3 = 3 does not divide" in out[0]
     assert "G_etp must be a positive integer, got 0" in out[1]
     assert "G_ep=4 does not divide num_moe_experts=6" in out[2]
+
+
+def test_gridtune_train_example_moe(capsys):
+    """`gridtune train --example moe` trains the built-in GPT with MoE MLPs, experts over G_ep=2."""
+    import json
+
+    from cli import main
+
+    assert main(["train", "--example", "moe", "--nproc", "2", "--ep", "2", "--steps", "12", "--warmup", "2",
+                 "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "16", "--global-batch-size", "8",
+                 "--plan", "G_data=2", "--lr", "1e-2", "--no-store", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    losses = out["losses"]
+    assert len(losses) == 12 and losses[0] > 4.5  # ~ln(256) at the start
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
+
+
+def _skewed(rank: int, world: int) -> dict[str, float]:
+    import engine
+    from engine.models.gpt import MoEMLP
+
+    grid = engine.init(G_data=2, G_ep=2)
+    torch.manual_seed(0)
+    serial = MoEMLP(8, 16, 4, top_k=2)
+    with torch.no_grad():  # positive inputs, experts 0 and 1 (ep rank 0) always chosen
+        serial.router.weight.zero_()
+        serial.router.weight[:2] = 1.0
+    moe = engine.MoE.from_serial(serial, grid)
+    out = {}
+    for step in range(2):
+        x = (torch.rand(3, 8, generator=torch.Generator().manual_seed(rank * 10 + step)) + 1).requires_grad_()
+        y = moe(x)
+        y.square().sum().backward()
+        xs = x.detach().clone().requires_grad_()
+        ys = serial(xs)
+        ys.square().sum().backward()
+        out[f"y{step}"] = (y - ys).abs().max().item()
+        out[f"dx{step}"] = (x.grad - xs.grad).abs().max().item()
+    return out
+
+
+def test_a_rank_that_receives_no_tokens_still_runs_every_all_to_all():
+    """Routing that sends every token to ep rank 0's experts: ep rank 1 computes nothing, yet it must
+    run the combine's and the dispatch's backward all-to-all (else gloo pairs mismatched buffers:
+    'Received data size doesn't match expected size')."""
+    for r in launch(_skewed, 2, timeout_s=60):
+        assert max(r.values()) <= 1e-5, r
