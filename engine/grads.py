@@ -517,10 +517,17 @@ def restore_hyperparameters(param_groups: list[dict[str, Any]], saved: list[dict
         group.update(values)
 
 
-def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = None,
-                    norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(model: nn.Module | Any, max_norm: float, norm_type: float = 2.0, *,
+                    grid: Grid | None = None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over the whole grid: same total norm and scaling as one process
-    (under ZeRO-1 too: the norm of the data-reduced gradient, and its shards are scaled)."""
+    (under ZeRO-1 too: the norm of the data-reduced gradient, and its shards are scaled).
+
+    `model` may also be what torch's takes: a tensor or an iterable of parameters
+    (`engine.clip_grad_norm_(model.parameters(), 1.0)`); their norm is then summed over the tensor
+    axes (each replicated tensor counted once) and, when they belong to a model split into pipeline
+    stages, over the stages."""
+    if not isinstance(model, nn.Module):
+        return _clip_parameters(model, max_norm, norm_type, grid)
     grid = grid_of(model, grid)
     zero = zero_optimizer_of(model)
     if zero is not None:
@@ -531,6 +538,53 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
     if grads:
         torch._foreach_mul_(grads, coef.to(dtype=grads[0].dtype))
     return norm.float()
+
+
+@torch.no_grad()
+def _clip_parameters(parameters: Any, max_norm: float, norm_type: float, grid: Grid | None) -> torch.Tensor:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    grid = grid if grid is not None else _grid_of_params(params)
+    with_grads = [p for p in params if p.grad is not None]
+    dense = [p for p in with_grads if not is_expert(p)]
+    experts = [p.grad for p in with_grads if is_expert(p)]
+    extra = None
+    if experts:
+        extra = sum_of_powers(experts, [1.0] * len(experts), norm_type, grid.device)
+        if grid.degrees.get("ep", 1) > 1:
+            dist.all_reduce(extra, group=grid.comm_group("ep"))
+    split = any(getattr(p, _STAGE_PARAM_ATTR, False) for p in params)
+    norm = global_norm([p.grad for p in dense], [1.0 / replica_copies(p, grid) for p in dense], norm_type,
+                       grid, _StageSplit() if split else None, extra=extra)
+    coef = clip_coefficient(norm, max_norm)
+    grads = [p.grad for p in with_grads]
+    if grads:
+        torch._foreach_mul_(grads, coef.to(dtype=grads[0].dtype))
+    return norm.float()
+
+
+_STAGE_PARAM_ATTR = "_gridtune_stage_split_param"  # set by wrap on the parameters of a stage-split model
+
+
+class _StageSplit(nn.Module):
+    """Stands for "a model split into pipeline stages" where only parameters were given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        setattr(self, STAGE_SPLIT_ATTR, True)
+
+
+_PARAM_GRID_ATTR = "_gridtune_param_grid"
+
+
+def _grid_of_params(params: list[torch.Tensor]) -> Grid:
+    """The grid the parameters' model was wrapped on (engine.wrap), else the last engine.init's."""
+    from engine.grid import current_grid
+
+    for p in params:
+        found = getattr(p, _PARAM_GRID_ATTR, None)
+        if isinstance(found, Grid):
+            return found
+    return current_grid()
 
 
 # --------------------------------------------------------------------------------------------
@@ -602,6 +656,10 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
     """
     grid = grid_of(model, grid)
     setattr(model, GRID_ATTR, grid)  # what sync_gradients, step and checkpoints use when not given grid=
+    split = is_stage_split(model)
+    for p in model.parameters():  # clip_grad_norm_(model.parameters(), ...) finds both from a parameter
+        setattr(p, _PARAM_GRID_ATTR, grid)
+        setattr(p, _STAGE_PARAM_ATTR, split)
     _check_tied_embeddings(model, grid)
     if grid.size("inter") > 1 and not is_stage_split(model):
         warnings.warn(f"{type(model).__name__} is not split into pipeline stages but the grid has "

@@ -317,6 +317,27 @@ class ShardedLinear(nn.Module):
 
     # ---- depth prefetch (prefetch_depth) --------------------------------------------------------
 
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: Any,
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        """Also accept the unsharded layer's tensors (`layer.load_state_dict(nn.Linear(k, n)
+        .state_dict())`, AxoNN's own test; or a whole single-process model's state_dict): a
+        full-shaped weight or bias is cut to this rank's shard (vocabulary padding included) before
+        the usual loading."""
+        g = self.grid
+        for name, spec in (("weight", self.w_spec), ("bias", self.b_spec)):
+            key = prefix + name
+            local = self._parameters.get(name)
+            if spec is None or local is None or key not in state_dict:
+                continue
+            value = state_dict[key]
+            full = (self.in_features, self.out_features) if (name == "weight" and self.weight_in_out) else \
+                (self.out_features, self.in_features) if name == "weight" else (self.out_features,)
+            if isinstance(value, torch.Tensor) and tuple(value.shape) == full and value.shape != local.shape:
+                state_dict[key] = spec.shard(value.detach().to(local.device), g.coords, g.degrees)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
     def depth_neighbour(self, which: str) -> ShardedLinear | None:
         """The chained next ("next") or previous ("prev") depth-sharded layer, if any."""
         ref = self._depth_links.get(which)
