@@ -3,6 +3,7 @@
     gridtune train --example gpt --nproc 4 --steps 50 --auto
     gridtune train --example gpt --nproc 4 --steps 50 --plan G_data=2,G_intra_r=2,micro_batch_size=2
     gridtune train --example gpt --nproc 2 --steps 20 --profile local.json --json
+    gridtune train --example moe --nproc 2 --steps 30 --ep 2      # the GPT with MoE MLPs (engine.moe)
 
 The GPT example is byte-level language modelling on the Python standard library's own sources
 (offline everywhere). With --auto the tuner picks the layout (using the newest calibrated profile
@@ -19,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-EXAMPLES = ("gpt",)
+EXAMPLES = ("gpt", "moe")
 
 
 def register(subparsers: Any) -> None:
@@ -38,6 +39,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--experts", type=int, default=4, help="--example moe: experts per MoE layer (default 4)")
+    p.add_argument("--topk", type=int, default=2, help="--example moe: experts per token (default 2)")
+    p.add_argument("--ep", type=int, default=None,
+                   help="--example moe: expert-parallel ranks G_ep (default: the plan's, else 1)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--auto", action="store_true", help="let the tuner pick the layout (the default)")
     mode.add_argument(
@@ -67,15 +72,19 @@ def _rank_main(rank: int, world: int, opts: dict[str, Any]) -> Any:
     from engine.models.gpt import GPTConfig
     from engine.train import stdlib_text_dataset, train
 
+    moe = {}
+    if opts["example"] == "moe":  # every MLP a mixture of experts (Megatron-Core's field names)
+        moe = {"num_moe_experts": opts["experts"], "moe_router_topk": opts["topk"]}
     cfg = GPTConfig(num_layers=opts["layers"], hidden_size=opts["hidden"], num_attention_heads=opts["heads"],
-                    seq_length=opts["seq"], vocab_size=256)
+                    seq_length=opts["seq"], vocab_size=256, **moe)
     lr = opts["lr"]
     report = train(cfg, stdlib_text_dataset(cfg.seq_length), opts["global_batch_size"], opts["steps"],
                    optimizer=lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=0.01),
                    auto=opts["plan"] is None, plan=opts["plan"], profile=opts["profile"],
                    service_url=opts["service_url"], database_url=opts["database"],
                    micro_batch_size=opts["micro_batch_size"], warmup_steps=opts["warmup"],
-                   record=not opts["no_store"], progress=not opts["json"], max_grad_norm=1.0)
+                   record=not opts["no_store"], progress=not opts["json"],
+                   max_grad_norm=1.0, G_ep=opts["ep"] if moe else None)
     return report if rank == 0 else None
 
 

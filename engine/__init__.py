@@ -28,6 +28,7 @@ from engine.grid import Grid, GridError, current_grid, init
 from engine.linear import Linear, ShardedLinear, prefetch_depth
 from engine.loop import forward_backward
 from engine.memory import model_state_bytes
+from engine.moe import MoE
 from engine.parallel_gpt import ParallelGPT
 from engine.parallelize import parallelize
 from engine.pipeline import Pipeline
@@ -46,6 +47,7 @@ __all__ = [
     "Linear",
     "LossScaler",
     "MixedPrecision",
+    "MoE",
     "ParallelGPT",
     "Pipeline",
     "ShardedLinear",

@@ -87,6 +87,19 @@ class _Materialized:
             self.zero3.release(self.before)
 
 
+def _gathered_experts(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every expert of each engine.MoE (gathered over etp and ep, a collective within the stage),
+    under the unsplit model's names."""
+    from engine.moe import MoE
+
+    out = {}
+    for prefix, m in model.named_modules():
+        if isinstance(m, MoE):
+            for key, t in m.gather_experts().items():
+                out[f"{prefix}.{key}" if prefix else key] = t
+    return out
+
+
 def _place_all(pieces_by_rank: list[tuple[dict[str, int], Pieces]]) -> dict[str, torch.Tensor]:
     full: dict[str, torch.Tensor] = {}
     specs: dict[str, ShardSpec | None] = {}
@@ -110,6 +123,7 @@ def full_state_dict(model: nn.Module, *, grid: Grid | None = None) -> dict[str, 
     grid = grid_of(model, grid)
     with _Materialized(_zero3_of(model)):
         state, specs = _named_tensors(model)
+        state.update(_gathered_experts(model))
         mine: Pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
                         for name, t in state.items() if _owner(specs[name], grid)}
     gathered: list[tuple[dict[str, int], Pieces]] = [(dict(grid.degrees), mine)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from engine.grid import Grid, GridError, current_grid
@@ -65,7 +66,32 @@ def create_dataloader(dataset: Dataset, global_batch_size: int, micro_batch_size
                          f"({size} samples): the loader would yield no batch")
     sampler = DistributedSampler(dataset, num_replicas=grid.batch_shards, rank=grid.batch_shard_index,
                                  shuffle=shuffle, seed=seed, drop_last=True)
+    G_cp = grid.degrees.get("cp", 1)
+    if G_cp > 1:  # context parallelism: each cp rank gets its two sequence chunks (engine.context)
+        inner = dataloader_kwargs.get("collate_fn")
+        dataloader_kwargs["collate_fn"] = _cp_collate(inner, G_cp, grid.coord("cp"))
     loader = DataLoader(dataset, batch_size=local, sampler=sampler, drop_last=True, num_workers=num_workers,
                         **dataloader_kwargs)
     loader.micro_batch_size = micro_batch_size or local  # type: ignore[attr-defined]
     return loader
+
+
+def _cp_collate(inner: Any, G_cp: int, cp_rank: int) -> Any:
+    """Collate as `inner` (default_collate) does, then keep this cp rank's chunks of every tensor
+    with a sequence dimension (dim 1): the load-balanced split of engine.context."""
+    from torch.utils.data import default_collate
+
+    from engine.context import split_sequence
+
+    collate = inner or default_collate
+
+    def split(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            return split_sequence(x, G_cp, cp_rank, dim=1)
+        if isinstance(x, (list, tuple)):
+            return type(x)(split(v) for v in x)
+        if isinstance(x, dict):
+            return {k: split(v) for k, v in x.items()}
+        return x
+
+    return lambda batch: split(collate(batch))

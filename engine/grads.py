@@ -61,6 +61,15 @@ def replicated_over_depth(p: torch.Tensor) -> bool:
     return spec is None or not spec.depth_flat
 
 
+EXPERT_ATTR = "_gridtune_expert"  # engine.moe marks its expert weights: split over ep/etp, reduced over edp
+
+
+def is_expert(p: torch.Tensor) -> bool:
+    """A MoE expert weight (engine.moe): not replicated over data; its gradient is reduced over the
+    expert-data group ("edp") instead."""
+    return bool(getattr(p, EXPERT_ATTR, False))
+
+
 def _params_with_grads(model: nn.Module) -> list[torch.Tensor]:
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -125,7 +134,7 @@ class _OverlappedReducer:
         # factor the schedule applies to the gradients after backward, which a gradient copied into
         # its bucket during backward has not seen (torch.distributed.pipelining's scale_grads)
         self.launch_scale = 1.0
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad and not is_expert(p)]
         self.buckets = _param_buckets(list(reversed(params)), bucket_bytes)
         self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.offset: dict[int, int] = {}
@@ -281,7 +290,7 @@ def _check_synced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> N
 def install_sync_guard(module: nn.Module, grid: Grid) -> None:
     """Mark `module`'s parameters so that an optimizer step after a backward without
     engine.sync_gradients raises. Nothing to do when the batch is not split (one replica)."""
-    if grid.batch_shards == 1:
+    if grid.grad_shards == 1:
         return
     from torch.optim import optimizer as optimizer_module
 
@@ -341,9 +350,12 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
         overlapped = reducer.finish() if reduce_data else (reducer.discard() or False)
     reduce_depth_replicated(model, grid, bucket_bytes)
     if reduce_data and not overlapped:
-        all_reduce_bucketed([p.grad for p in params], grid.comm_group("data"), bucket_bytes,
-                            dtype=getattr(model, "_gridtune_reduce_dtype", None))
-    scale = 1.0 / grid.batch_shards
+        all_reduce_bucketed([p.grad for p in params if not is_expert(p)], grid.comm_group("data"),
+                            bucket_bytes, dtype=getattr(model, "_gridtune_reduce_dtype", None))
+    experts = [p.grad for p in params if is_expert(p)]
+    if experts and data and "edp" in grid.degrees:  # MoE experts: over the expert-data group
+        all_reduce_bucketed(experts, grid.comm_group("edp"), bucket_bytes)
+    scale = 1.0 / grid.grad_shards
     if scale != 1.0:
         for p in params:
             p.grad.mul_(scale)
@@ -410,9 +422,15 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
     zero = zero_optimizer_of(model)
     if zero is not None:
         return zero.grad_norm(norm_type=norm_type, model=model)
-    params = [p for p in model.parameters() if p.grad is not None]
+    params = [p for p in model.parameters() if p.grad is not None and not is_expert(p)]
+    experts = [p.grad.detach() for p in model.parameters() if p.grad is not None and is_expert(p)]
+    extra = None
+    if experts:  # MoE experts: distinct over etp (summed with row) and over ep, alike over edp
+        extra = sum_of_powers(experts, [1.0] * len(experts), norm_type, grid.device)
+        if grid.degrees.get("ep", 1) > 1:
+            dist.all_reduce(extra, group=grid.comm_group("ep"))
     return global_norm([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
-                       norm_type, grid, model)
+                       norm_type, grid, model, extra=extra)
 
 
 def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.Tensor], numels: list[int],
@@ -433,7 +451,8 @@ def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.T
 
 
 def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: float, grid: Grid,
-                model: nn.Module | None, *, data_sharded: bool = False) -> torch.Tensor:
+                model: nn.Module | None, *, data_sharded: bool = False,
+                extra: torch.Tensor | None = None) -> torch.Tensor:
     """The p-norm of the whole model's gradient, on every rank, from this rank's part of it.
 
     `grads[i]` weighs `weights[i]` (1/k for a tensor k tensor-parallel ranks hold alike, so the sum
@@ -444,6 +463,8 @@ def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: floa
     `grad_norm`, `ZeroOptimizer.grad_norm` and `Zero3.grad_norm` all take.
     """
     total = sum_of_powers(grads, weights, norm_type, grid.device)
+    if extra is not None:  # a part already summed where it differs (MoE experts over ep)
+        total = total + extra
     data = grid.comm_group("data") if data_sharded else None
     if data is not None:
         dist.all_reduce(total, group=data)
@@ -496,10 +517,17 @@ def restore_hyperparameters(param_groups: list[dict[str, Any]], saved: list[dict
         group.update(values)
 
 
-def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = None,
-                    norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(model: nn.Module | Any, max_norm: float, norm_type: float = 2.0, *,
+                    grid: Grid | None = None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over the whole grid: same total norm and scaling as one process
-    (under ZeRO-1 too: the norm of the data-reduced gradient, and its shards are scaled)."""
+    (under ZeRO-1 too: the norm of the data-reduced gradient, and its shards are scaled).
+
+    `model` may also be what torch's takes: a tensor or an iterable of parameters
+    (`engine.clip_grad_norm_(model.parameters(), 1.0)`); their norm is then summed over the tensor
+    axes (each replicated tensor counted once) and, when they belong to a model split into pipeline
+    stages, over the stages."""
+    if not isinstance(model, nn.Module):
+        return _clip_parameters(model, max_norm, norm_type, grid)
     grid = grid_of(model, grid)
     zero = zero_optimizer_of(model)
     if zero is not None:
@@ -512,6 +540,53 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
     return norm.float()
 
 
+@torch.no_grad()
+def _clip_parameters(parameters: Any, max_norm: float, norm_type: float, grid: Grid | None) -> torch.Tensor:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    grid = grid if grid is not None else _grid_of_params(params)
+    with_grads = [p for p in params if p.grad is not None]
+    dense = [p for p in with_grads if not is_expert(p)]
+    experts = [p.grad for p in with_grads if is_expert(p)]
+    extra = None
+    if experts:
+        extra = sum_of_powers(experts, [1.0] * len(experts), norm_type, grid.device)
+        if grid.degrees.get("ep", 1) > 1:
+            dist.all_reduce(extra, group=grid.comm_group("ep"))
+    split = any(getattr(p, _STAGE_PARAM_ATTR, False) for p in params)
+    norm = global_norm([p.grad for p in dense], [1.0 / replica_copies(p, grid) for p in dense], norm_type,
+                       grid, _StageSplit() if split else None, extra=extra)
+    coef = clip_coefficient(norm, max_norm)
+    grads = [p.grad for p in with_grads]
+    if grads:
+        torch._foreach_mul_(grads, coef.to(dtype=grads[0].dtype))
+    return norm.float()
+
+
+_STAGE_PARAM_ATTR = "_gridtune_stage_split_param"  # set by wrap on the parameters of a stage-split model
+
+
+class _StageSplit(nn.Module):
+    """Stands for "a model split into pipeline stages" where only parameters were given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        setattr(self, STAGE_SPLIT_ATTR, True)
+
+
+_PARAM_GRID_ATTR = "_gridtune_param_grid"
+
+
+def _grid_of_params(params: list[torch.Tensor]) -> Grid:
+    """The grid the parameters' model was wrapped on (engine.wrap), else the last engine.init's."""
+    from engine.grid import current_grid
+
+    for p in params:
+        found = getattr(p, _PARAM_GRID_ATTR, None)
+        if isinstance(found, Grid):
+            return found
+    return current_grid()
+
+
 # --------------------------------------------------------------------------------------------
 # wrap and step
 # --------------------------------------------------------------------------------------------
@@ -520,6 +595,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, *, grid: Grid | None = No
 def _replicated_over(t: torch.Tensor, axis: str, is_param: bool) -> bool:
     if not is_param:
         return True
+    if is_expert(t):  # split over ep/etp; equal over edp by construction (engine.moe)
+        return False
     spec = spec_of(t)
     if axis == "data":
         return True
@@ -579,6 +656,10 @@ def wrap(model: nn.Module, *, grid: Grid | None = None, broadcast: bool = True,
     """
     grid = grid_of(model, grid)
     setattr(model, GRID_ATTR, grid)  # what sync_gradients, step and checkpoints use when not given grid=
+    split = is_stage_split(model)
+    for p in model.parameters():  # clip_grad_norm_(model.parameters(), ...) finds both from a parameter
+        setattr(p, _PARAM_GRID_ATTR, grid)
+        setattr(p, _STAGE_PARAM_ATTR, split)
     _check_tied_embeddings(model, grid)
     if grid.size("inter") > 1 and not is_stage_split(model):
         warnings.warn(f"{type(model).__name__} is not split into pipeline stages but the grid has "

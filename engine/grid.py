@@ -54,7 +54,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from perfmodels.layout import MESH_ORDER, rank_coords, rank_of
-from perfmodels.specs import AXES, AXIS_FIELDS, default_placement
+from perfmodels.specs import AXES, AXIS_FIELDS
+
+ENGINE_MESH = ("data", "inter", "depth", "cp", "row", "col")
+"""The engine's mesh dims, outermost first: perfmodels' five axes plus context parallelism ("cp",
+Plan.G_cp) between depth and row, the shared CP/MoE contract's default rank order (innermost
+first: col, row, cp, depth, inter, data; Megatron-Core's tp-cp-...-dp with the pipeline inside data)."""
+FIELDS = {**AXIS_FIELDS, "cp": "G_cp"}
 
 _CURRENT: list[Grid] = []  # the grid the last engine.init returned (see the module docstring)
 GRID_ATTR = "_gridtune_grid"  # engine.wrap records the model's grid here (read by grid_of)
@@ -65,22 +71,36 @@ class GridError(ValueError):
 
 
 def grid_string(degrees: dict[str, int]) -> str:
-    return " ".join(f"{AXIS_FIELDS[a]}={degrees[a]}" for a in MESH_ORDER)
+    out = " ".join(f"{AXIS_FIELDS[a]}={degrees[a]}" for a in MESH_ORDER)
+    return out + (f" G_cp={degrees['cp']}" if degrees.get("cp", 1) > 1 else "")
+
+
+def with_cp(order: tuple[str, ...]) -> tuple[str, ...]:
+    """A placement (innermost first) with "cp" in it: a five-axis placement gets it right after
+    "row", the contract's default position."""
+    if "cp" in order:
+        return order
+    i = order.index("row") + 1
+    return (*order[:i], "cp", *order[i:])
 
 
 def check_degrees(degrees: dict[str, int], world_size: int) -> None:
     """Raise GridError unless every degree is a positive int and their product is the world size."""
-    for axis in MESH_ORDER:
+    axes = ENGINE_MESH if degrees.get("cp", 1) != 1 else MESH_ORDER
+    for axis in axes:
         value = degrees[axis]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise GridError(f"{AXIS_FIELDS[axis]} must be a positive integer, got {value!r}")
+            raise GridError(f"{FIELDS[axis]} must be a positive integer, got {value!r}")
     product = 1
-    for axis in MESH_ORDER:
+    for axis in axes:
         product *= degrees[axis]
     if product != world_size:
         factors = "*".join(str(degrees[a]) for a in MESH_ORDER)
+        names = "G_data*G_inter*G_intra_d*G_intra_r*G_intra_c"
+        if axes == ENGINE_MESH:
+            factors, names = factors + f"*{degrees['cp']}", names + "*G_cp"
         raise GridError(
-            f"G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = {factors} = {product} but the world size is "
+            f"{names} = {factors} = {product} but the world size is "
             f"{world_size} ({grid_string(degrees)})"
         )
 
@@ -118,8 +138,19 @@ class Grid:
         return self.groups[axis]
 
     def comm_group(self, axis: str) -> Any:
-        """The group the engine's collectives use along `axis`: None when the axis has size one (skip)."""
+        """The group the engine's collectives use along `axis`: None when the axis has size one (skip).
+
+        "data" is the flattened data x cp group when G_cp > 1 (Megatron's dp-cp group): every
+        parameter is replicated over cp, so its gradient (and ZeRO's sharding) spans both."""
+        if axis == "data":
+            return self.groups[axis] if self.degrees["data"] * self.degrees.get("cp", 1) > 1 else None
         return self.groups[axis] if self.degrees[axis] > 1 else None
+
+    @property
+    def grad_shards(self) -> int:
+        """How many ranks saw different tokens of one replicated parameter's gradient
+        (G_data * G_intra_d * G_cp): the gradient is their mean."""
+        return self.batch_shards * self.degrees.get("cp", 1)
 
     def axis_of_group(self, group_name: str) -> str | None:
         """Grid axis of a process group (by its c10d name), for the communication recorder."""
@@ -230,6 +261,7 @@ def _env_world_size() -> int:
 
 
 def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1, *,
+         G_cp: int = 1, G_ep: int = 1, G_etp: int | None = None,
          gpus_per_node: int | None = None, placement: tuple[str, ...] | list[str] | None = None,
          backend: str | None = None, device: str | torch.device | None = None,
          timeout_s: float | None = None) -> Grid:
@@ -246,12 +278,16 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     if gpus_per_node is not None and (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
                                       or gpus_per_node < 1):
         raise GridError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
-    degrees = {"data": G_data, "inter": G_inter, "depth": G_intra_d, "row": G_intra_r, "col": G_intra_c}
-    order = default_placement(tuple(placement)) if placement is not None else AXES
-    if sorted(order) != sorted(AXES):
-        raise GridError(f"placement must be an ordering of {list(AXES)}, got {list(order)}")
+    degrees = {"data": G_data, "inter": G_inter, "depth": G_intra_d, "row": G_intra_r, "col": G_intra_c,
+               "cp": G_cp}
+    given = tuple(placement) if placement is not None else AXES
+    if sorted(given) not in (sorted(AXES), sorted((*AXES, "cp"))):
+        raise GridError(f"placement must be an ordering of {list(AXES)} (optionally with 'cp'), "
+                        f"got {list(given)}")
+    order = with_cp(given)
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
     check_degrees(degrees, world)
+    G_etp = check_expert_degrees(degrees, world, G_ep, G_etp)
     if not dist.is_initialized():
         _init_default_group(backend, 600.0 if timeout_s is None else timeout_s, gpus_per_node)
     if timeout_s is None:
@@ -265,9 +301,9 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
             device = torch.device("cuda", local_device_index(rank, gpus_per_node))
         torch.cuda.set_device(device)
     device_type = device.type
-    names = MESH_ORDER
+    names = ENGINE_MESH
     shape = tuple(degrees[a] for a in names)
-    if order == AXES:
+    if order == with_cp(AXES):
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     else:
         ranks = torch.empty(shape, dtype=torch.int64)
@@ -285,16 +321,98 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     groups: dict[str, Any] = {}
     group_names: dict[str, str] = {}
     for axis in names:
-        pg = mesh[axis].get_group()
+        if axis == "data" and G_cp > 1:
+            # Megatron's dp-cp group: one flattened group over data and cp (the contract counts
+            # its traffic under "data"), always a group of its own, so that the recorder tells it
+            # from the cp group even when both span the same ranks
+            pg = _data_cp_group(rank, degrees, order, timeout_s)
+        else:
+            pg = mesh[axis].get_group()
         set_group_timeout(pg, timeout_s)
         groups[axis] = pg
-        if degrees[axis] > 1:  # the recorder and timers attribute traffic only to real axes
+        if degrees[axis] > 1 or (axis == "data" and G_cp > 1):  # the recorder attributes only real axes
             group_names[axis] = pg.group_name
-    grid = Grid(degrees=degrees, placement=order, rank=rank, world_size=world,
+    if G_ep > 1 or G_etp > 1:
+        expert_groups(rank, degrees, order, G_ep, G_etp, timeout_s, groups, group_names)
+    placed = order if G_cp > 1 or "cp" in given else given  # five axes as before when there is no cp
+    grid = Grid(degrees=degrees, placement=placed, rank=rank, world_size=world,
                 coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,
                 group_names=group_names, timeout_s=timeout_s)
+    for axis in ("etp", "ep", "edp"):
+        if axis in degrees:
+            grid.coords[axis] = dist.get_rank(groups[axis])
     _CURRENT[:] = [grid]
     return grid
+
+
+EXPERT_RANK_ORDER = ("col", "row", "cp", "depth", "data")
+"""Within one pipeline stage, ranks ordered by these coordinates, innermost first (the contract)."""
+
+
+def check_expert_degrees(degrees: dict[str, int], world: int, G_ep: int, G_etp: int | None) -> int:
+    """Validate G_ep/G_etp before any collective; returns G_etp (None -> G_intra_r)."""
+    G_etp = degrees["row"] if G_etp is None else G_etp
+    for name, value in (("G_ep", G_ep), ("G_etp", G_etp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GridError(f"{name} must be a positive integer, got {value!r}")
+    stage = world // degrees["inter"]
+    if stage % (G_ep * G_etp):
+        raise GridError(f"G_etp*G_ep = {G_etp}*{G_ep} = {G_etp * G_ep} does not divide the ranks of one "
+                        f"pipeline stage (world / G_inter = {world}/{degrees['inter']} = {stage})")
+    return G_etp
+
+
+def expert_groups(rank: int, degrees: dict[str, int], order: tuple[str, ...], G_ep: int, G_etp: int,
+                  timeout_s: float, groups: dict[str, Any], group_names: dict[str, str]) -> None:
+    """The etp, ep and edp groups (shared CP/MoE contract): one pipeline stage's ranks ordered by
+    (col, row, cp, depth, data) innermost first; consecutive blocks of G_etp are the etp groups,
+    stride G_etp the ep groups, stride G_etp*G_ep the expert-data groups. Every rank creates every
+    group, in one order (new_group is collective); fills `groups`/`group_names` and degrees."""
+    from itertools import product
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    n = 1
+    for a in EXPERT_RANK_ORDER:
+        n *= degrees[a]
+    G_edp = n // (G_ep * G_etp)
+    for inter in range(degrees["inter"]):
+        stage = []
+        for combo in product(*(range(degrees[a]) for a in reversed(EXPERT_RANK_ORDER))):
+            coords = dict(zip(reversed(EXPERT_RANK_ORDER), combo))
+            stage.append(rank_of({**coords, "inter": inter}, degrees, order))
+        # `stage` lists ranks with col varying fastest (innermost first)
+        layouts = {
+            "etp": [[stage[b * G_etp + i] for i in range(G_etp)] for b in range(n // G_etp)],
+            "ep": [[stage[b * G_etp * G_ep + o + j * G_etp] for j in range(G_ep)]
+                   for b in range(G_edp) for o in range(G_etp)],
+            "edp": [[stage[o + j * G_etp * G_ep] for j in range(G_edp)] for o in range(G_etp * G_ep)],
+        }
+        for axis, lists in layouts.items():
+            for ranks in lists:
+                pg = dist.new_group(ranks, timeout=timeout, group_desc=f"expert_{axis}")
+                if rank in ranks:
+                    groups[axis] = pg
+                    group_names[axis] = pg.group_name
+                    degrees[axis] = len(ranks)
+    for axis in ("etp", "ep", "edp"):
+        if degrees.get(axis, 1) == 1:
+            group_names.pop(axis, None)
+
+
+def _data_cp_group(rank: int, degrees: dict[str, int], order: tuple[str, ...], timeout_s: float) -> Any:
+    """This rank's flattened data x cp group; every rank creates every such group, in one order."""
+    from itertools import product
+
+    others = [a for a in ENGINE_MESH if a not in ("data", "cp")]
+    mine = None
+    for combo in product(*(range(degrees[a]) for a in others)):
+        coords = dict(zip(others, combo))
+        ranks = sorted(rank_of({**coords, "data": d, "cp": c}, degrees, order)
+                       for d in range(degrees["data"]) for c in range(degrees["cp"]))
+        pg = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s), group_desc="data_cp")
+        if rank in ranks:
+            mine = pg
+    return mine
 
 
 def current_grid(grid: Grid | None = None) -> Grid:

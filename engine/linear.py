@@ -52,7 +52,7 @@ from engine.comm import (
 )
 from engine.grads import install_sync_guard
 from engine.grid import Grid, GridError, current_grid
-from engine.shard import ShardSpec, drawn_chunks, mark, materialize, tensor_chunks
+from engine.shard import ShardSpec, drawn_chunks, mark, materialize, spec_of, tensor_chunks
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -317,6 +317,27 @@ class ShardedLinear(nn.Module):
 
     # ---- depth prefetch (prefetch_depth) --------------------------------------------------------
 
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: Any,
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        """Also accept the unsharded layer's tensors (`layer.load_state_dict(nn.Linear(k, n)
+        .state_dict())`, AxoNN's own test; or a whole single-process model's state_dict): a
+        full-shaped weight or bias is cut to this rank's shard (vocabulary padding included) before
+        the usual loading."""
+        g = self.grid
+        for name, spec in (("weight", self.w_spec), ("bias", self.b_spec)):
+            key = prefix + name
+            local = self._parameters.get(name)
+            if spec is None or local is None or key not in state_dict:
+                continue
+            value = state_dict[key]
+            full = (self.in_features, self.out_features) if (name == "weight" and self.weight_in_out) else \
+                (self.out_features, self.in_features) if name == "weight" else (self.out_features,)
+            if isinstance(value, torch.Tensor) and tuple(value.shape) == full and value.shape != local.shape:
+                state_dict[key] = spec.shard(value.detach().to(local.device), g.coords, g.degrees)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
     def depth_neighbour(self, which: str) -> ShardedLinear | None:
         """The chained next ("next") or previous ("prev") depth-sharded layer, if any."""
         ref = self._depth_links.get(which)
@@ -360,7 +381,32 @@ class Linear(ShardedLinear):
     row and col swap), the "convert" events of perfmodels.traffic. For activations already in the
     3D layout, use `engine.ShardedLinear`."""
 
+    tied = False  # True once a full (unsharded) weight was assigned: weight tying, see __setattr__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Weight tying (`lm_head.weight = wte.weight`, as Hugging Face's tie_weights does): a
+        full-shaped, unsharded Parameter assigned to `weight` makes this layer an ordinary
+        replicated nn.Linear over that shared tensor (its gradient is the tied tensor's, synced like
+        any replicated parameter). Splitting it is impossible without splitting its owner too.
+        Before, the shard-shaped view of the full tensor failed with a shape error on the first
+        forward (row, col and depth grids alike)."""
+        if name == "weight" and isinstance(value, nn.Parameter) and "weight" in self._parameters \
+                and spec_of(value) is None:
+            full = (self.in_features, self.out_features) if self.weight_in_out else \
+                (self.out_features, self.in_features)
+            if tuple(value.shape) != full:
+                raise GridError(f"engine.Linear({self.in_features}, {self.out_features}).weight: a tied "
+                                f"weight must have the full shape {full}, got {tuple(value.shape)}")
+            if self.bias is not None:
+                raise GridError(f"engine.Linear({self.in_features}, {self.out_features}): a tied weight "
+                                "needs bias=False (its bias is split over the grid)")
+            object.__setattr__(self, "tied", True)
+        super().__setattr__(name, value)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tied:
+            w = self.weight.t() if self.weight_in_out else self.weight
+            return F.linear(x, w, self.bias)
         in_axis, out_axis = ("row", "col") if self.transpose else ("col", "row")
         x = scatter_last(x, self.grid.comm_group(in_axis))
         y = super().forward(x)

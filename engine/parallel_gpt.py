@@ -27,11 +27,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from engine.context import causal_attention_cp, check_sequence, grid_positions
 from engine.grads import STAGE_SPLIT_ATTR, wrap
 from engine.grid import Grid, GridError, current_grid
 from engine.layers import ParallelLayerNorm, SplitEmbedding, vocab_parallel_cross_entropy
 from engine.linear import ShardedLinear, linear_init_chunks
-from engine.models.gpt import GPT, GPTConfig, causal_attention
+from engine.models.gpt import GPT, GPTConfig, causal_attention, moe_of
+from engine.moe import MoE
 from engine.shard import drawn_chunks, tensor_chunks
 from perfmodels import rules
 from perfmodels.layout import partition_chunks
@@ -84,14 +86,17 @@ class _Source:
             raise ValueError(f"init must be 'serial' or 'local', got {init!r}")
         self.serial, self.init = serial, init
 
-    def skip_block(self, cfg: GPTConfig) -> None:
+    def skip_block(self, cfg: GPTConfig, index: int = 0) -> None:
         if self.serial is not None or self.init == "local":
             return
         h, f = cfg.hidden_size, cfg.ffn
-        for n, k in ((3 * h, h), (h, h), (f, h), (h, f)):
+        moe = cfg.is_moe_layer(index)
+        for n, k in ((3 * h, h), (h, h)) if moe else ((3 * h, h), (h, h), (f, h), (h, f)):
             for chunks in linear_init_chunks(n, k, True):
                 for _ in chunks or ():
                     pass
+        if moe:
+            moe_of(cfg)  # the experts' draws, in GPT(cfg)'s order
 
     def embedding(self, rows: int, hidden: int, serial: nn.Embedding | None) -> Iterator | None:
         if serial is not None:
@@ -116,10 +121,13 @@ class ParallelAttention(nn.Module):
         h = cfg.hidden_size
         self.local_heads = cfg.num_attention_heads // grid.size("row")
         self.head_dim = cfg.head_dim
+        self.cp_grid = grid if grid.degrees.get("cp", 1) > 1 else None
         self.qkv = _linear(source, serial and serial.qkv, h, 3 * h, True, grid)
         self.proj = _linear(source, serial and serial.proj, h, h, True, grid, transpose=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cp_grid is not None:  # the sequence is split over cp: ring attention (engine.context)
+            return self.proj(causal_attention_cp(self.qkv(x), self.local_heads, self.head_dim, self.cp_grid))
         return self.proj(causal_attention(self.qkv(x), self.local_heads, self.head_dim))
 
 
@@ -140,12 +148,16 @@ def _norm(cfg: GPTConfig, grid: Grid, serial: nn.LayerNorm | None) -> ParallelLa
 
 
 class ParallelBlock(nn.Module):
-    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source) -> None:
+    def __init__(self, serial: nn.Module | None, cfg: GPTConfig, grid: Grid, source: _Source,
+                 index: int = 0) -> None:
         super().__init__()
         self.ln1 = _norm(cfg, grid, serial and serial.ln1)
         self.attn = ParallelAttention(serial and serial.attn, cfg, grid, source)
         self.ln2 = _norm(cfg, grid, serial and serial.ln2)
-        self.mlp = ParallelMLP(serial and serial.mlp, cfg, grid, source)
+        if cfg.is_moe_layer(index):  # experts over ep/etp (engine.moe), same values as GPT(cfg)'s
+            self.mlp: nn.Module = MoE.from_serial(serial.mlp if serial is not None else moe_of(cfg), grid)
+        else:
+            self.mlp = ParallelMLP(serial and serial.mlp, cfg, grid, source)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -173,6 +185,8 @@ class ParallelGPT(nn.Module):
         problems = gpt_split_problems(cfg, grid.degrees, virtual_stages)
         if problems:
             raise GridError(f"GPT cannot be split on grid {grid.describe()}: " + "; ".join(problems))
+        if grid.degrees.get("cp", 1) > 1:
+            check_sequence(cfg.seq_length, grid.size("cp"))
         self.cfg, self.grid, self.virtual_stages = cfg, grid, virtual_stages
         S, s = grid.size("inter"), grid.coord("inter")
         setattr(self, STAGE_SPLIT_ATTR, S > 1)
@@ -196,9 +210,10 @@ class ParallelGPT(nn.Module):
         built = {}
         for i in range(cfg.num_layers):  # GPT.__init__'s order, so the RNG stream matches
             if i in mine:
-                built[i] = ParallelBlock(serial.blocks[i] if serial is not None else None, cfg, grid, source)
+                built[i] = ParallelBlock(serial.blocks[i] if serial is not None else None, cfg, grid, source,
+                                         i)
             else:
-                source.skip_block(cfg)
+                source.skip_block(cfg, i)
         for i in sorted(built):
             self.blocks[str(i)] = built[i]
         if self.has_head:
@@ -223,7 +238,7 @@ class ParallelGPT(nn.Module):
         return block(x)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        pos = grid_positions(self.grid, tokens.shape[1], device=tokens.device)  # global positions under cp
         return self.tok_emb(tokens) + self.pos_emb(pos)
 
     def run_blocks(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
@@ -262,6 +277,7 @@ class GPTChunk(nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.start, self.end = start, end
+        self.grid = model.grid
         self.run_block = model.run_block
         if first:
             self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
@@ -271,7 +287,7 @@ class GPTChunk(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            pos = torch.arange(x.shape[1], device=x.device)
+            pos = grid_positions(self.grid, x.shape[1], device=x.device)
             x = self.tok_emb(x) + self.pos_emb(pos)
         for i in range(self.start, self.end):
             x = self.run_block(i, x)

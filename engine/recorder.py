@@ -12,12 +12,19 @@ torch.distributed.pipelining's send/recv and anything else issued on this thread
 backward alike. Payload convention, the one perfmodels.traffic uses: all-reduce = the tensor,
 all-gather = the gathered output, reduce-scatter = the input, send/recv = the tensor. Groups that
 are not one of the grid's axes (the world group, ad-hoc groups) are counted under "other".
+
+Group names follow the shared CP/MoE contract: "cp" (the ring of engine.context), "ep", "etp",
+"edp" (engine.moe's expert groups; all_to_all = the input tensor); the flattened data x cp group
+of context parallelism is counted under "data". Collectives issued inside `uncounted()` (the
+MoE's routing metadata: split sizes and row-to-expert indices, not payload) are not counted.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +33,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from engine.grid import Grid
 
 AXES_REPORTED = ("row", "col", "depth", "inter", "data")
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Collectives issued inside are not counted by any CommRecorder (metadata, not payload)."""
+    previous = getattr(_STATE, "paused", False)
+    _STATE.paused = True
+    try:
+        yield
+    finally:
+        _STATE.paused = previous
 
 
 def _nbytes(t: Any) -> int:
@@ -90,7 +109,7 @@ class CommRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         rule = self.rules.get(func)
-        if rule is not None:
+        if rule is not None and not getattr(_STATE, "paused", False):
             kind, fn = rule
             group, nbytes = fn(args)
             axis = self.grid.axis_of_group(_group_name(group)) or "other"

@@ -269,7 +269,8 @@ class _Decision:
 
 def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | None, auto: bool,
             splittable: bool, micro_batch_size: int | None, url: str | None,
-            database_url: str | None, cluster_id: str | None, use_calibrated: bool) -> _Decision:
+            database_url: str | None, cluster_id: str | None, use_calibrated: bool,
+            extra: Callable[[Plan], list[str]] | None = None) -> _Decision:
     """Rank 0: the cluster's constants, the plan, and its prediction."""
     from perfmodels.steptime import predict
     from tuner import closed_loop as cl
@@ -293,7 +294,8 @@ def _decide(*, spec: Model, cluster: Cluster, training: Training, plan: Plan | N
         else:
             candidates = cl.candidate_plans(spec, cluster, training, options, top_k=50)
             plan = next((c.plan for c in candidates
-                         if not engine_problems(spec, c.plan, training, splittable=splittable)), None)
+                         if not engine_problems(spec, c.plan, training, splittable=splittable)
+                         and not (extra and extra(c.plan))), None)
             if plan is None:
                 raise ValueError(f"no layout of {cluster.num_gpus} ranks can train this model with "
                                  f"global_batch_size={training.global_batch_size}")
@@ -439,7 +441,7 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True,
           use_calibrated: bool = True, progress: bool = True, seed: int = 0,
           max_grad_norm: float | None = None, dtype: str = "fp32", init: str = "serial",
-          offload: bool = False, reduce_dtype: str = "fp32") -> TrainReport:
+          offload: bool = False, reduce_dtype: str = "fp32", G_ep: int | None = None) -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module (e.g. a Hugging Face transformers model: its
@@ -457,6 +459,10 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
     The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; under a pipeline
     each stage gathers once per step) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's
     optimizer state in host memory (ZeRO stages 1-3).
+    A GPTConfig with `num_moe_experts` trains MoE MLPs (engine.moe): experts over the plan's G_ep
+    (or `G_ep=` where the Plan has no such field), the automatic search keeping to layouts the
+    engine's MoE runs (G_intra_c = G_intra_d = 1, ZeRO stage 0). The plan's G_cp (when the Plan
+    has it) splits the sequence (engine.context).
     Defaults: `global_batch_size` two samples per rank (default_global_batch_size), `steps`
     warmup_steps + DEFAULT_TIMED_STEPS, so `engine.train(model, dataset, auto=True)` runs as is.
     Each rank's MemoryStats carries its RSS when the call started (baseline_rss_bytes) beside the peak.
@@ -481,17 +487,21 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
     url = cl.service_url(service_url)
     training = cl.engine_training(global_batch_size, dtype=dtype)
     base_cluster, prof = _base_cluster(cluster, world, profile)
+    extra = (lambda p: moe_limits(p, G_ep)) if cfg is not None and cfg.num_moe_experts else None
     decision = _on_rank_zero(rank, lambda: _decide(
         spec=spec, cluster=base_cluster, training=training, plan=plan, auto=auto, splittable=splittable,
         micro_batch_size=micro_batch_size, url=url, database_url=database_url, cluster_id=cluster_id,
-        use_calibrated=use_calibrated and prof is None))
+        use_calibrated=use_calibrated and prof is None, extra=extra))
     chosen = decision.plan
-    _refuse_what_the_engine_cannot_run(spec, chosen, training, splittable=splittable, dtype=dtype)
+    _refuse_what_the_engine_cannot_run(spec, chosen, training, splittable=splittable, dtype=dtype,
+                                       extra=extra)
 
     import engine
 
     grid = engine.init(G_data=chosen.G_data, G_inter=chosen.G_inter, G_intra_d=chosen.G_intra_d,
-                       G_intra_r=chosen.G_intra_r, G_intra_c=chosen.G_intra_c, placement=chosen.placement)
+                       G_intra_r=chosen.G_intra_r, G_intra_c=chosen.G_intra_c, placement=chosen.placement,
+                       G_cp=getattr(chosen, "G_cp", 1), G_ep=G_ep or getattr(chosen, "G_ep", 1),
+                       G_etp=getattr(chosen, "G_etp", None))
     torch.manual_seed(seed)
     if grid.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(grid.device)
@@ -538,10 +548,26 @@ def _check_arguments(*, steps: int, warmup_steps: int, dtype: str, reduce_dtype:
     return policy
 
 
+def moe_limits(plan: Plan, G_ep: int | None = None) -> list[str]:
+    """What the engine's MoE layers (engine.moe) need of a plan, each message naming field and value."""
+    problems = []
+    if plan.G_intra_c != 1 or plan.G_intra_d != 1:
+        problems.append(f"G_intra_c={plan.G_intra_c}, G_intra_d={plan.G_intra_d}: MoE layers need both 1")
+    if plan.zero_stage:
+        problems.append(f"zero_stage={plan.zero_stage}: MoE layers train with ZeRO stage 0 in the engine")
+    G_etp = getattr(plan, "G_etp", None)
+    if G_etp is not None and G_etp != plan.G_intra_r:
+        problems.append(f"G_etp={G_etp}: the engine's experts need G_etp = G_intra_r = {plan.G_intra_r}")
+    ep = G_ep or getattr(plan, "G_ep", 1)
+    if (plan.world_size // plan.G_inter) % (ep * (G_etp or plan.G_intra_r)):
+        problems.append(f"G_ep={ep}: G_etp*G_ep does not divide the ranks of a pipeline stage")
+    return problems
+
+
 def _refuse_what_the_engine_cannot_run(spec: Model, plan: Plan, training: Training, *, splittable: bool,
-                                       dtype: str) -> None:
+                                       dtype: str, extra: Callable[[Plan], list[str]] | None = None) -> None:
     """Raise ValueError (on every rank: all hold the broadcast plan) naming every problem of `plan`."""
-    problems = engine_problems(spec, plan, training, splittable=splittable)
+    problems = engine_problems(spec, plan, training, splittable=splittable) + (extra(plan) if extra else [])
     if dtype == "fp16" and plan.zero_stage:
         problems.append(f"dtype='fp16' (loss scaling) runs with zero_stage=0, not {plan.zero_stage}")
     if problems:

@@ -207,6 +207,17 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
                 self.units.append(unit)
                 for p in mine:
                     self.unit_of[id(p)] = unit
+        # modules using a parameter another unit owns (tied weights: GPT-2's head is the token
+        # embedding's weight) gather that unit for their own forward and free it after
+        self.borrowers: list[tuple[nn.Module, list[_Unit]]] = []
+        for m in model.modules():
+            owners: list[_Unit] = []
+            for p in m.parameters(recurse=False):
+                unit = self.unit_of.get(id(p))
+                if unit is not None and not any(m is um for um in unit.modules) and unit not in owners:
+                    owners.append(unit)
+            if owners:
+                self.borrowers.append((m, owners))
         missing = [p for p in params if id(p) not in seen]
         if missing:
             raise ValueError(f"{len(missing)} trainable parameters of {type(model).__name__} "
@@ -246,6 +257,9 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
             for unit in self.units:
                 for m in unit.modules:
                     m.register_forward_pre_hook(lambda *_, u=unit: u.gather())
+            for m, owners in self.borrowers:
+                for unit in owners:
+                    m.register_forward_pre_hook(lambda *_, u=unit: u.gather())
             return
         # While the model runs forward, autograd would keep the gathered parameters alive through
         # the tensors it saves; _pack replaces a view of a gathered unit by its coordinates, and
@@ -262,6 +276,10 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
             for p in unit.params:
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(lambda _p, u=unit: self._after_grad(u))
+        for m, owners in self.borrowers:
+            for unit in owners:
+                m.register_forward_pre_hook(lambda *_, u=unit: u.gather())
+                m.register_forward_hook(lambda _m, _i, out, u=unit: self._after_borrowed_forward(u, out))
 
     def _pack(self, t: torch.Tensor) -> Any:
         try:
@@ -286,6 +304,15 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         if unit.forwards_done < len(unit.modules):
             return
         unit.forwards_done = 0
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for t in outs:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(lambda g, u=unit: u.gather())
+        unit.free()
+
+    def _after_borrowed_forward(self, unit: _Unit, out: Any) -> None:
+        """A module using another unit's (tied) parameter ran: free that unit again, re-gathered
+        before the module's backward like after the unit's own forward."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for t in outs:
             if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -330,7 +357,7 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
             if unit.pending != sum(1 for p in unit.params if p.requires_grad) or unit.shard.grad is None:
                 unit.reduce()
         for unit in self.units:
-            unit.shard.grad.mul_(1.0 / self.grid.batch_shards)
+            unit.shard.grad.mul_(1.0 / self.grid.grad_shards)
         self._scaled = True
 
     def _weighted_pieces(self) -> tuple[list[torch.Tensor], list[float]]:

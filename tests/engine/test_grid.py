@@ -67,7 +67,10 @@ def test_non_default_placement_builds_perfmodels_groups():
     degrees = {"data": 2, "inter": 1, "depth": 1, "row": 2, "col": 2}
     results = launch(_groups, world_size=8, timeout_s=60)
     for rank, r in enumerate(results):
+        assert r["groups"]["cp"] == [rank]  # G_cp=1: a one-rank group
         for axis, ranks in r["groups"].items():
+            if axis == "cp":
+                continue
             assert ranks == group_ranks(rank, axis, degrees, PLACEMENT), (rank, axis)
         assert r["groups"]["data"] == [rank - rank % 2, rank - rank % 2 + 1]
 

@@ -53,17 +53,26 @@ def _tokens() -> torch.Tensor:
 
 
 def _run(rank: int, world: int, degrees: dict[str, int] | None, path: str | None,
-         kind: str = "llama") -> dict[str, Any]:
+         kind: str = "llama", zero3: bool = False) -> dict[str, Any]:
     torch.set_num_threads(1)
     import engine
 
     grid = engine.init(**(degrees or {}))
-    model = BUILD[kind]()
-    n_linear = _splittable(model)
-    if degrees is not None:
+    if kind.endswith("-auto"):  # the guide's flow: built under auto_parallelize (HF ties the head)
+        from transformers.models.gpt2 import modeling_gpt2  # noqa: F401 - imported outside the context
+
+        with engine.auto_parallelize(grid):
+            model = BUILD[kind.removesuffix("-auto")]()
+        model = engine.wrap(model, grid=grid)
+        n_linear = 0
+    else:
+        model = BUILD[kind]()
+        n_linear = _splittable(model)
+    if degrees is not None and not kind.endswith("-auto"):
         model = engine.wrap(engine.parallelize(model, grid), grid=grid)
     split = sum(1 for m in model.modules() if isinstance(m, engine.Linear))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = engine.Zero3(model, torch.optim.AdamW, lr=1e-2) if zero3 else \
+        torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = _tokens()
     local = GLOBAL // grid.batch_shards
     replica = grid.coord("data") * grid.size("depth") + grid.coord("depth")
@@ -151,3 +160,35 @@ def test_gpt2_conv1d_split_equals_single_process_and_loads_into_transformers(deg
     with torch.no_grad():
         again = fresh(_tokens()[:2, :-1]).logits
     assert (again - ref["logits"]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("degrees", [{"G_data": 2}, {"G_data": 2, "G_intra_r": 2}], ids=["d2", "d2xr2"])
+def test_gpt2_tied_head_under_zero3_equals_single_process(degrees):
+    """Issue 23 (4): ZeRO-3 failed at GPT-2's first forward (`size mismatch ... vec (0)`): the head
+    shares the embedding's weight, which lives in the embedding's unit; the head's forward must
+    gather that unit too. The tied weight's gradient sums both uses, as in one process."""
+    ref = isolated(_run, 0, 1, None, None, "gpt2")
+    world = 1
+    for v in degrees.values():
+        world *= v
+    results = launch(_run, world, args=(degrees, None, "gpt2", True), timeout_s=180)
+    by_replica = {r["replica"]: r["losses"] for r in results}
+    mean = [sum(ls[s] for ls in by_replica.values()) / len(by_replica) for s in range(STEPS)]
+    assert mean == pytest.approx(ref["losses"], rel=1e-5)
+    for r in results:
+        assert (r["logits"] - ref["logits"]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("degrees", [{"G_intra_r": 2}, {"G_intra_c": 2}, {"G_intra_d": 2}],
+                         ids=["r2", "c2", "depth2"])
+def test_gpt2_built_under_auto_parallelize_ties_its_head(degrees):
+    """Issue 23 (4): building GPT-2 inside auto_parallelize() failed (transformers' isinstance(m,
+    nn.Linear) on the patched name) and its tied head gave a shape error on row, col and depth
+    grids. The tied head runs as a replicated Linear over the embedding's weight."""
+    ref = isolated(_run, 0, 1, None, None, "gpt2")
+    results = launch(_run, 2, args=(degrees, None, "gpt2-auto"), timeout_s=180)
+    by_replica = {r["replica"]: r["losses"] for r in results}
+    mean = [sum(ls[s] for ls in by_replica.values()) / len(by_replica) for s in range(STEPS)]
+    assert mean == pytest.approx(ref["losses"], rel=1e-5)
+    for r in results:
+        assert (r["logits"] - ref["logits"]).abs().max().item() <= 1e-4

@@ -31,8 +31,10 @@ def _pair(rank: int, world: int) -> dict[str, Any]:
     y = model(x_local)
     (y.square().sum() / 4).backward()  # the mean over the global batch of a per-sample loss
     engine.sync_gradients(model)
+    # torch's calling convention (parameters), no clipping at this bound: the same global norm
+    params_norm = float(engine.clip_grad_norm_(model.parameters(), 1e9))
     norm = float(engine.clip_grad_norm_(model, max_norm=0.01))
-    return {"coords": dict(grid.coords), "y": y.detach(), "norm": norm,
+    return {"coords": dict(grid.coords), "y": y.detach(), "norm": norm, "params_norm": params_norm,
             "state": engine.full_state_dict(model),
             "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
 
@@ -60,3 +62,25 @@ def test_linear_pair_equals_dense():
         assert torch.allclose(r["y"], y.detach().chunk(2, dim=0)[d].chunk(2, dim=-1)[c], atol=1e-6)
     # the pair's loss per depth replica is sum/4 over half the batch; sync divides by G_d=2
     assert abs(results[0]["norm"] - dense_norm) <= 1e-5 * dense_norm
+    for r in results:  # issue 23: clip_grad_norm_ accepts parameters as torch's does
+        assert abs(r["params_norm"] - dense_norm) <= 1e-5 * dense_norm
+
+
+def _load_unsharded(rank: int, world: int, degrees: dict[str, int]) -> float:
+    import engine
+
+    grid = engine.init(**degrees)
+    layer = engine.Linear(16, 16, grid=grid)
+    torch.manual_seed(7)
+    dense = nn.Linear(16, 16)
+    layer.load_state_dict(dense.state_dict())  # AxoNN's own test does exactly this
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+    return float((layer(x) - dense(x)).abs().max())
+
+
+def test_unsharded_linear_state_dict_loads_into_the_parallel_linear():
+    """Issue 23: `layer.load_state_dict(nn.Linear(H, H).state_dict())` raised a size mismatch on
+    row2, col2 and depth2; the full tensors are now cut to this rank's shard on load."""
+    for degrees in ({"G_intra_r": 2}, {"G_intra_c": 2}, {"G_intra_d": 2}):
+        for diff in launch(_load_unsharded, 2, args=(degrees,), timeout_s=60):
+            assert diff <= 1e-6, degrees

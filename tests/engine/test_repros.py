@@ -335,7 +335,7 @@ def _loader_and_groups(rank: int, world: int) -> dict[str, Any]:
 def test_dataloader_arguments_and_size_one_groups():
     results = launch(_loader_and_groups, world_size=2, timeout_s=60)
     for rank, r in enumerate(results):
-        assert r["degrees"] == {"data": 2, "inter": 1, "depth": 1, "row": 1, "col": 1}
+        assert r["degrees"] == {"data": 2, "inter": 1, "depth": 1, "row": 1, "col": 1, "cp": 1}
         assert r["mb0"] == "micro_batch_size must be a positive integer, got 0"
         assert r["too_large"].startswith("global_batch_size=16 is larger than the dataset (10 samples)")
         assert r["workers"] == "num_workers must be a non-negative integer, got -1"

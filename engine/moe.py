@@ -1,0 +1,197 @@
+"""Expert parallelism: `engine.MoE`, a mixture-of-experts MLP with its experts split over G_ep ranks
+(all-to-all dispatch and combine) and each expert's FFN split over G_etp ranks.
+
+    grid = engine.init(G_data=4, G_ep=2)            # experts over "ep", replicas over "edp"
+    moe = engine.MoE(hidden, ffn, num_experts=8, top_k=2, grid=grid)      # or MoE.from_serial(...)
+    y = moe(x)                                       # x, y: [..., hidden], this rank's tokens
+
+The math is engine.models.gpt.MoEMLP's (dropless top-k, Mixtral's renormalized gating, bias-free
+GELU experts, optional shared expert): `MoE.from_serial(serial)` keeps the same values, so a model
+trains exactly as in one process. The groups (engine.grid.expert_groups, the shared contract):
+one pipeline stage's ranks re-divided into etp (innermost) x ep x edp, Megatron-Core's "MoE
+parallel folding"; expert e lives on ep rank e // (num_experts / G_ep).
+
+Per MoE layer and micro-batch, with T local tokens, k = top_k and h = hidden:
+- forward: the T*k (token, expert) rows, sorted by destination, go through one all-to-all over
+  "ep" (dispatch, input [T*k, h]); each rank runs its experts on what it received and the results
+  go back through a second all-to-all (combine, input = the rows it received); backward: the same
+  two again, with their gradients. Summed over the ep group both carry T*k*h elements per rank on
+  average (the contract's figure); a rank's combine input is what the routing sent it.
+- G_etp > 1: fc1 split by output features, fc2 by input features over "etp" (Megatron TP); the
+  partial expert outputs are combined and then all-reduced over "etp" as [T*k, h] rows, and the
+  dispatched input's gradient is all-reduced over "etp" before the dispatch's backward (again
+  [T*k, h]): the contract's etp traffic.
+- expert gradients are all-reduced over "edp" by engine.sync_gradients (they are not replicated
+  over data: `engine.grads.is_expert`), the router and the shared expert over data like any
+  replicated parameter.
+
+Which all-to-all: `torch.distributed.all_to_all_single` with uneven split sizes. In torch 2.13 gloo
+implements it for CPU tensors (ProcessGroupGloo alltoall_base, gloo's alltoallv), so one code path
+serves gloo and NCCL; older gloo builds lacked it ("ProcessGroupGloo does not support alltoall"),
+which is why this module keeps all dispatch traffic in one function (`_all_to_all`). The split
+sizes themselves (G_ep integers) and the destination expert of every row travel in small
+metadata all-to-alls that the communication recorder does not count (engine.recorder.uncounted):
+the contract and perfmodels.traffic count payload only.
+
+Limits (GridError before any collective): G_etp must equal G_intra_r (the expert FFN takes the
+row-replicated activations of ParallelGPT), G_intra_c = G_intra_d = 1 for MoE layers. AxoNN's own
+MoE shards experts over its depth group; here the expert axes are Megatron-Core's instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from engine.comm import copy_to, reduce_from
+from engine.grads import EXPERT_ATTR
+from engine.grid import Grid, GridError, current_grid
+from engine.models.gpt import MoEMLP
+
+
+def moe_problems(grid: Grid, num_experts: int, ffn: int) -> list[str]:
+    d = grid.degrees
+    G_ep, G_etp = d.get("ep", 1), d.get("etp", 1)
+    out = []
+    if num_experts % G_ep:
+        out.append(f"G_ep={G_ep} does not divide num_moe_experts={num_experts}")
+    if G_etp != d["row"]:
+        out.append(f"G_etp={G_etp} must equal G_intra_r={d['row']} in the engine (the experts take the "
+                   "row-replicated activations)")
+    if d["col"] != 1 or d["depth"] != 1:
+        out.append(f"MoE layers need G_intra_c=1 and G_intra_d=1, got {d['col']} and {d['depth']}")
+    if ffn % G_etp:
+        out.append(f"G_etp={G_etp} does not divide moe_ffn_hidden_size={ffn}")
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with split sizes; backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return _all_to_all(x, send, recv, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _all_to_all(g.contiguous(), ctx.recv, ctx.send, ctx.group), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+    return out
+
+
+class MoE(nn.Module):
+    """The expert-parallel MoEMLP (module docstring). Parameters: `router.weight` and the shared
+    expert (replicated), `fc1` [local experts, ffn/G_etp, hidden] and `fc2` [local experts, hidden,
+    ffn/G_etp] (this rank's experts and etp slice, marked as expert weights)."""
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int = 2,
+                 shared_ffn: int | None = None, *,
+                 grid: Grid | None = None, _serial: MoEMLP | None = None) -> None:
+        super().__init__()
+        self.grid = grid = current_grid(grid)
+        problems = moe_problems(grid, num_experts, ffn)
+        if problems:
+            raise GridError(f"engine.MoE({hidden}, {ffn}, num_experts={num_experts}) on grid "
+                            f"{grid.describe()}: "
+                            + "; ".join(problems))
+        serial = _serial if _serial is not None else MoEMLP(hidden, ffn, num_experts, top_k, shared_ffn)
+        self.top_k, self.num_experts = top_k, num_experts
+        d = grid.degrees
+        self.G_ep, self.G_etp = d.get("ep", 1), d.get("etp", 1)
+        self.ep_group, self.etp_group = grid.comm_group("ep") if self.G_ep > 1 else None, \
+            grid.comm_group("etp") if self.G_etp > 1 else None
+        self.local = num_experts // self.G_ep
+        ep_rank = grid.coords.get("ep", 0)
+        etp_rank = grid.coords.get("etp", 0)
+        self.first_expert = ep_rank * self.local
+        f = ffn // self.G_etp
+        experts = slice(self.first_expert, self.first_expert + self.local)
+        cols = slice(etp_rank * f, (etp_rank + 1) * f)
+        self.router = nn.Linear(hidden, num_experts, bias=False, device=grid.device)
+        self.fc1 = nn.Parameter(serial.fc1.detach()[experts, cols, :].clone().to(grid.device))
+        self.fc2 = nn.Parameter(serial.fc2.detach()[experts, :, cols].clone().to(grid.device))
+        for p in (self.fc1, self.fc2):
+            setattr(p, EXPERT_ATTR, True)
+        with torch.no_grad():
+            self.router.weight.copy_(serial.router.weight)
+        self.shared = None
+        if serial.shared is not None:
+            import copy
+
+            self.shared = copy.deepcopy(serial.shared).to(grid.device)
+
+    @classmethod
+    def from_serial(cls, serial: MoEMLP, grid: Grid | None = None) -> MoE:
+        """Split an engine.models.gpt.MoEMLP (same values): this rank's experts and etp slice."""
+        hidden, ffn = serial.fc1.shape[2], serial.fc1.shape[1]
+        shared = serial.shared[0].out_features if serial.shared is not None else None
+        return cls(hidden, ffn, serial.fc1.shape[0], serial.top_k, shared, grid=grid, _serial=serial)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from engine.recorder import uncounted
+
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.router(x), dim=-1)
+        top, idx = probs.topk(self.top_k, dim=-1)
+        w = top / top.sum(-1, keepdim=True)
+        flat_expert = idx.reshape(-1)  # row r = token r // k, slot r % k
+        order = torch.argsort(flat_expert, stable=True)  # rows sorted by expert, hence by ep rank
+        tokens = order // self.top_k
+        expert_sorted = flat_expert[order]
+        dest = expert_sorted // self.local
+        send = torch.bincount(dest, minlength=self.G_ep)
+        with uncounted():  # routing metadata: split sizes and each row's expert
+            if self.ep_group is not None:
+                recv_counts = torch.empty_like(send)
+                dist.all_to_all_single(recv_counts, send, group=self.ep_group)
+                send_l, recv_l = send.tolist(), recv_counts.tolist()
+                recv_expert = _all_to_all(expert_sorted, send_l, recv_l, self.ep_group)
+            else:
+                send_l = recv_l = send.tolist()
+                recv_expert = expert_sorted
+        rows = copy_to(x[tokens], self.etp_group)  # backward: all-reduce [T*k, h] over etp
+        if self.ep_group is not None:
+            rows = _AllToAll.apply(rows, send_l, recv_l, self.ep_group)  # dispatch
+        local_expert = recv_expert - self.first_expert
+        # `rows * 0`, not zeros_like: the combine's output must depend on the dispatch's even when
+        # this rank received no rows, so that every rank runs both all-to-alls' backward (a rank
+        # skipping one would pair its next collective with a peer's all-to-all)
+        y = rows * 0.0
+        for e in range(self.local):
+            sel = (local_expert == e).nonzero(as_tuple=True)[0]
+            if sel.numel():
+                y = y.index_add(0, sel, F.gelu(rows[sel] @ self.fc1[e].t()) @ self.fc2[e].t())
+        if self.ep_group is not None:
+            y = _AllToAll.apply(y, recv_l, send_l, self.ep_group)  # combine
+        y = reduce_from(y, self.etp_group)  # partial sums of the etp slices: all-reduce [T*k, h]
+        weights = w.reshape(-1)[order]
+        out = torch.zeros_like(x).index_add(0, tokens, y * weights[:, None])
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out.reshape(shape)
+
+    def gather_experts(self) -> dict[str, torch.Tensor]:
+        """The full fc1 / fc2 of every expert (a collective over ep and etp), for checks and export."""
+        parts = {}
+        for name, dim in (("fc1", 1), ("fc2", 2)):
+            t = getattr(self, name).detach().contiguous()
+            if self.etp_group is not None:
+                box = [torch.empty_like(t) for _ in range(self.G_etp)]
+                dist.all_gather(box, t, group=self.etp_group)
+                t = torch.cat(box, dim=dim)
+            if self.ep_group is not None:
+                box = [torch.empty_like(t) for _ in range(self.G_ep)]
+                dist.all_gather(box, t, group=self.ep_group)
+                t = torch.cat(box, dim=0)
+            parts[name] = t.cpu()
+        return parts
