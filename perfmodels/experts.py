@@ -228,6 +228,12 @@ def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: o
     act = m_e * local * (up + f) / etp  # activation function: read the fc1 output, write its result
     mem = ((PERMUTE_PASSES * pairs * h * e + act * e) * imbalance
            + ROUTER_FP32_PASSES * T * E * 4.0)
+    if training.dtype == "fp8":
+        # FP8 experts (Transformer Engine's grouped linears) quantize each GEMM's input, as the dense
+        # linears do (`compute.FP8_CAST_BYTES_PER_ELEMENT`; backward's gradients: twice, as there)
+        from perfmodels.compute import FP8_CAST_BYTES_PER_ELEMENT
+
+        mem = mem + m_e * local * (h + f / etp) * FP8_CAST_BYTES_PER_ELEMENT * imbalance
     return gemm, mem / hbm_rate + 3.0 * ovh
 
 

@@ -292,6 +292,31 @@ def stack_tp_with_pp(model: Model, cluster: Cluster, training: Training, cols: C
                      lambda i: f"{stack.name}: G_intra_r={r[i]} with G_inter={S[i]}")
 
 
+def expert_weights_fit(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """The routed experts' 16-bit weights a rank holds (E / G_ep experts over G_etp, in the mean
+    stage's MoE layers; sharded over the expert-data ranks too where the stack has ZeRO-3) already
+    exceed the GPU's memory: no option of the plan can fit it."""
+    n = len(cols["G_data"])
+    if not model.is_moe:
+        return _none(n)
+    ep = cols.get("G_ep", np.ones(n, np.int64))
+    etp_col = cols.get("G_etp", np.zeros(n, np.int64))
+    etp = np.where(etp_col > 0, etp_col, cols["G_intra_r"])
+    layers = model.num_layers * model.moe_fraction / cols["G_inter"]
+    local = layers * float(model.num_moe_experts) / ep * model.expert_params / etp
+    if 3 in training.effective_stack.zero_stages:
+        stage = cols["G_data"] * cols["G_intra_d"] * cols["G_intra_r"] * cols["G_intra_c"] * cols.get(
+            "G_cp", np.ones(n, np.int64))
+        local = local / np.maximum(stage // np.maximum(ep * etp, 1), 1)
+    gib = local * 2.0 / (1 << 30)
+    capacity = float(cluster.gpu.memory_gib)
+    return Rejection(gib > capacity, f"the routed experts' 16-bit weights alone exceed the {capacity:g} GiB "
+                     "of a GPU", lambda i: f"G_ep={ep[i]} G_etp={etp[i]} G_inter={cols['G_inter'][i]}: "
+                     f"{gib[i]:.0f} GiB of expert weights per GPU")
+
+
+EXPERT_GRID_CONSTRAINTS = (expert_weights_fit,)
+"""Applied to grids once their expert degrees are set (`tuner.space.expert_rows`)."""
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run,
                     stack_layer_split, stack_zero_stages, stack_recompute, stack_tp_with_pp, experts_split,

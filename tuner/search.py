@@ -29,7 +29,15 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
-from tuner.space import GRID_COLUMNS, cp_options, expand_options, grid_rows, placements
+from tuner.space import (
+    EXPERT_COLUMNS,
+    GRID_COLUMNS,
+    cp_options,
+    expand_options,
+    expert_rows,
+    grid_rows,
+    placements,
+)
 from tuner.types import Candidate, Recommendation, SearchOptions
 
 MAX_GPUS = 1 << 20
@@ -66,7 +74,16 @@ def _valid_grids(model: Model, cluster: Cluster, training: Training, options: Se
     gcols = {name: grids[:, j] for j, name in enumerate(GRID_COLUMNS)}
     for fn in C.GRID_CONSTRAINTS:
         alive = pruned.apply(fn(model, cluster, training, gcols), alive)
-    return grids[alive], len(alive)
+    looked_at = len(alive)
+    grids = expert_rows(model, grids[alive], options)  # + G_ep, G_etp (one pair for a dense model)
+    if model.is_moe and len(grids):
+        ecols = {name: grids[:, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
+        looked_at += len(grids) - int(alive.sum())
+        keep = np.ones(len(grids), dtype=bool)
+        for fn in C.EXPERT_GRID_CONSTRAINTS:
+            keep = pruned.apply(fn(model, cluster, training, ecols), keep)
+        grids = grids[keep]
+    return grids, looked_at
 
 
 def _valid_plans(model: Model, cluster: Cluster, training: Training, options: SearchOptions,

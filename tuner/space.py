@@ -194,7 +194,8 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
         grids = grids[first_placement_mask(grids, placement, all_placements)]
         if len(grids) == 0:
             return
-    grids = expert_rows(model, grids, options)
+    if grids.shape[1] == len(GRID_COLUMNS):  # not yet expanded by the expert degrees
+        grids = expert_rows(model, grids, options)
     if len(grids) == 0:
         return
     per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])

@@ -166,3 +166,19 @@ def test_expert_parallel_search_only_over_divisors_of_the_experts():
     pinned = recommend(model, cluster, training, top_k=3, search=options)
     assert pinned.best is None, pinned.best
     assert pinned.pruned.get("G_ep does not divide model.num_moe_experts=8"), pinned.pruned
+
+
+def test_expert_weights_that_cannot_fit_are_pruned_before_expansion():
+    from perfmodels import presets
+    from perfmodels.specs import Training
+    from tuner import recommend
+    from tuner.types import SearchOptions
+
+    # DeepSeek-V3 on 64 GPUs without a pipeline: E/G_ep experts of 58 layers in 16 bits need
+    # 58 x 256/64 x 44M x 2 B = 20 GiB at EP64 but 41 GiB at EP32, ... 1.3 TiB at EP1
+    rec = recommend(presets.model("deepseek-v3"), presets.cluster("eos").with_gpus(64),
+                    Training(global_batch_size=512, stack="megatron-core"), top_k=1,
+                    search=SearchOptions(G_inter=(1,), G_intra_r=(1,), G_etp=(1,), micro_batch_size=(1,)))
+    reason = "the routed experts' 16-bit weights alone exceed the 80 GiB of a GPU"
+    assert rec.pruned.get(reason, 0) > 0
+    assert any("G_ep=1 " in example for example in rec.pruned_examples[reason])
