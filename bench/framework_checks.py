@@ -155,6 +155,12 @@ MEGATRON_ARG_RULES: tuple[ArgRule, ...] = (
         ),
     ),
     ArgRule(
+        "arguments.py:1124-1135,3158",
+        "Megatron FSDP version 1 (the default) runs with the distributed optimizer; version 2 without it",
+        lambda a, w: "--use-megatron-fsdp" not in a
+        or ("--use-distributed-optimizer" in a) == (_i(a, "--megatron-fsdp-version") == 1),
+    ),
+    ArgRule(
         "arguments.py:1442",
         "--tp-comm-overlap needs --sequence-parallel",
         lambda a, w: "--tp-comm-overlap" not in a or "--sequence-parallel" in a,

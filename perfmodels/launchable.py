@@ -84,16 +84,16 @@ RULES: tuple[Rule, ...] = (
     Rule(
         name="launch_recomputes",
         applies="Stack.launch_recomputes",
-        source="DeepSpeed deepspeed/runtime/activation_checkpointing/checkpointing.py (checkpoint() wraps a "
-        "whole function); LLM Foundry fsdp_config.activation_checkpointing (whole blocks); the "
-        "engine's engine_limits (recompute 'full' or 'none')",
+        source="DeepSpeed deepspeed/runtime/activation_checkpointing/checkpointing.py:1058 (`checkpoint` "
+        "recomputes a whole function); LLM Foundry's fsdp_config.activation_checkpointing (whole blocks); "
+        "the engine's engine/train.py:299 `engine_limits` (recompute 'full' or 'none')",
     ),
     Rule(
         name="launch_tp_with_pp",
         applies="Stack.launch_tp_with_pp",
-        source="DeepSpeed deepspeed/runtime/engine.py `_configure_tensor_parallel` (AutoTP sets the engine's "
-        "mpu to its own tensor x data mesh) vs deepspeed/runtime/pipe/engine.py (the grid of the "
-        "PipelineModule's topology)",
+        source="DeepSpeed deepspeed/runtime/engine.py:654-671 (AutoTP's `_configure_tensor_parallel` sets "
+        "the engine's mpu to its own tensor x data mesh) vs deepspeed/runtime/pipe/engine.py:102 (the pipeline "
+        "engine's grid is the PipelineModule's topology)",
     ),
     Rule(
         name="sequence_parallel_has_rows",
