@@ -92,8 +92,8 @@ RULES: tuple[Rule, ...] = (
         name="launch_tp_with_pp",
         applies="Stack.launch_tp_with_pp",
         source="DeepSpeed deepspeed/runtime/engine.py:654-671 (AutoTP's `_configure_tensor_parallel` sets "
-        "the engine's mpu to its own tensor x data mesh) vs deepspeed/runtime/pipe/engine.py:102 (the pipeline "
-        "engine's grid is the PipelineModule's topology)",
+        "the engine's mpu to its own tensor x data mesh) vs deepspeed/runtime/pipe/engine.py:102 (the "
+        "pipeline engine's grid is the PipelineModule's topology)",
     ),
     Rule(
         name="sequence_parallel_has_rows",
