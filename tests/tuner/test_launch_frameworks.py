@@ -199,7 +199,7 @@ def test_the_rest_answer_carries_the_text_the_cli_prints(tmp_path, capsys):
         rec = client.post("/v1/recommend", json=body).json()
     assert set(rec["launch"]) == {"megatron", "nemo"}
     assert rec["launch"]["megatron"]["stack"] == "megatron-core"
-    argv = ["recommend", "--model", "llama3-8b", "--cluster", "eos", "--gpus", "64", "--global-batch-size", "128",
-            "--stack", "megatron-core", "--emit", "megatron", "--top", "3"]
+    argv = ["recommend", "--model", "llama3-8b", "--cluster", "eos", "--gpus", "64",
+            "--global-batch-size", "128", "--stack", "megatron-core", "--emit", "megatron", "--top", "3"]
     assert main(argv) == 0
     assert rec["launch"]["megatron"]["text"] in capsys.readouterr().out
