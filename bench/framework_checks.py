@@ -284,6 +284,16 @@ def check_megatron(launch: Launch, world: int) -> list[str]:
     )
 
 
+# src/megatron/bridge/training/mixed_precision.py:185-405 at NVIDIA-NeMo/Megatron-Bridge 067f987d
+BRIDGE_PRECISION_RECIPES = (
+    "bf16_mixed", "fp16_mixed",
+    "bf16_with_fp8_delayed_scaling_mixed", "fp16_with_fp8_delayed_scaling_mixed",
+    "bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed", "bf16_with_fp8_current_scaling_mixed",
+    "fp16_with_fp8_current_scaling_mixed", "bf16_with_fp8_subchannel_scaling_mixed",
+    "fp16_with_fp8_subchannel_scaling_mixed", "bf16_with_nvfp4_mixed",
+)
+
+
 def check_nemo(launch: Launch, world: int) -> list[str]:
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
@@ -303,6 +313,11 @@ def check_nemo(launch: Launch, world: int) -> list[str]:
         problems.append(
             "arguments.py:1025: overlap_param_gather needs the distributed optimizer or Megatron FSDP"
         )
+    if ddp.use_megatron_fsdp and mapping:  # Megatron-Bridge src/megatron/bridge/training/config.py:1124
+        problems.append("Megatron-Bridge config.py:1124: use_tp_pp_dp_mapping is not supported with "
+                        "Megatron FSDP")
+    if cfg.get("mixed_precision", "bf16_mixed") not in BRIDGE_PRECISION_RECIPES:
+        problems.append(f"mixed_precision={cfg['mixed_precision']} is not a Megatron-Bridge recipe")
     if ddp.use_megatron_fsdp and cfg.get("checkpoint", {}).get("ckpt_format") != "fsdp_dtensor":
         problems.append("arguments.py:1170: Megatron FSDP needs checkpoint.ckpt_format=fsdp_dtensor")
     model = cfg["model"]

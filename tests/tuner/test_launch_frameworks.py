@@ -134,7 +134,7 @@ def test_nemo_zero3_is_megatron_fsdp_and_fp8():
     if rec.best.plan.zero_stage == 3:
         assert "ddp.use_megatron_fsdp=true" in text and "checkpoint.ckpt_format=fsdp_dtensor" in text
         assert "--use-megatron-fsdp" in launches["megatron"]["text"]
-    assert "mixed_precision=bf16_with_fp8_hybrid" in text
+    assert "mixed_precision=bf16_with_fp8_delayed_scaling_mixed" in text
     assert "--fp8-format hybrid" in launches["megatron"]["text"]
     plan = Plan(G_data=16, G_intra_r=4, micro_batch_size=1, zero_stage=3, sequence_parallel=True)
     launch = launch_for("nemo", model, cluster, tr, plan)

@@ -42,9 +42,13 @@ def nemo(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Laun
     if fsdp:
         ddp.update(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
     train = {"micro_batch_size": lay.micro_batch_size, "global_batch_size": lay.global_batch_size}
-    recipes = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_hybrid"}
+    # run_recipe.py sets model.seq_length from the dataset's
+    dataset = {"seq_length": model.seq_length}
+    # Megatron-Bridge's mixed-precision recipes (src/megatron/bridge/training/mixed_precision.py:185-405);
+    # fp8 as Megatron-LM's --fp8-format hybrid runs it by default: delayed scaling
+    recipes = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
     precision = recipes.get(training.dtype)
-    config: dict[str, Any] = {"model": model_cfg, "train": train, "ddp": ddp,
+    config: dict[str, Any] = {"model": model_cfg, "train": train, "dataset": dataset, "ddp": ddp,
                               "optimizer": {"use_distributed_optimizer": plan.zero_stage in (1, 3)}}
     if fsdp:
         config["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
