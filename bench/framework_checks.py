@@ -161,6 +161,19 @@ MEGATRON_ARG_RULES: tuple[ArgRule, ...] = (
         or ("--use-distributed-optimizer" in a) == (_i(a, "--megatron-fsdp-version") == 1),
     ),
     ArgRule(
+        "arguments.py:1336",
+        "--seq-length is a multiple of 2 x --context-parallel-size",
+        lambda a, w: _i(a, "--context-parallel-size") == 1
+        or _i(a, "--seq-length") % (2 * _i(a, "--context-parallel-size")) == 0,
+    ),
+    ArgRule(
+        "megatron/core/tensor_parallel/mappings.py:74",
+        "with --sequence-parallel, the sequence of a rank splits evenly over the tensor-parallel ranks",
+        lambda a, w: "--sequence-parallel" not in a
+        or _i(a, "--seq-length")
+        % (_i(a, "--tensor-model-parallel-size") * _i(a, "--context-parallel-size")) == 0,
+    ),
+    ArgRule(
         "arguments.py:1442",
         "--tp-comm-overlap needs --sequence-parallel",
         lambda a, w: "--tp-comm-overlap" not in a or "--sequence-parallel" in a,

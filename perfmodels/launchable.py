@@ -96,6 +96,12 @@ RULES: tuple[Rule, ...] = (
         "pipeline engine's grid is the PipelineModule's topology)",
     ),
     Rule(
+        name="sequence_parallel_seq_split",
+        applies="every stack with sequence parallelism",
+        source="Megatron-LM megatron/core/tensor_parallel/mappings.py:74 \"First dimension of the tensor "
+        "should be divisible by tensor parallel size\"",
+    ),
+    Rule(
         name="sequence_parallel_has_rows",
         applies="every stack",
         source='Megatron-LM megatron/core/model_parallel_config.py:502 "Cannot use sequence parallelism '
@@ -149,6 +155,11 @@ def stack_problems(model: Model, training: Training, plan: Plan) -> list[str]:
             f"G_intra_r={r} with G_inter={S}: the {name} stack runs tensor or pipeline parallelism, "
             "not both (DeepSpeed's AutoTP and pipeline engine each build their own groups)"
         )
+    cp = int(getattr(plan, "G_cp", 1) or 1)
+    if (plan.sequence_parallel and model.kind == "transformer"
+            and not rules.sequence_parallel_seq_split(model.seq_length, r, cp)):
+        problems.append(f"plan.sequence_parallel with G_intra_r={r}: model.seq_length={model.seq_length} "
+                        f"does not split evenly over G_intra_r*G_cp = {r * cp}")
     if plan.sequence_parallel and not rules.sequence_parallel_has_rows(r):
         problems.append("plan.sequence_parallel needs G_intra_r > 1 (tensor parallelism)")
     return problems
