@@ -125,3 +125,14 @@ def test_every_rule_cites_a_framework_line():
     for rule in RULES:
         assert ":" in rule.source and any(name in rule.source for name in (
             "Megatron", "DeepSpeed", "torchtitan", "LLM Foundry")), rule
+
+
+def test_sequence_parallel_needs_an_even_sequence_split():
+    """GPT-2 XL has 25 heads: TP 5 splits them, but not its 1,024-token sequence, which Megatron's
+    sequence parallelism scatters over the TP ranks."""
+    model = presets.model("gpt2-xl")
+    tr = Training(global_batch_size=80, stack="megatron-core")
+    plan = Plan(G_data=8, G_intra_r=5, zero_stage=1, sequence_parallel=True)
+    assert any("does not split evenly" in p for p in stack_problems(model, tr, plan))
+    cols = {"G_intra_r": np.array([5, 5, 4]), "sequence_parallel": np.array([True, False, True])}
+    assert C.sequence_parallel_seq(model, None, tr, cols).mask.tolist() == [True, False, False]
