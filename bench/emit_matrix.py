@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.types import SearchOptions
 
     passed, total, no_plan, missing = Counter(), Counter(), Counter(), {}
+    covered: Counter[str] = Counter()  # what the checked launches exercised
     failures: list[str] = []
     t0 = time.perf_counter()
     for kind in TARGETS:
@@ -169,6 +170,18 @@ def main(argv: list[str] | None = None) -> int:
                         failures.append(f"{where}: " + "; ".join(problems))
                     else:
                         passed[kind] += 1
+                        lay = layout_of(model, training, plan)
+                        covered["pipeline"] += lay.pp > 1
+                        covered["interleaved"] += lay.vpp > 1
+                        megatron_like = kind in ("megatron", "nemo")
+                        covered["uneven first/last stages"] += bool(lay.uneven and megatron_like)
+                        covered["tensor parallel"] += lay.tp > 1
+                        covered["sequence parallel"] += bool(plan.sequence_parallel)
+                        covered["ZeRO-1"] += plan.zero_stage == 1
+                        covered["ZeRO-2"] += plan.zero_stage == 2
+                        covered["ZeRO-3 / FSDP"] += plan.zero_stage == 3
+                        covered["full recompute"] += plan.recompute == "full"
+                        covered["selective recompute"] += plan.recompute == "selective"
     for line in failures:
         print("FAIL", line)
     print(
@@ -188,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     all_n, all_p = sum(total.values()), sum(passed.values())
     print(f"{'all':12s} {'':40s} {all_p:8d} {all_n:9d} {all_p / max(all_n, 1):7.1%}")
+    print("passing launches with: " + ", ".join(f"{k} {v}" for k, v in covered.items()))
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

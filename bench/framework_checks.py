@@ -155,6 +155,25 @@ MEGATRON_ARG_RULES: tuple[ArgRule, ...] = (
         ),
     ),
     ArgRule(
+        "arguments.py:1124-1135,3158",
+        "Megatron FSDP version 1 (the default) runs with the distributed optimizer; version 2 without it",
+        lambda a, w: "--use-megatron-fsdp" not in a
+        or ("--use-distributed-optimizer" in a) == (_i(a, "--megatron-fsdp-version") == 1),
+    ),
+    ArgRule(
+        "arguments.py:1336",
+        "--seq-length is a multiple of 2 x --context-parallel-size",
+        lambda a, w: _i(a, "--context-parallel-size") == 1
+        or _i(a, "--seq-length") % (2 * _i(a, "--context-parallel-size")) == 0,
+    ),
+    ArgRule(
+        "megatron/core/tensor_parallel/mappings.py:74",
+        "with --sequence-parallel, the sequence of a rank splits evenly over the tensor-parallel ranks",
+        lambda a, w: "--sequence-parallel" not in a
+        or _i(a, "--seq-length")
+        % (_i(a, "--tensor-model-parallel-size") * _i(a, "--context-parallel-size")) == 0,
+    ),
+    ArgRule(
         "arguments.py:1442",
         "--tp-comm-overlap needs --sequence-parallel",
         lambda a, w: "--tp-comm-overlap" not in a or "--sequence-parallel" in a,
@@ -278,6 +297,16 @@ def check_megatron(launch: Launch, world: int) -> list[str]:
     )
 
 
+# src/megatron/bridge/training/mixed_precision.py:185-405 at NVIDIA-NeMo/Megatron-Bridge 067f987d
+BRIDGE_PRECISION_RECIPES = (
+    "bf16_mixed", "fp16_mixed",
+    "bf16_with_fp8_delayed_scaling_mixed", "fp16_with_fp8_delayed_scaling_mixed",
+    "bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed", "bf16_with_fp8_current_scaling_mixed",
+    "fp16_with_fp8_current_scaling_mixed", "bf16_with_fp8_subchannel_scaling_mixed",
+    "fp16_with_fp8_subchannel_scaling_mixed", "bf16_with_nvfp4_mixed",
+)
+
+
 def check_nemo(launch: Launch, world: int) -> list[str]:
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
@@ -297,6 +326,11 @@ def check_nemo(launch: Launch, world: int) -> list[str]:
         problems.append(
             "arguments.py:1025: overlap_param_gather needs the distributed optimizer or Megatron FSDP"
         )
+    if ddp.use_megatron_fsdp and mapping:  # Megatron-Bridge src/megatron/bridge/training/config.py:1124
+        problems.append("Megatron-Bridge config.py:1124: use_tp_pp_dp_mapping is not supported with "
+                        "Megatron FSDP")
+    if cfg.get("mixed_precision", "bf16_mixed") not in BRIDGE_PRECISION_RECIPES:
+        problems.append(f"mixed_precision={cfg['mixed_precision']} is not a Megatron-Bridge recipe")
     if ddp.use_megatron_fsdp and cfg.get("checkpoint", {}).get("ckpt_format") != "fsdp_dtensor":
         problems.append("arguments.py:1170: Megatron FSDP needs checkpoint.ckpt_format=fsdp_dtensor")
     model = cfg["model"]

@@ -84,16 +84,22 @@ RULES: tuple[Rule, ...] = (
     Rule(
         name="launch_recomputes",
         applies="Stack.launch_recomputes",
-        source="DeepSpeed deepspeed/runtime/activation_checkpointing/checkpointing.py (checkpoint() wraps a "
-        "whole function); LLM Foundry fsdp_config.activation_checkpointing (whole blocks); the "
-        "engine's engine_limits (recompute 'full' or 'none')",
+        source="DeepSpeed deepspeed/runtime/activation_checkpointing/checkpointing.py:1058 (`checkpoint` "
+        "recomputes a whole function); LLM Foundry's fsdp_config.activation_checkpointing (whole blocks); "
+        "the engine's engine/train.py:299 `engine_limits` (recompute 'full' or 'none')",
     ),
     Rule(
         name="launch_tp_with_pp",
         applies="Stack.launch_tp_with_pp",
-        source="DeepSpeed deepspeed/runtime/engine.py `_configure_tensor_parallel` (AutoTP sets the engine's "
-        "mpu to its own tensor x data mesh) vs deepspeed/runtime/pipe/engine.py (the grid of the "
-        "PipelineModule's topology)",
+        source="DeepSpeed deepspeed/runtime/engine.py:654-671 (AutoTP's `_configure_tensor_parallel` sets "
+        "the engine's mpu to its own tensor x data mesh) vs deepspeed/runtime/pipe/engine.py:102 (the "
+        "pipeline engine's grid is the PipelineModule's topology)",
+    ),
+    Rule(
+        name="sequence_parallel_seq_split",
+        applies="every stack with sequence parallelism",
+        source="Megatron-LM megatron/core/tensor_parallel/mappings.py:74 \"First dimension of the tensor "
+        "should be divisible by tensor parallel size\"",
     ),
     Rule(
         name="sequence_parallel_has_rows",
@@ -149,6 +155,11 @@ def stack_problems(model: Model, training: Training, plan: Plan) -> list[str]:
             f"G_intra_r={r} with G_inter={S}: the {name} stack runs tensor or pipeline parallelism, "
             "not both (DeepSpeed's AutoTP and pipeline engine each build their own groups)"
         )
+    cp = int(getattr(plan, "G_cp", 1) or 1)
+    if (plan.sequence_parallel and model.kind == "transformer"
+            and not rules.sequence_parallel_seq_split(model.seq_length, r, cp)):
+        problems.append(f"plan.sequence_parallel with G_intra_r={r}: model.seq_length={model.seq_length} "
+                        f"does not split evenly over G_intra_r*G_cp = {r * cp}")
     if plan.sequence_parallel and not rules.sequence_parallel_has_rows(r):
         problems.append("plan.sequence_parallel needs G_intra_r > 1 (tensor parallelism)")
     return problems

@@ -183,3 +183,10 @@ def layer_split(kind: str, num_layers: Int, G_inter: Int, virtual_stages: Int) -
 def pipeline_zero(G_inter: Int, zero_stage: Int, max_stage: int) -> Any:
     """With pipeline parallelism the stack allows ZeRO stages up to `max_stage` only."""
     return (G_inter == 1) | (zero_stage <= max_stage)
+
+
+def sequence_parallel_seq_split(seq_length: Int, G_intra_r: Int, G_cp: Int = 1) -> Any:
+    """Sequence parallelism scatters each rank's sequence (seq_length / G_cp tokens) over the row
+    ranks along its first dimension, which must divide evenly (Megatron-Core
+    megatron/core/tensor_parallel/mappings.py:74, `_split_along_first_dim`)."""
+    return divides(G_intra_r * G_cp, seq_length)

@@ -459,6 +459,10 @@ STACK_PRESETS: dict[str, Stack] = {
             zero_stages=(0, 1, 2, 3),
             # NeMo 2 / Megatron-Bridge: the distributed optimizer or Megatron FSDP (no Apex DFA)
             launch_zero_stages=(0, 1, 3),
+            # Megatron's default order (data inside pipeline; dist.use_tp_pp_dp_mapping is off by default
+            # and Megatron-Bridge asserts it off with Megatron FSDP: src/megatron/bridge/training/
+            # config.py:1124 at NVIDIA-NeMo/Megatron-Bridge 067f987d)
+            launch_placements=(("col", "row", "depth", "data", "inter"),),
         ),
         # host_exposed_fraction stays 0: an additive host cost (0.5) improved vTrain's 3.6B group (10.3% ->
         # 7.3%) but worsened its 39.1B ranking (0.60 -> 0.53) and the single-node runs (+32% on 4 GPUs),

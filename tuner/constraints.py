@@ -270,6 +270,20 @@ def stack_zero_stages(model: Model, cluster: Cluster, training: Training, cols: 
                      example)
 
 
+def sequence_parallel_seq(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
+    """Sequence parallelism splits a rank's sequence evenly over the row ranks
+    (`rules.sequence_parallel_seq_split`)."""
+    sp = cols["sequence_parallel"].astype(bool)
+    r = cols["G_intra_r"]
+    if model.kind != "transformer":
+        return _none(len(r))
+    cp = cols.get("G_cp", np.ones_like(r))
+    s = model.seq_length
+    bad = sp & ~rules.sequence_parallel_seq_split(s, r, cp)
+    return Rejection(bad, f"sequence_parallel needs G_intra_r*G_cp to divide model.seq_length={s}",
+                     lambda i: f"sequence_parallel with G_intra_r={r[i]} does not split model.seq_length={s}")
+
+
 def stack_recompute(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     """Only the recomputation modes the stack's launcher offers (`Stack.launch_recomputes`: DeepSpeed,
     LLM Foundry and the engine checkpoint whole blocks, not Megatron's selective core)."""
@@ -319,8 +333,8 @@ EXPERT_GRID_CONSTRAINTS = (expert_weights_fit,)
 """Applied to grids once their expert degrees are set (`tuner.space.expert_rows`)."""
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run,
-                    stack_layer_split, stack_zero_stages, stack_recompute, stack_tp_with_pp, experts_split,
-                    expert_grid_fits, stack_runs_context_expert)
+                    stack_layer_split, stack_zero_stages, stack_recompute, stack_tp_with_pp,
+                    sequence_parallel_seq, experts_split, expert_grid_fits, stack_runs_context_expert)
 
 
 def out_of_memory(needed_gib: np.ndarray, capacity_gib: float) -> Rejection:

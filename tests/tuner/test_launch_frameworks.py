@@ -134,7 +134,7 @@ def test_nemo_zero3_is_megatron_fsdp_and_fp8():
     if rec.best.plan.zero_stage == 3:
         assert "ddp.use_megatron_fsdp=true" in text and "checkpoint.ckpt_format=fsdp_dtensor" in text
         assert "--use-megatron-fsdp" in launches["megatron"]["text"]
-    assert "mixed_precision=bf16_with_fp8_hybrid" in text
+    assert "mixed_precision=bf16_with_fp8_delayed_scaling_mixed" in text
     assert "--fp8-format hybrid" in launches["megatron"]["text"]
     plan = Plan(G_data=16, G_intra_r=4, micro_batch_size=1, zero_stage=3, sequence_parallel=True)
     launch = launch_for("nemo", model, cluster, tr, plan)
@@ -182,3 +182,24 @@ def test_torchrun_is_the_gridtune_emitter(capsys):
     rec = json.loads(capsys.readouterr().out)
     assert set(rec["launch"]) == {"gridtune"}
     assert rec["launch"]["gridtune"]["config"]["plan"] == rec["best"]["plan"]
+
+
+def test_the_rest_answer_carries_the_text_the_cli_prints(tmp_path, capsys):
+    from fastapi.testclient import TestClient
+
+    from api import create_app
+    from api.settings import Settings
+    from cli import main
+
+    body = {"model": {"preset": "llama3-8b"}, "cluster": {"preset": "eos", "num_gpus": 64},
+            "training": {"global_batch_size": 128, "stack": "megatron-core"}, "top_k": 3}
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", api_key=None,
+                        max_search_time_s=30.0, default_search_time_s=30.0)
+    with TestClient(create_app(settings)) as client:
+        rec = client.post("/v1/recommend", json=body).json()
+    assert set(rec["launch"]) == {"megatron", "nemo"}
+    assert rec["launch"]["megatron"]["stack"] == "megatron-core"
+    argv = ["recommend", "--model", "llama3-8b", "--cluster", "eos", "--gpus", "64",
+            "--global-batch-size", "128", "--stack", "megatron-core", "--emit", "megatron", "--top", "3"]
+    assert main(argv) == 0
+    assert rec["launch"]["megatron"]["text"] in capsys.readouterr().out

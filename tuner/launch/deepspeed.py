@@ -31,7 +31,8 @@ def ds_config(model: Model, training: Training, plan: Plan) -> dict[str, Any]:
         "steps_per_print": 10,
     }
     if plan.zero_stage == 3:
-        config["zero_optimization"]["stage3_prefetch_bucket_size"] = 5e7 if stack.overlap_param_gather else 0
+        prefetch = 50_000_000 if stack.overlap_param_gather else 0
+        config["zero_optimization"]["stage3_prefetch_bucket_size"] = prefetch
     if training.dtype in ("bf16", "fp8"):
         config["bf16"] = {"enabled": True}
     elif training.dtype == "fp16":

@@ -25,13 +25,17 @@ def foundry_config(model: Model, training: Training, plan: Plan) -> dict[str, An
     attn: dict[str, Any] = {"attn_impl": "flash" if stack.flash_attention else "torch"}
     if groups != model.num_attention_heads:
         attn.update(attn_type="grouped_query_attention", kv_n_heads=groups)
+    mpt: dict[str, Any] = {
+        "name": "mpt_causal_lm", "d_model": model.hidden_size, "n_heads": model.num_attention_heads,
+        "n_layers": model.num_layers, "expansion_ratio": int(model.ffn_hidden_size) / model.hidden_size,
+        "max_seq_len": model.seq_length, "vocab_size": model.vocab_size, "attn_config": attn, "no_bias": True,
+    }
+    if model.gated_mlp:  # the Llama family in MPT's terms: SwiGLU FFN, RoPE, RMSNorm
+        mpt.update(ffn_config={"ffn_type": "mptglu"}, norm_type="rmsnorm", learned_pos_emb=False)
+        attn["rope"] = True
     return {
         "max_seq_len": model.seq_length,
-        "model": {"name": "mpt_causal_lm", "d_model": model.hidden_size, "n_heads": model.num_attention_heads,
-                  "n_layers": model.num_layers, "expansion_ratio":
-                  int(model.ffn_hidden_size) / model.hidden_size,
-                  "max_seq_len": model.seq_length, "vocab_size": model.vocab_size, "attn_config": attn,
-                  "no_bias": True},
+        "model": mpt,
         "global_train_batch_size": lay.global_batch_size,
         "device_train_microbatch_size": lay.micro_batch_size,
         "precision": PRECISION[training.dtype],

@@ -110,9 +110,10 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
     fsdp = plan.zero_stage == 3
     if plan.zero_stage == 1:
         args.append("--use-distributed-optimizer")
-    elif fsdp:  # Megatron FSDP: arguments.py:1118-1170 (ckpt format fsdp_dtensor), :3190
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
-                 "--ckpt-format fsdp_dtensor"]
+    elif fsdp:  # Megatron FSDP: arguments.py:1118-1170 (ckpt format fsdp_dtensor), :3190; its default
+        # version 1 (:3158) runs with the distributed optimizer (:1129-1135)
+        args += ["--use-distributed-optimizer", "--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy optim_grads_params", "--ckpt-format fsdp_dtensor"]
     elif plan.zero_stage == 2:
         raise ValueError("zero_stage=2: Megatron-LM has no ZeRO-2 optimizer (rank with the megatron stack's "
                          "launchable stages, --emit megatron)")

@@ -33,8 +33,8 @@ def nemo(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Laun
                          "DistributedFusedAdam was NeMo 1.x); rank with --emit nemo")
     model_cfg = transformer_config(model, training, plan, lay)
     fsdp = plan.zero_stage == 3
-    ddp: dict[str, Any] = {
-        "use_distributed_optimizer": plan.zero_stage == 1,
+    ddp: dict[str, Any] = {  # Megatron FSDP's default version 1 runs with the distributed optimizer
+        "use_distributed_optimizer": plan.zero_stage in (1, 3),
         "overlap_grad_reduce": bool(stack.overlap_grad_reduce),
         "overlap_param_gather": bool(stack.overlap_param_gather and plan.zero_stage >= 1),
         "grad_reduce_in_fp32": not (stack.grad_bytes_bf16 == 2.0 and training.dtype in ("bf16", "fp8")),
@@ -42,10 +42,14 @@ def nemo(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Laun
     if fsdp:
         ddp.update(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
     train = {"micro_batch_size": lay.micro_batch_size, "global_batch_size": lay.global_batch_size}
-    recipes = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_hybrid"}
+    # run_recipe.py sets model.seq_length from the dataset's
+    dataset = {"seq_length": model.seq_length}
+    # Megatron-Bridge's mixed-precision recipes (src/megatron/bridge/training/mixed_precision.py:185-405);
+    # fp8 as Megatron-LM's --fp8-format hybrid runs it by default: delayed scaling
+    recipes = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
     precision = recipes.get(training.dtype)
-    config: dict[str, Any] = {"model": model_cfg, "train": train, "ddp": ddp,
-                              "optimizer": {"use_distributed_optimizer": plan.zero_stage == 1}}
+    config: dict[str, Any] = {"model": model_cfg, "train": train, "dataset": dataset, "ddp": ddp,
+                              "optimizer": {"use_distributed_optimizer": plan.zero_stage in (1, 3)}}
     if fsdp:
         config["checkpoint"] = {"ckpt_format": "fsdp_dtensor"}
     if precision:
