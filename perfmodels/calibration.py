@@ -20,7 +20,7 @@ three measurements exist), so later predictions say how far to trust them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
@@ -35,12 +35,17 @@ COMPONENTS = ("compute", "tp_comm", "dp_comm", "pp_p2p")
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrationResult:
+    """What the closed loop's calibration returns (`tuner.closed_loop.calibrate_records`): the profile,
+    the fitted physical constants (`constants`; `corrections` only from the older per-component fit,
+    `calibrate`), the error before and after, and the band."""
+
     profile: Profile
     corrections: dict[str, float]
     mape_before: float
     mape_after: float
     uncertainty_rel: float
     num_measurements: int
+    constants: dict[str, float] = field(default_factory=dict)
 
 
 def component_seconds(pred: Prediction) -> np.ndarray:
@@ -327,8 +332,9 @@ def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float
 
     def residuals(z: np.ndarray) -> np.ndarray:
         t, m = _evaluate(blocks, n, space.values(z))
-        r_time = (t - y) / y / RUN_NOISE_REL
-        r_mem = (m[mem_idx] - y_mem) / y_mem / MEMORY_NOISE_REL if len(mem_idx) else np.zeros(0)
+        # log ratios: relative errors when small, and a misfit of 10x weighs as one of 1/10x
+        r_time = np.log(t / y) / RUN_NOISE_REL
+        r_mem = np.log(m[mem_idx] / y_mem) / MEMORY_NOISE_REL if len(mem_idx) else np.zeros(0)
         return np.concatenate([_robust(r_time), _robust(r_mem), z])
 
     lo, hi = space.bounds()
@@ -356,8 +362,8 @@ def _data_jacobian(blocks: Sequence[_Block], runs: Sequence[Run], at: dict[str, 
     def weighted(t: np.ndarray, m: np.ndarray) -> np.ndarray:
         y = np.array([float(r.measured_s) for r in runs])
         y_mem = np.array([float(runs[i].peak_memory_gib or 0.0) for i in mem_idx])
-        mem = m[mem_idx] / y_mem / MEMORY_NOISE_REL if mem_idx else np.zeros(0)
-        return np.concatenate([t / y / RUN_NOISE_REL, mem])
+        mem = np.log(m[mem_idx] / y_mem) / MEMORY_NOISE_REL if mem_idx else np.zeros(0)
+        return np.concatenate([np.log(t / y) / RUN_NOISE_REL, mem])
 
     units = base or at
     here = weighted(*_evaluate(blocks, n, prior))
