@@ -246,7 +246,7 @@ def _blocks(runs: Sequence[Run]) -> list[_Block]:
                 if why:
                     problems.extend(why)
                     continue
-                key = (id(run.model), id(run.cluster), id(training), plan.order)
+                key = _group_key(run.model, cluster, training, plan.order)
                 keep[key] = (run.model, cluster, training)
                 groups.setdefault(key, []).append((i, plan))
                 valid += 1
@@ -259,6 +259,17 @@ def _blocks(runs: Sequence[Run]) -> list[_Block]:
                           arrays=from_plans([p for _, p in items]),
                           run_of_plan=np.array([i for i, _ in items])))
     return out
+
+
+def _group_key(model: Model, cluster: Cluster, training: Training, order: tuple[str, ...]) -> object:
+    """Runs of equal specs share one vectorised prediction (by value; by identity when a spec is
+    not hashable)."""
+    try:
+        key = (model, cluster, training, order)
+        hash(key)
+        return key
+    except TypeError:
+        return (id(model), id(cluster), id(training), order)
 
 
 def _strip_constants(cluster: Cluster) -> Cluster:
@@ -340,7 +351,7 @@ def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float
     lo, hi = space.bounds()
     z0 = np.clip(np.zeros(len(names)), lo + 0.05, hi - 0.05)  # strictly inside: trf scales by the distance
     sol = least_squares(residuals, z0, bounds=(lo, hi), method="trf", diff_step=1e-4, x_scale=1.0,
-                        xtol=1e-8, ftol=1e-10, max_nfev=60 * (len(names) + 1))
+                        xtol=1e-6, ftol=1e-8, max_nfev=40 * (len(names) + 1))
     J = np.asarray(sol.jac)
     try:
         cov = np.linalg.inv(J.T @ J)
@@ -462,8 +473,9 @@ def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30) 
             others = [r for j, r in enumerate(runs) if j != i]
             held = _blocks([runs[i]])
             if others:
-                vals, _, names = fit_constants(others, prior=prior)
-                use = {k: (vals[k] if k in names else prior[k]) for k in prior}
+                # the constants the whole fit identified, refitted without this run
+                vals, _ = _solve(_blocks(others), others, prior, fitted)
+                use = {k: (vals[k] if k in fitted else prior[k]) for k in prior}
             else:
                 use = prior
             t, _ = _evaluate(held, 1, use)
