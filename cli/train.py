@@ -148,7 +148,8 @@ def handle(args: argparse.Namespace) -> int:
             f"measurement {report.measurement_id} stored in {report.stored_in} (cluster {report.cluster_id})"
         )
     if calibration is not None:
-        corr = ", ".join(f"{k} x{v:.2f}" for k, v in calibration.corrections.items())
+        corr = ", ".join(f"{k}={v:.4g}" for k, v in calibration.constants.items())
+        corr = corr or "constants at their priors"
         print(f"calibrated from {calibration.num_measurements} measurements: {corr}; MAPE "
               f"{calibration.mape_before:.1%} -> {calibration.mape_after:.1%}, uncertainty "
               f"{calibration.uncertainty_rel:.0%}")

@@ -14,8 +14,9 @@
 5. calibrate from three measured plans (predicted fastest, median and slowest:
    tuner.closed_loop.spread_plans) and report the MAPE on the other plans before and after.
    Calibration (tuner.closed_loop.calibrate_records) refits the per-kernel overhead and the
-   collective cost per group size from the measured step parts, then fits per-component
-   corrections (perfmodels.calibration) and the uncertainty band.
+   collective cost per group size from the measured step parts, then fits the physical constants
+   of the stack on the machine (perfmodels.calibration.calibrate_runs, the path POST
+   /v1/calibrations and `gridtune calibrate` take) and the leave-one-out uncertainty band.
 
 `--json` prints one object with `spearman`, `measured_best_predicted_rank`, `mape_uncalibrated`,
 `mape_calibrated`, `plans` (and more). torch is imported only inside the handler.
@@ -251,7 +252,7 @@ def _print(summary: Any, wall_s: float) -> None:
     console.print(
         f"calibrated from {sum(p.used_for_calibration for p in summary.plans)} plans: kernel overhead "
         f"{overhead if overhead is not None else float('nan'):.0f} us, collective cost {factors or '-'}, "
-        f"corrections {', '.join(f'{k} x{v:.2f}' for k, v in summary.corrections.items())}:\n"
+        f"constants {', '.join(f'{k}={v:.4g}' for k, v in summary.constants.items()) or 'at their priors'}:\n"
         f"MAPE on the other plans {summary.mape_uncalibrated_holdout:.1%} -> {summary.mape_calibrated:.1%}, "
         f"Spearman {summary.spearman_calibrated:.3f}"
     )

@@ -20,7 +20,7 @@ three measurements exist), so later predictions say how far to trust them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
@@ -28,19 +28,24 @@ from scipy.optimize import least_squares, nnls
 from perfmodels.constants import BY_NAME, PARAMETERS, Parameter, apply_constants, priors
 from perfmodels.plans import PlanArrays, from_plans
 from perfmodels.specs import Cluster, Model, Plan, Prediction, Profile, Training, combination_problems
-from perfmodels.steptime import predict_many
+from perfmodels.steptime import UNCERTAINTY_CPU_PRESET, UNCERTAINTY_PRESET, predict_many
 
 COMPONENTS = ("compute", "tp_comm", "dp_comm", "pp_p2p")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrationResult:
+    """What the closed loop's calibration returns (`tuner.closed_loop.calibrate_records`): the profile,
+    the fitted physical constants (`constants`; `corrections` only from the older per-component fit,
+    `calibrate`), the error before and after, and the band."""
+
     profile: Profile
     corrections: dict[str, float]
     mape_before: float
     mape_after: float
     uncertainty_rel: float
     num_measurements: int
+    constants: dict[str, float] = field(default_factory=dict)
 
 
 def component_seconds(pred: Prediction) -> np.ndarray:
@@ -241,7 +246,7 @@ def _blocks(runs: Sequence[Run]) -> list[_Block]:
                 if why:
                     problems.extend(why)
                     continue
-                key = (id(run.model), id(run.cluster), id(training), plan.order)
+                key = _group_key(run.model, cluster, training, plan.order)
                 keep[key] = (run.model, cluster, training)
                 groups.setdefault(key, []).append((i, plan))
                 valid += 1
@@ -254,6 +259,17 @@ def _blocks(runs: Sequence[Run]) -> list[_Block]:
                           arrays=from_plans([p for _, p in items]),
                           run_of_plan=np.array([i for i, _ in items])))
     return out
+
+
+def _group_key(model: Model, cluster: Cluster, training: Training, order: tuple[str, ...]) -> object:
+    """Runs of equal specs share one vectorised prediction (by value; by identity when a spec is
+    not hashable)."""
+    try:
+        key = (model, cluster, training, order)
+        hash(key)
+        return key
+    except TypeError:
+        return (id(model), id(cluster), id(training), order)
 
 
 def _strip_constants(cluster: Cluster) -> Cluster:
@@ -288,10 +304,11 @@ def _evaluate(blocks: Sequence[_Block], n: int, constants: dict[str, float]) -> 
 class _Space:
     """The fit's coordinates: z = 0 at the prior, unit prior spread, bounded by the plausible range."""
 
-    def __init__(self, prior: dict[str, float], names: Sequence[str]) -> None:
+    def __init__(self, prior: dict[str, float], names: Sequence[str],
+                 table: Mapping[str, Parameter] = BY_NAME) -> None:
         self.prior = prior
         self.names = list(names)
-        self.params = [BY_NAME[n] for n in self.names]
+        self.params = [table[n] for n in self.names]
 
     def values(self, z: np.ndarray) -> dict[str, float]:
         out = dict(self.prior)
@@ -315,7 +332,8 @@ class _Space:
 
 
 def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float],
-           names: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+           names: Sequence[str], table: Mapping[str, Parameter] = BY_NAME,
+           ) -> tuple[dict[str, float], dict[str, float]]:
     """Regularised least squares over `names`: (values, posterior/prior variance ratio per name)."""
     n = len(runs)
     if not names or n == 0:
@@ -323,18 +341,19 @@ def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float
     y = np.array([float(r.measured_s) for r in runs])
     mem_idx = np.array([i for i, r in enumerate(runs) if r.peak_memory_gib])
     y_mem = np.array([float(runs[i].peak_memory_gib or 0.0) for i in mem_idx])
-    space = _Space(prior, names)
+    space = _Space(prior, names, table)
 
     def residuals(z: np.ndarray) -> np.ndarray:
         t, m = _evaluate(blocks, n, space.values(z))
-        r_time = (t - y) / y / RUN_NOISE_REL
-        r_mem = (m[mem_idx] - y_mem) / y_mem / MEMORY_NOISE_REL if len(mem_idx) else np.zeros(0)
+        # log ratios: relative errors when small, and a misfit of 10x weighs as one of 1/10x
+        r_time = np.log(t / y) / RUN_NOISE_REL
+        r_mem = np.log(m[mem_idx] / y_mem) / MEMORY_NOISE_REL if len(mem_idx) else np.zeros(0)
         return np.concatenate([_robust(r_time), _robust(r_mem), z])
 
     lo, hi = space.bounds()
     z0 = np.clip(np.zeros(len(names)), lo + 0.05, hi - 0.05)  # strictly inside: trf scales by the distance
     sol = least_squares(residuals, z0, bounds=(lo, hi), method="trf", diff_step=1e-4, x_scale=1.0,
-                        xtol=1e-8, ftol=1e-10, max_nfev=60 * (len(names) + 1))
+                        xtol=1e-6, ftol=1e-8, max_nfev=40 * (len(names) + 1))
     J = np.asarray(sol.jac)
     try:
         cov = np.linalg.inv(J.T @ J)
@@ -345,7 +364,8 @@ def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float
 
 
 def _data_jacobian(blocks: Sequence[_Block], runs: Sequence[Run], at: dict[str, float],
-                   base: dict[str, float] | None = None) -> np.ndarray:
+                   base: dict[str, float] | None = None, table: Mapping[str, Parameter] = BY_NAME,
+                   ) -> np.ndarray:
     """Weighted residuals' derivative in each parameter's prior units at the values `at` (runs x
     PARAMETERS; memory rows after the time rows), by a forward difference of a twentieth of a
     prior spread (inward at a bound). `base`: the priors that define the units (default `at`)."""
@@ -356,14 +376,14 @@ def _data_jacobian(blocks: Sequence[_Block], runs: Sequence[Run], at: dict[str, 
     def weighted(t: np.ndarray, m: np.ndarray) -> np.ndarray:
         y = np.array([float(r.measured_s) for r in runs])
         y_mem = np.array([float(runs[i].peak_memory_gib or 0.0) for i in mem_idx])
-        mem = m[mem_idx] / y_mem / MEMORY_NOISE_REL if mem_idx else np.zeros(0)
-        return np.concatenate([t / y / RUN_NOISE_REL, mem])
+        mem = np.log(m[mem_idx] / y_mem) / MEMORY_NOISE_REL if mem_idx else np.zeros(0)
+        return np.concatenate([np.log(t / y) / RUN_NOISE_REL, mem])
 
     units = base or at
     here = weighted(*_evaluate(blocks, n, prior))
     cols = []
-    for p in PARAMETERS:
-        space = _Space(units, [p.name])
+    for p in (table[q.name] for q in PARAMETERS):
+        space = _Space(units, [p.name], table)
         z_here = _z_of(p, units[p.name], prior[p.name])
         step = 0.05 if space.bounds()[1][0] > z_here + 0.05 else -0.05
         moved = {**prior, **space.values(np.array([z_here + step]))}
@@ -397,6 +417,17 @@ def _identified(J: np.ndarray) -> list[str]:
     return [PARAMETERS[j].name for j in sorted(kept)]
 
 
+def parameter_table(cluster: Cluster) -> dict[str, Parameter]:
+    """The parameters with their prior spreads for this cluster: as listed for a GPU, whose presets
+    are checked against published runs; wider for a CPU "device", whose preset is an
+    order-of-magnitude guess (spreads x `UNCERTAINTY_CPU_PRESET / UNCERTAINTY_PRESET`, the ratio of
+    the bands `perfmodels.steptime` claims for the two)."""
+    if cluster.gpu.vendor != "cpu":
+        return dict(BY_NAME)
+    widen = UNCERTAINTY_CPU_PRESET / UNCERTAINTY_PRESET
+    return {p.name: replace(p, sigma=p.sigma * widen) for p in PARAMETERS}
+
+
 def fit_constants(runs: Sequence[Run], *, prior: dict[str, float] | None = None,
                   ) -> tuple[dict[str, float], dict[str, float], list[str]]:
     """The regularised fit: (every parameter's value, posterior/prior variance ratios, the fitted names).
@@ -409,12 +440,13 @@ def fit_constants(runs: Sequence[Run], *, prior: dict[str, float] | None = None,
         raise ValueError("runs: give at least one measured run")
     blocks = _blocks(runs)
     prior = prior or priors(_strip_constants(runs[0].cluster), runs[0].trainings[0])
-    J0 = _data_jacobian(blocks, runs, prior)
+    table = parameter_table(runs[0].cluster)
+    J0 = _data_jacobian(blocks, runs, prior, table=table)
     moving = [p.name for k, p in enumerate(PARAMETERS) if np.linalg.norm(J0[:, k]) > 1e-6]
-    first, _ = _solve(blocks, runs, prior, moving)
-    J = _data_jacobian(blocks, runs, first, base=prior)
+    first, _ = _solve(blocks, runs, prior, moving, table)
+    J = _data_jacobian(blocks, runs, first, base=prior, table=table)
     fitted = _identified(J)
-    values, ratio = _solve(blocks, runs, prior, fitted)
+    values, ratio = _solve(blocks, runs, prior, fitted, table)
     ratios = {p.name: float(np.clip(1.0 / (1.0 + np.sum(J[:, k] ** 2)), 0.0, 1.0))
               for k, p in enumerate(PARAMETERS)}  # alone, linearised at the first solution
     ratios.update(ratio)
@@ -456,8 +488,9 @@ def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30) 
             others = [r for j, r in enumerate(runs) if j != i]
             held = _blocks([runs[i]])
             if others:
-                vals, _, names = fit_constants(others, prior=prior)
-                use = {k: (vals[k] if k in names else prior[k]) for k in prior}
+                # the constants the whole fit identified, refitted without this run
+                vals, _ = _solve(_blocks(others), others, prior, fitted, parameter_table(runs[0].cluster))
+                use = {k: (vals[k] if k in fitted else prior[k]) for k in prior}
             else:
                 use = prior
             t, _ = _evaluate(held, 1, use)

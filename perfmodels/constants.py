@@ -69,7 +69,7 @@ class Parameter:
 
 
 PARAMETERS: tuple[Parameter, ...] = (
-    Parameter(name="gemm_efficiency", unit="fraction", scale="log", sigma=0.2, lower=0.15, upper=1.0,
+    Parameter(name="gemm_efficiency", unit="fraction", scale="log", sigma=0.2, lower=0.02, upper=1.0,
               what="sustained fraction of the dtype's dense peak that large GEMMs reach"),
     Parameter(name="gemm_half_size", unit="elements", scale="log", sigma=0.7, lower=1.0, upper=4096.0,
               what="shape at which a GEMM dimension halves efficiency (fall-off at small shards)"),

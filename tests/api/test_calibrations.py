@@ -107,3 +107,28 @@ def test_the_documented_example_calibrates(client) -> None:
     r = client.post("/v1/calibrations", json=EXAMPLE)
     assert r.status_code == 201, r.text
     assert r.json()["parameters"]["memory_overhead_gib"]["fitted"]  # the example measured a peak
+
+
+def test_calibration_round_trip_on_postgres(tmp_path, postgres_url) -> None:
+    import uuid
+
+    from fastapi.testclient import TestClient
+
+    from api import create_app
+    from tests.api.conftest import make_settings
+
+    settings = make_settings(tmp_path, database_url=postgres_url, table_prefix=f"cal{uuid.uuid4().hex[:10]}_")
+    app = create_app(settings)
+    try:
+        with TestClient(app) as c:
+            assert c.get("/healthz").json()["database"] == "postgresql"
+            out = c.post("/v1/calibrations", json=EXAMPLE).json()
+            assert c.get(f"/v1/calibrations/{out['profile_id']}").json() == out
+            body = {"model": {"preset": "gpt3-1.7b"}, "cluster": {"profile_id": EXAMPLE["name"]},
+                    "training": {"global_batch_size": 256, "stack": "megatron-core"},
+                    "plan": {"G_data": 64, "micro_batch_size": 4}}
+            pred = c.post("/v1/predict", json=body).json()
+            assert pred["constants_source"] == "calibrated" and pred["profile_id"] == out["profile_id"]
+    finally:
+        app.state.store.drop_tables()
+        app.state.store.close()

@@ -5,7 +5,9 @@ POST /v1/measurements). `calibrate_cluster(store, cluster_id)` takes the stored 
 that cluster and calibrates them (`calibrate_records`): `refit_constants` refits the constants
 that the measured step parts pin down (per-kernel overhead from the measured compute time;
 collective cost per group size from the measured per-group waits), then
-`perfmodels.calibration.calibrate` fits non-negative per-component corrections of what remains.
+`perfmodels.calibration.calibrate_runs` fits the physical constants of the stack on the cluster
+(`perfmodels.constants.PARAMETERS`) to the measured step times: the same fit as
+`POST /v1/calibrations` and `gridtune calibrate`, so there is one calibration path.
 The result is stored as a profile named `calibrated_profile_name(cluster_id)`
 ("calibrated:<cluster_id>"), with source="calibrated" and the leave-one-out uncertainty.
 `latest_calibrated_profile(store, cluster_id)` returns the newest one; `engine.train(auto=True)`
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmodels.calibration import CalibrationResult, calibrate
+from perfmodels.calibration import CalibrationResult, Run, calibrate_runs
 from perfmodels.io import json_safe, profile_from_dict, profile_to_dict
 from perfmodels.specs import Prediction, Profile
 from perfmodels.steptime import predict
@@ -33,10 +35,10 @@ CALIBRATED_PREFIX = "calibrated:"
 
 
 def uncorrected(profile: Profile | None) -> Profile | None:
-    """The profile without calibration corrections (what calibration fits against)."""
+    """The profile without calibration (corrections or constants): what calibration fits against."""
     if profile is None:
         return None
-    return dataclasses.replace(profile, corrections=(), source="profile", uncertainty_rel=None)
+    return dataclasses.replace(profile, corrections=(), constants=(), source="profile", uncertainty_rel=None)
 
 
 def calibration_pairs(records: Sequence[Any], base: Profile | None = None) -> list[tuple[Prediction, float]]:
@@ -131,41 +133,40 @@ LOO_MAX = 30  # leave-one-out over at most this many records (each refit costs a
 
 
 def calibrate_records(records: Sequence[Any], base: Profile | None = None, *, profile_id: str = "",
-                      prior: float = 0.05) -> CalibrationResult:
+                      ) -> CalibrationResult:
     """Calibrate from measured records in two stages: `refit_constants` (per-kernel overhead and
-    per-group-size collective cost from the measured parts), then `perfmodels.calibration.calibrate`
-    (non-negative per-component corrections of what remains). The result's profile has source
-    "calibrated"; its uncertainty band is the median leave-one-out error of the whole two-stage
-    procedure (each record predicted by a calibration that never saw it), so it is not flattered by
-    the refit having seen the record."""
+    per-group-size collective cost from the measured parts), then `perfmodels.calibration.calibrate_runs`
+    (the physical constants, with priors, fitted to the measured step times). The result's profile
+    has source "calibrated" and carries the constants; its uncertainty band comes from the
+    leave-one-out error of the constants' fit (each record predicted by a fit on the others; with
+    one record, by the refitted constants alone), never below the in-sample error."""
+    if not records:
+        raise ValueError("calibrate_records needs at least one measured record")
     if base is None:
         for rec in records:
             _, cluster, _, _ = record_specs(rec)
             if cluster.profile is not None:
                 base = uncorrected(cluster.profile)
                 break
-    result = _two_stage(records, base, prior)
+    refit = refit_constants(records, base)
+    runs = []
+    for i, rec in enumerate(records):
+        model, cluster, training, plan = record_specs(rec)
+        measured = measured_of(rec).get("iteration_time_s")
+        if not measured or measured <= 0:
+            raise ValueError(f"records[{i}].measured.iteration_time_s must be a positive number, "
+                             f"got {measured!r}")
+        runs.append(Run.stated(model=model, cluster=dataclasses.replace(cluster, profile=refit.profile),
+                               training=training, plan=plan, measured_s=float(measured)))
+    cal = calibrate_runs(runs, loo_max=LOO_MAX)
+    profile = cal.profile(refit.profile, profile_id=profile_id)
     # MAPE before: with the constants the records were predicted with, not the refitted ones
     before = calibration_pairs(records, base)
-    mape_before = mape([p.iteration_time_s for p, _ in before], [m for _, m in before])
-    uncertainty = result.uncertainty_rel
-    if len(records) >= 3:
-        errors = []
-        for i in range(min(len(records), LOO_MAX)):
-            others = [r for j, r in enumerate(records) if j != i]
-            held_out = _two_stage(others, base, prior)
-            pred, measured = calibration_pairs([records[i]], held_out.profile)[0]
-            errors.append(abs(pred.iteration_time_s - measured) / measured)
-        uncertainty = max(float(np.median(errors)), result.mape_after, 0.01)
-    profile = dataclasses.replace(result.profile, uncertainty_rel=uncertainty)
-    if profile_id:
-        profile = dataclasses.replace(profile, profile_id=profile_id)
-    return dataclasses.replace(result, profile=profile, mape_before=mape_before, uncertainty_rel=uncertainty)
-
-
-def _two_stage(records: Sequence[Any], base: Profile | None, prior: float) -> CalibrationResult:
-    refit = refit_constants(records, base)
-    return calibrate(calibration_pairs(records, refit.profile), base=refit.profile, prior=prior)
+    return CalibrationResult(
+        profile=profile, corrections={}, constants=dict(profile.constants),
+        mape_before=mape([p.iteration_time_s for p, _ in before], [m for _, m in before]),
+        mape_after=cal.mape_after, uncertainty_rel=float(profile.uncertainty_rel or cal.uncertainty_rel),
+        num_measurements=len(records))
 
 
 def calibrated_profile_name(cluster_id: str) -> str:
@@ -184,7 +185,8 @@ def calibrate_cluster(store: Any, cluster_id: str, *, limit: int = 200, save: bo
     if save:
         doc = json_safe(profile_to_dict(result.profile))
         doc["provenance"] = {"calibrated_from": len(records), "cluster_id": cluster_id,
-                             "mape_before": result.mape_before, "mape_after": result.mape_after}
+                             "mape_before": result.mape_before, "mape_after": result.mape_after,
+                             "constants": result.constants}
         store.add_profile(name=name, profile=json_safe(doc), cluster=None)
     return result
 

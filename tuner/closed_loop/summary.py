@@ -41,6 +41,8 @@ class ValidationSummary:
     spearman_calibrated: float
     corrections: dict[str, float]
     calibration_uncertainty_rel: float
+    constants: dict[str, float] = field(default_factory=dict)
+    """The physical constants the calibration fitted (`perfmodels.constants.PARAMETERS`)."""
     calibrated_profile: Profile | None
     kernel_overhead_us: float | None = None
     collective_factor_by_group_size: dict[int, float] = field(default_factory=dict)
@@ -48,7 +50,7 @@ class ValidationSummary:
 
 
 def summarize(records: Sequence[Mapping[str, Any]], *, base: Profile | None, calibrate_on: int = 3,
-              prior: float = 0.05) -> ValidationSummary:
+              ) -> ValidationSummary:
     """Figures from measurement records (the bodies `measurement_record` builds, with their
     measured iteration times): Spearman, MAPE and the measured-best plan's predicted rank over all
     of them, then calibration (`calibrate_records`) from `calibrate_on` of them chosen by
@@ -60,7 +62,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, base: Profile | None, cal
     measured = [m for _, m in pairs]
     chosen = spread_plans(predicted, calibrate_on)
     used = [records[i] for i in chosen]
-    result = calibrate_records(used, base, profile_id="calibrated:validate", prior=prior)
+    result = calibrate_records(used, base, profile_id="calibrated:validate")
     refit = refit_constants(used, base)
     calibrated = []
     for rec in records:
@@ -88,6 +90,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, base: Profile | None, cal
         mape_calibrated=mape([calibrated[i] for i in rest], [measured[i] for i in rest]),
         spearman_calibrated=spearman(calibrated, measured),
         corrections=dict(result.corrections),
+        constants=dict(result.constants),
         # the band a user should believe: never below the error seen on plans calibration did not use
         calibration_uncertainty_rel=float(
             max(result.uncertainty_rel, mape([calibrated[i] for i in rest], [measured[i] for i in rest]))
