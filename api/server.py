@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import h11
-from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 ENV_REQUEST_TIMEOUT = "GRIDTUNE_REQUEST_TIMEOUT_S"
@@ -96,6 +95,18 @@ _TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r
               b'{"detail":"the request did not arrive in time; closing"}\n')
 
 
+_BUSY_BODY = b'{"detail":"this server is serving as many requests as it may; retry"}\n'
+
+
+async def _too_many_requests(_scope: dict[str, Any], _receive: Any, send: Any) -> None:
+    """The 503 of a request past `limit_concurrency`: JSON like every other error, with Retry-After."""
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5"),
+                            (b"connection", b"close"),
+                            (b"content-length", str(len(_BUSY_BODY)).encode())]})
+    await send({"type": "http.response.body", "body": _BUSY_BODY})
+
+
 def _idle_registry(server_state: Any) -> OrderedDict[GuardedH11Protocol, None]:
     """The connections of this server process with no request in progress, oldest first."""
     registry = getattr(server_state, "gridtune_idle", None)
@@ -132,7 +143,7 @@ class GuardedH11Protocol(H11Protocol):
         async def admitted(scope: dict[str, Any], receive: Any, send: Any) -> None:
             # the task serving this request is already in `tasks`
             if limit is not None and len(tasks) > limit and scope.get("path") not in PROBES:
-                await service_unavailable(scope, receive, send)
+                await _too_many_requests(scope, receive, send)
                 return
             await app(scope, receive, send)
 

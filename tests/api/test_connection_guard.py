@@ -86,3 +86,30 @@ def test_silent_sockets_are_dropped_at_the_first_byte_timeout_while_slow_request
             with contextlib.suppress(OSError):
                 silent.close()
             slow.close()
+
+
+def test_at_the_request_limit_other_requests_get_503_and_probes_answer(tmp_path):
+    with serverproc.running_server(
+        tmp_path / "server.log", database_url=f"sqlite:///{tmp_path / 'g.db'}",
+        extra_args=["--limit-concurrency", "2", "--request-timeout", "30"],
+    ) as srv:
+        busy = []
+        try:
+            for _ in range(2):  # the limit's worth of requests in flight: headers in, body still arriving
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+                s.sendall(b"POST /v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100\r\n\r\n{")
+                busy.append(s)
+            deadline = time.monotonic() + 30  # until the server has both in flight (a wait, not a timing)
+            while True:
+                r = httpx.get(srv.url + "/v1/measurements", timeout=30)
+                if r.status_code != 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert r.status_code == 503 and r.headers.get("retry-after"), r.text[:200]
+            for path in ("/livez", "/readyz", "/healthz"):
+                assert httpx.get(srv.url + path, timeout=30).status_code == 200, path
+        finally:
+            for s in busy:
+                s.close()
+        assert httpx.get(srv.url + "/v1/measurements", timeout=30).status_code == 200
