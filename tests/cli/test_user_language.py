@@ -230,3 +230,5 @@ def test_help_shows_each_default_once(capsys, command):
         assert "stop searching after S seconds (default: 30.0)" in text
     if command == "serve":
         assert "TCP port (default: 8000; 0 picks a free one)" in text
+    if command == "train":  # options without a help text still say their default
+        assert "--steps STEPS (default: 50)" in text and "--lr LR (default: 0.003)" in text

@@ -99,25 +99,32 @@ def test_scaling_view_is_the_best_plan_per_gpu_count(page, web_server):
     assert page.locator("#scaling-chart circle.dot").count() == 5
 
 
-@pytest.mark.parametrize(("query", "field", "needle"), [
-    ("model=llama3-7&cluster=eos&gpus=256&global_batch_size=512", "model", "llama3-7"),
-    ("model=llama3-70b&cluster=eos&gpus=-8&global_batch_size=512", "gpus", "-8"),
-    ("model=llama3-70b&cluster=eos&gpus=256&global_batch_size=512&stack=megatron", "stack", "megatron"),
-])
-def test_bad_input_shows_the_422_next_to_its_field(page, web_server, query, field, needle):
+TRAINING = {"global_batch_size": 512, "dtype": "bf16"}
+EOS = {"preset": "eos", "num_gpus": 256}
+BAD = [  # (query, the field whose error it is, a word of the message, the same question over REST)
+    ("model=llama3-7&cluster=eos&gpus=256&global_batch_size=512", "model", "did you mean 'llama3-70b'",
+     {"model": {"preset": "llama3-7"}, "cluster": EOS, "training": TRAINING}),
+    ("model=llama3-70b&cluster=eos&gpus=-8&global_batch_size=512", "gpus", "-8",
+     {"model": {"preset": "llama3-70b"}, "cluster": {"preset": "eos", "num_gpus": -8}, "training": TRAINING}),
+    ("model=llama3-70b&cluster=eos&gpus=256&global_batch_size=512&stack=megatron", "stack", "megatron-core",
+     {"model": {"preset": "llama3-70b"}, "cluster": EOS, "training": {**TRAINING, "stack": "megatron"}}),
+    ("model_json=%7B%22num_layers%22%3A+32%7D&cluster=eos&gpus=256&global_batch_size=512", "model_json",
+     "model is missing hidden_size, num_attention_heads, seq_length, vocab_size",
+     {"model": {"num_layers": 32}, "cluster": EOS, "training": TRAINING}),
+    ("model=llama3-70b&cluster=selen&gpus=256&global_batch_size=512", "cluster", "did you mean 'selene'",
+     {"model": {"preset": "llama3-70b"}, "cluster": {"preset": "selen", "num_gpus": 256},
+      "training": TRAINING}),
+]
+
+
+@pytest.mark.parametrize(("query", "field", "needle", "body"), BAD)
+def test_bad_input_shows_the_422_next_to_its_field(page, web_server, query, field, needle, body):
     _open(page, "/?" + query)
     error = page.locator(f".error[data-for={field}]")
     assert needle in error.inner_text()
     assert "invalid" in (page.locator(f"[name={field}]").get_attribute("class") or "")
     assert page.locator("#results").is_hidden()
     # the message is the service's own
-    body = {**QUESTION}
-    if field == "model":
-        body["model"] = {"preset": "llama3-7"}
-    elif field == "gpus":
-        body["cluster"] = {"preset": "eos", "num_gpus": -8}
-    else:
-        body["training"] = {**QUESTION["training"], "stack": "megatron"}
     r = httpx.post(f"{web_server.url}/v1/recommend", json=body, timeout=60)
     assert r.status_code == 422
     assert r.json()["detail"][0]["msg"] in error.inner_text()
@@ -167,13 +174,17 @@ def test_the_form_asks_and_the_url_carries_the_question(page, web_server):
     assert page.console_errors == []
 
 
+def rest_launch_text(web_server) -> str:
+    return _rest(web_server, QUESTION)["launch"]["megatron"]["text"]
+
+
 def test_copy_button_copies_the_launch_command(page, web_server):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=web_server.url)
     _open(page, SHARED)
     page.click("button.copy[data-kind=megatron]")
     copied = page.evaluate("navigator.clipboard.readText()")
     assert copied == page.locator("pre.launch[data-kind=megatron]").inner_text()
-    assert copied.startswith("torchrun ") and "--tensor-model-parallel-size" in copied
+    assert copied == rest_launch_text(web_server) and "--tensor-model-parallel-size" in copied
 
 
 def test_no_request_leaves_the_origin(page, web_server):
