@@ -353,8 +353,9 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
         all_reduce_bucketed([p.grad for p in params if not is_expert(p)], grid.comm_group("data"),
                             bucket_bytes, dtype=getattr(model, "_gridtune_reduce_dtype", None))
     experts = [p.grad for p in params if is_expert(p)]
-    if experts and data and "edp" in grid.degrees:  # MoE experts: over the expert-data group
-        all_reduce_bucketed(experts, grid.comm_group("edp"), bucket_bytes)
+    if experts and data:  # MoE experts: over the expert-data group (data when there are no expert groups)
+        edp = grid.comm_group("edp") if "edp" in grid.degrees else grid.comm_group("data")
+        all_reduce_bucketed(experts, edp, bucket_bytes)
     scale = 1.0 / grid.grad_shards
     if scale != 1.0:
         for p in params:

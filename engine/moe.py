@@ -55,7 +55,7 @@ from engine.models.gpt import MoEMLP
 
 def moe_problems(grid: Grid, num_experts: int, ffn: int) -> list[str]:
     d = grid.degrees
-    G_ep, G_etp = d.get("ep", 1), d.get("etp", 1)
+    G_ep, G_etp = d.get("ep", 1), d.get("etp", d["row"])
     out = []
     if num_experts % G_ep:
         out.append(f"G_ep={G_ep} does not divide num_moe_experts={num_experts}")
@@ -106,12 +106,14 @@ class MoE(nn.Module):
         serial = _serial if _serial is not None else MoEMLP(hidden, ffn, num_experts, top_k, shared_ffn)
         self.top_k, self.num_experts = top_k, num_experts
         d = grid.degrees
-        self.G_ep, self.G_etp = d.get("ep", 1), d.get("etp", 1)
-        self.ep_group, self.etp_group = grid.comm_group("ep") if self.G_ep > 1 else None, \
-            grid.comm_group("etp") if self.G_etp > 1 else None
+        # without expert groups (G_ep = 1, G_etp = G_intra_r: engine.init builds none) etp is the row group
+        self.G_ep, self.G_etp = d.get("ep", 1), d.get("etp", d["row"])
+        etp_axis = "etp" if "etp" in d else "row"
+        self.ep_group = grid.comm_group("ep") if self.G_ep > 1 else None
+        self.etp_group = grid.comm_group(etp_axis) if self.G_etp > 1 else None
         self.local = num_experts // self.G_ep
         ep_rank = grid.coords.get("ep", 0)
-        etp_rank = grid.coords.get("etp", 0)
+        etp_rank = grid.coords.get(etp_axis, 0)
         self.first_expert = ep_rank * self.local
         f = ffn // self.G_etp
         experts = slice(self.first_expert, self.first_expert + self.local)

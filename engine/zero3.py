@@ -210,11 +210,12 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         # modules using a parameter another unit owns (tied weights: GPT-2's head is the token
         # embedding's weight) gather that unit for their own forward and free it after
         self.borrowers: list[tuple[nn.Module, list[_Unit]]] = []
+        covered = {id(u): {id(sub) for um in u.modules for sub in um.modules()} for u in self.units}
         for m in model.modules():
             owners: list[_Unit] = []
             for p in m.parameters(recurse=False):
                 unit = self.unit_of.get(id(p))
-                if unit is not None and not any(m is um for um in unit.modules) and unit not in owners:
+                if unit is not None and id(m) not in covered[id(unit)] and unit not in owners:
                     owners.append(unit)
             if owners:
                 self.borrowers.append((m, owners))

@@ -208,3 +208,10 @@ def test_a_rank_that_receives_no_tokens_still_runs_every_all_to_all():
     'Received data size doesn't match expected size')."""
     for r in launch(_skewed, 2, timeout_s=60):
         assert max(r.values()) <= 1e-5, r
+
+
+def test_local_experts_split_over_row_train_as_one_process():
+    """G_ep = 1, G_etp = G_intra_r = 2: no expert groups; each expert's FFN split over the row group,
+    expert gradients reduced over data like any replicated parameter."""
+    degrees = {"data": 2, "row": 2, "ep": 1}
+    _check(launch(_train, 4, args=(degrees, 2), timeout_s=180), degrees)
