@@ -215,3 +215,24 @@ def test_local_experts_split_over_row_train_as_one_process():
     expert gradients reduced over data like any replicated parameter."""
     degrees = {"data": 2, "row": 2, "ep": 1}
     _check(launch(_train, 4, args=(degrees, 2), timeout_s=180), degrees)
+
+
+def _user_block(rank: int, world: int) -> float:
+    import engine
+    from engine.models.gpt import MoEMLP
+
+    grid = engine.init(G_data=2, G_ep=2)
+    torch.manual_seed(0)
+    serial = torch.nn.Sequential(torch.nn.Linear(8, 8), MoEMLP(8, 16, 4, top_k=2, shared_ffn=8))
+    torch.manual_seed(0)
+    built = torch.nn.Sequential(torch.nn.Linear(8, 8), MoEMLP(8, 16, 4, top_k=2, shared_ffn=8))
+    model = engine.wrap(engine.parallelize(built, grid))
+    assert isinstance(model[1], engine.MoE)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(rank))
+    return float((model(x) - serial(x)).abs().max())
+
+
+def test_parallelize_turns_a_users_moe_block_into_engine_moe():
+    """engine.parallelize finds MoE blocks (MoEMLP's layout) and splits their experts over ep."""
+    for diff in launch(_user_block, 2, timeout_s=60):
+        assert diff <= 1e-5
