@@ -135,6 +135,7 @@ class TrainReport:
     stored_in: str | None = None
     memory: tuple[MemoryStats, ...] = ()
     dtype: str = "fp32"
+    ranks_per_core: float = 0.0  # CPU runs: ranks on this node / its cores (> 1: the ranks share cores)
 
     @property
     def peak_memory_gib(self) -> float:
@@ -149,7 +150,8 @@ class TrainReport:
         return (f"{self.plan.grid_string()} mb={self.plan.micro_batch_size}: {loss}median step "
                 f"{self.median_step_time_s:.4g} s measured vs {pred}{band} predicted{err} "
                 f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s, "
-                f"peak memory {self.peak_memory_gib:.2f} GiB/rank")
+                f"peak memory {self.peak_memory_gib:.2f} GiB/rank"
+                + (f"; {self.ranks_per_core:.1f} ranks per CPU core" if self.ranks_per_core > 1 else ""))
 
 
 # --------------------------------------------------------------------------------------------
@@ -768,4 +770,18 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
         constants_source=pred.constants_source if pred is not None else "preset",
         cluster_id=decision.cluster_id, measurement_id=measurement_id, stored_in=stored_in,
         memory=tuple(g[2] for g in gathered), dtype=dtype,
+        ranks_per_core=_ranks_per_core(len(gathered), gathered[0][2].device),
     )
+
+
+def _ranks_per_core(world: int, device: str) -> float:
+    """On the CPU: this node's ranks (LOCAL_WORLD_SIZE, else the world) per core they may use
+    (the affinity mask, else os.cpu_count()); 0 on GPUs."""
+    if device.startswith("cuda"):
+        return 0.0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return local / max(1, cores)
