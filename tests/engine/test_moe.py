@@ -86,7 +86,11 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> d
         opt.step()
         losses.append(loss)
     state = engine.full_state_dict(model)
+    from engine.grads import is_expert
+
+    expert_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if is_expert(p))
     return {"coords": dict(grid.coords), "losses": losses, "state": state, "norm": norm,
+            "expert_bytes": expert_bytes, "edp": grid.degrees.get("edp", 1),
             "table": rec.table(), "local": local, "mb": 1 if pipe is not None else local}
 
 
@@ -120,6 +124,10 @@ def test_expert_parallel_gpt_trains_as_one_process(degrees):
     for r in results:
         table = {(axis, op): (calls, nbytes) for axis, op, calls, nbytes in r["table"]}
         # per MoE layer: dispatch + combine forward, their gradients backward, all-to-alls over ep
+        if r["edp"] > 1:  # expert gradients: one all-reduce over edp of this rank's experts per step
+            assert table[("edp", "all_reduce")][1] == r["expert_bytes"], r["table"]
+        else:
+            assert ("edp", "all_reduce") not in table, r["table"]
         calls, nbytes = table[("ep", "all_to_all")]
         assert calls == 4 * cfg.num_layers, r["table"]
         r["ep_bytes"] = nbytes
