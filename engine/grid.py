@@ -335,6 +335,10 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
             group_names[axis] = pg.group_name
     if G_ep > 1 or explicit_etp:
         expert_groups(rank, degrees, order, G_ep, G_etp, timeout_s, groups, group_names)
+    if (G_ep > 1 or explicit_etp or G_cp > 1) and world > 1:
+        # new_group does not wait for the ranks outside the group: without this a rank could go
+        # on (and, in a short script, exit with the store) while others still create theirs
+        dist.barrier()
     placed = order if G_cp > 1 or "cp" in given else given  # five axes as before when there is no cp
     grid = Grid(degrees=degrees, placement=placed, rank=rank, world_size=world,
                 coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,

@@ -176,6 +176,7 @@ def _hybrid_groups(grid: Grid, shard: int) -> tuple[Any, Any]:
     timeout = None if grid.timeout_s is None else datetime.timedelta(seconds=grid.timeout_s)
     shard_group, _ = dist.new_subgroups_by_enumeration(shards, timeout=timeout)
     replica_group, _ = dist.new_subgroups_by_enumeration(replicas, timeout=timeout)
+    dist.barrier()  # every rank has created every group before any goes on
     return shard_group, replica_group
 
 
