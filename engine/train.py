@@ -732,7 +732,9 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
         "tp_comm_col_s": part(lambda s: s.comm_s.get("col", 0.0)),
         "tp_comm_depth_s": part(lambda s: s.comm_s.get("depth", 0.0)),
         "dp_comm_s": part(lambda s: s.comm_s.get("data", 0.0)),
-        "other_comm_s": part(lambda s: s.comm_s.get("other", 0.0) + s.comm_s.get("inter", 0.0)),
+        # pipeline sends, the cp ring and the MoE groups have no field of their own in the record yet
+        "other_comm_s": part(lambda s: sum(s.comm_s.get(a, 0.0) for a in ("other", "inter", "cp", "ep", "etp",
+                                                                              "edp"))),
         "pp_bubble_s": part(lambda s: s.pp_wait_s),
         "tokens_per_s": tokens_per_step / median_step if median_step > 0 else 0.0,
         "steps_measured": float(len(steady)),
