@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import Linear as TorchLinear  # bound at import: auto_parallelize swaps nn.Linear
 
 from engine.comm import copy_to, reduce_from
 from engine.grads import EXPERT_ATTR
@@ -118,7 +119,7 @@ class MoE(nn.Module):
         f = ffn // self.G_etp
         experts = slice(self.first_expert, self.first_expert + self.local)
         cols = slice(etp_rank * f, (etp_rank + 1) * f)
-        self.router = nn.Linear(hidden, num_experts, bias=False, device=grid.device)
+        self.router = TorchLinear(hidden, num_experts, bias=False, device=grid.device)  # replicated
         self.fc1 = nn.Parameter(serial.fc1.detach()[experts, cols, :].clone().to(grid.device))
         self.fc2 = nn.Parameter(serial.fc2.detach()[experts, :, cols].clone().to(grid.device))
         for p in (self.fc1, self.fc2):
