@@ -244,3 +244,23 @@ def test_parallelize_turns_a_users_moe_block_into_engine_moe():
     """engine.parallelize finds MoE blocks (MoEMLP's layout) and splits their experts over ep."""
     for diff in launch(_user_block, 2, timeout_s=60):
         assert diff <= 1e-5
+
+
+def _checkpoint_refused(rank: int, world: int, path: str) -> str:
+    import engine
+    from engine.models.gpt import GPT
+
+    grid = engine.init(G_data=2, G_ep=2)
+    torch.manual_seed(0)
+    model = engine.ParallelGPT.from_serial(GPT(moe_config()), grid)
+    try:
+        engine.save_checkpoint(path, model)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def test_sharded_checkpoints_refuse_split_experts(tmp_path):
+    """Not silently wrong: a sharded checkpoint of experts split over ep is refused with a message."""
+    for message in launch(_checkpoint_refused, 2, args=(str(tmp_path),), timeout_s=60):
+        assert "split over ep/etp" in message and "save_consolidated" in message
