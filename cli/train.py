@@ -131,6 +131,7 @@ def handle(args: argparse.Namespace) -> int:
             "cluster_id": report.cluster_id,
             "measurement_id": report.measurement_id,
             "stored_in": report.stored_in,
+            "ranks_per_core": report.ranks_per_core,
             "memory": [{**dataclasses.asdict(m), "peak_bytes": m.peak_bytes,
                         "training_rss_bytes": m.training_rss_bytes} for m in report.memory],
         }

@@ -87,6 +87,20 @@ class _Materialized:
             self.zero3.release(self.before)
 
 
+def _refuse_split_experts(model: nn.Module, grid: Grid, what: str) -> None:
+    """Sharded checkpoints do not know engine.MoE's expert split yet: refuse rather than store
+    (or load) one ep rank's experts under every rank's name. full_state_dict / save_consolidated
+    gather the experts and work."""
+    from engine.grads import is_expert
+
+    split = grid.degrees.get("ep", 1) > 1 or grid.degrees.get("etp", 1) > 1 or \
+        ("etp" not in grid.degrees and grid.size("row") > 1)
+    if split and any(is_expert(p) for p in model.parameters()):
+        raise ValueError(f"engine.{what}: the model has MoE experts split over ep/etp, which sharded "
+                         "checkpoints do not handle yet; use engine.save_consolidated (every expert "
+                         "gathered) and load that state dict on a grid without expert parallelism")
+
+
 def _gathered_experts(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every expert of each engine.MoE (gathered over etp and ep, a collective within the stage),
     under the unsplit model's names."""
@@ -201,6 +215,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     the index; every rank returns after a barrier. `consolidated=True` also writes
     `dir/consolidated.pt` (the single-process state_dict)."""
     grid = grid_of(model, grid)
+    _refuse_split_experts(model, grid, "save_checkpoint")
     with _Materialized(_zero3_of(model, optimizer)):
         _save_pieces(path, model, optimizer, step, scheduler, grid)
     if consolidated:
@@ -325,6 +340,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
                     grid: Grid | None = None, restore_rng: bool = True) -> int:
     """Load pieces saved under any grid into this rank's shards; returns the saved step."""
     grid = grid_of(model, grid)
+    _refuse_split_experts(model, grid, "load_checkpoint")
     index_path = os.path.join(path, INDEX)
     if not os.path.exists(index_path):
         raise FileNotFoundError(f"no checkpoint index {index_path} (written by engine.save_checkpoint)")

@@ -353,8 +353,9 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
         all_reduce_bucketed([p.grad for p in params if not is_expert(p)], grid.comm_group("data"),
                             bucket_bytes, dtype=getattr(model, "_gridtune_reduce_dtype", None))
     experts = [p.grad for p in params if is_expert(p)]
-    if experts and data and "edp" in grid.degrees:  # MoE experts: over the expert-data group
-        all_reduce_bucketed(experts, grid.comm_group("edp"), bucket_bytes)
+    if experts and data:  # MoE experts: over the expert-data group (data when there are no expert groups)
+        edp = grid.comm_group("edp") if "edp" in grid.degrees else grid.comm_group("data")
+        all_reduce_bucketed(experts, edp, bucket_bytes)
     scale = 1.0 / grid.grad_shards
     if scale != 1.0:
         for p in params:
@@ -452,7 +453,7 @@ def flat_slice_pieces(grad: torch.Tensor, lo: int, hi: int, params: list[torch.T
 
 def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: float, grid: Grid,
                 model: nn.Module | None, *, data_sharded: bool = False,
-                extra: torch.Tensor | None = None) -> torch.Tensor:
+                extra: torch.Tensor | None = None, data_group: Any = None) -> torch.Tensor:
     """The p-norm of the whole model's gradient, on every rank, from this rank's part of it.
 
     `grads[i]` weighs `weights[i]` (1/k for a tensor k tensor-parallel ranks hold alike, so the sum
@@ -465,7 +466,8 @@ def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: floa
     total = sum_of_powers(grads, weights, norm_type, grid.device)
     if extra is not None:  # a part already summed where it differs (MoE experts over ep)
         total = total + extra
-    data = grid.comm_group("data") if data_sharded else None
+    # the group the shards are spread over (ZeRO's; a HybridShard Zero3's shard group)
+    data = (data_group if data_group is not None else grid.comm_group("data")) if data_sharded else None
     if data is not None:
         dist.all_reduce(total, group=data)
     reduce_norm_over_model(total, model, grid)
@@ -494,7 +496,8 @@ class ShardedGradNorm:
         """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
         self.reduce_gradients()  # type: ignore[attr-defined]
         pieces, weights = self._weighted_pieces()  # type: ignore[attr-defined]
-        return global_norm(pieces, weights, norm_type, self.grid, self._norm_model(model), data_sharded=True)
+        return global_norm(pieces, weights, norm_type, self.grid, self._norm_model(model), data_sharded=True,
+                           data_group=getattr(self, "group", None))
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,

@@ -287,6 +287,7 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     order = with_cp(given)
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
     check_degrees(degrees, world)
+    explicit_etp = G_etp is not None and G_etp != G_intra_r
     G_etp = check_expert_degrees(degrees, world, G_ep, G_etp)
     if not dist.is_initialized():
         _init_default_group(backend, 600.0 if timeout_s is None else timeout_s, gpus_per_node)
@@ -332,8 +333,12 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
         groups[axis] = pg
         if degrees[axis] > 1 or (axis == "data" and G_cp > 1):  # the recorder attributes only real axes
             group_names[axis] = pg.group_name
-    if G_ep > 1 or G_etp > 1:
+    if G_ep > 1 or explicit_etp:
         expert_groups(rank, degrees, order, G_ep, G_etp, timeout_s, groups, group_names)
+    if (G_ep > 1 or explicit_etp or G_cp > 1) and world > 1:
+        # new_group does not wait for the ranks outside the group: without this a rank could go
+        # on (and, in a short script, exit with the store) while others still create theirs
+        dist.barrier()
     placed = order if G_cp > 1 or "cp" in given else given  # five axes as before when there is no cp
     grid = Grid(degrees=degrees, placement=placed, rank=rank, world_size=world,
                 coords=rank_coords(rank, degrees, order), device=device, mesh=mesh, groups=groups,

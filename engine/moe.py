@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import Linear as TorchLinear  # bound at import: auto_parallelize swaps nn.Linear
 
 from engine.comm import copy_to, reduce_from
 from engine.grads import EXPERT_ATTR
@@ -55,7 +56,7 @@ from engine.models.gpt import MoEMLP
 
 def moe_problems(grid: Grid, num_experts: int, ffn: int) -> list[str]:
     d = grid.degrees
-    G_ep, G_etp = d.get("ep", 1), d.get("etp", 1)
+    G_ep, G_etp = d.get("ep", 1), d.get("etp", d["row"])
     out = []
     if num_experts % G_ep:
         out.append(f"G_ep={G_ep} does not divide num_moe_experts={num_experts}")
@@ -106,17 +107,19 @@ class MoE(nn.Module):
         serial = _serial if _serial is not None else MoEMLP(hidden, ffn, num_experts, top_k, shared_ffn)
         self.top_k, self.num_experts = top_k, num_experts
         d = grid.degrees
-        self.G_ep, self.G_etp = d.get("ep", 1), d.get("etp", 1)
-        self.ep_group, self.etp_group = grid.comm_group("ep") if self.G_ep > 1 else None, \
-            grid.comm_group("etp") if self.G_etp > 1 else None
+        # without expert groups (G_ep = 1, G_etp = G_intra_r: engine.init builds none) etp is the row group
+        self.G_ep, self.G_etp = d.get("ep", 1), d.get("etp", d["row"])
+        etp_axis = "etp" if "etp" in d else "row"
+        self.ep_group = grid.comm_group("ep") if self.G_ep > 1 else None
+        self.etp_group = grid.comm_group(etp_axis) if self.G_etp > 1 else None
         self.local = num_experts // self.G_ep
         ep_rank = grid.coords.get("ep", 0)
-        etp_rank = grid.coords.get("etp", 0)
+        etp_rank = grid.coords.get(etp_axis, 0)
         self.first_expert = ep_rank * self.local
         f = ffn // self.G_etp
         experts = slice(self.first_expert, self.first_expert + self.local)
         cols = slice(etp_rank * f, (etp_rank + 1) * f)
-        self.router = nn.Linear(hidden, num_experts, bias=False, device=grid.device)
+        self.router = TorchLinear(hidden, num_experts, bias=False, device=grid.device)  # replicated
         self.fc1 = nn.Parameter(serial.fc1.detach()[experts, cols, :].clone().to(grid.device))
         self.fc2 = nn.Parameter(serial.fc2.detach()[experts, :, cols].clone().to(grid.device))
         for p in (self.fc1, self.fc2):

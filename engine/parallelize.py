@@ -20,6 +20,11 @@ Conv1D's keys and shapes (GPT2LMHeadModel.load_state_dict reads them). c_attn fu
 its output columns; engine.Linear all-gathers its full output (over row) before returning it, so
 the attention module splits and reshapes by heads exactly as in one process: no column
 permutation is needed (tests/engine/test_hf.py proves the values at 1e-5).
+
+A mixture-of-experts block (`engine.models.gpt.MoEMLP`, or any module with its layout: `router`
+Linear, `fc1` [experts, ffn, hidden] and `fc2` [experts, hidden, ffn] parameters, `top_k`,
+optional `shared`) becomes `engine.MoE.from_serial`: experts over the grid's ep group, each FFN
+split over etp (engine.moe), same values.
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ def is_conv1d(module: nn.Module) -> bool:
             and isinstance(getattr(module, "weight", None), nn.Parameter) and module.weight.dim() == 2)
 
 
+def is_moe_block(module: nn.Module) -> bool:
+    """engine.models.gpt.MoEMLP or a module with its layout (router, fc1/fc2 expert stacks, top_k)."""
+    fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
+    return (isinstance(getattr(module, "router", None), nn.Linear) and isinstance(fc1, nn.Parameter)
+            and isinstance(fc2, nn.Parameter) and fc1.dim() == 3 and fc2.dim() == 3
+            and isinstance(getattr(module, "top_k", None), int))
+
+
 def parallelize(model: nn.Module, grid: Grid | None = None, *, transpose: bool = False) -> nn.Module:
     """Replace, in place, every splittable nn.Linear (and transformers Conv1D) of `model` by an
     engine.Linear; returns `model`."""
@@ -47,6 +60,11 @@ def parallelize(model: nn.Module, grid: Grid | None = None, *, transpose: bool =
             uses[id(p)] = uses.get(id(p), 0) + 1
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
+            if is_moe_block(child):
+                from engine.moe import MoE
+
+                setattr(parent, name, MoE.from_serial(child, grid))
+                continue
             conv1d = is_conv1d(child)
             if (type(child) is not nn.Linear and not conv1d) or uses.get(id(child.weight), 0) > 1:
                 continue

@@ -49,19 +49,21 @@ class Pipeline:
                             f"{local_batch_size}/{micro_batch_size} = {self.n_microbatches}")
         cfg, mb = model.cfg, micro_batch_size
         hidden_local = cfg.hidden_size // grid.size("col")
+        seq = cfg.seq_length // grid.degrees.get("cp", 1)  # context parallelism: this rank's tokens
+        self.seq_local = seq
         s = grid.coord("inter")
         self.stages = []
         for c, chunk in enumerate(model.chunks()):
             index = c * S + s
             if chunk.first:
-                inp = torch.zeros(mb, cfg.seq_length, dtype=torch.long, device=grid.device)
+                inp = torch.zeros(mb, seq, dtype=torch.long, device=grid.device)
             else:
-                inp = torch.empty(mb, cfg.seq_length, hidden_local, device=grid.device, requires_grad=True)
+                inp = torch.empty(mb, seq, hidden_local, device=grid.device, requires_grad=True)
             if chunk.last:
                 vocab_local = model.padded_vocab // grid.size("row")
-                out = torch.empty(mb, cfg.seq_length, vocab_local, device=grid.device, requires_grad=True)
+                out = torch.empty(mb, seq, vocab_local, device=grid.device, requires_grad=True)
             else:
-                out = torch.empty(mb, cfg.seq_length, hidden_local, device=grid.device, requires_grad=True)
+                out = torch.empty(mb, seq, hidden_local, device=grid.device, requires_grad=True)
             self.stages.append(PipelineStage(chunk, stage_index=index, num_stages=S * v, device=grid.device,
                                              input_args=inp, output_args=out, group=grid.group("inter")))
         cls = SCHEDULES[schedule]
@@ -75,7 +77,7 @@ class Pipeline:
     def check_batch(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
         """The static shapes the stages were built for; a mismatch would abort every rank inside the
         schedule's send/recv (SIGABRT), so it is refused here, before any collective, on every rank."""
-        want = (self.local_batch_size, self.model.cfg.seq_length)
+        want = (self.local_batch_size, self.seq_local)
         for name, t in (("tokens", tokens), ("targets", targets)):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__

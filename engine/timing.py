@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from engine.grid import Grid
 
-AXES_TIMED = ("row", "col", "depth", "data", "inter", "other")
+AXES_TIMED = ("row", "col", "depth", "data", "inter", "cp", "ep", "etp", "edp", "other")
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
                "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
                "broadcast", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter")

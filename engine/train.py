@@ -135,6 +135,7 @@ class TrainReport:
     stored_in: str | None = None
     memory: tuple[MemoryStats, ...] = ()
     dtype: str = "fp32"
+    ranks_per_core: float = 0.0  # CPU runs: ranks on this node / its cores (> 1: the ranks share cores)
 
     @property
     def peak_memory_gib(self) -> float:
@@ -149,7 +150,8 @@ class TrainReport:
         return (f"{self.plan.grid_string()} mb={self.plan.micro_batch_size}: {loss}median step "
                 f"{self.median_step_time_s:.4g} s measured vs {pred}{band} predicted{err} "
                 f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s, "
-                f"peak memory {self.peak_memory_gib:.2f} GiB/rank")
+                f"peak memory {self.peak_memory_gib:.2f} GiB/rank"
+                + (f"; {self.ranks_per_core:.1f} ranks per CPU core" if self.ranks_per_core > 1 else ""))
 
 
 # --------------------------------------------------------------------------------------------
@@ -730,7 +732,9 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
         "tp_comm_col_s": part(lambda s: s.comm_s.get("col", 0.0)),
         "tp_comm_depth_s": part(lambda s: s.comm_s.get("depth", 0.0)),
         "dp_comm_s": part(lambda s: s.comm_s.get("data", 0.0)),
-        "other_comm_s": part(lambda s: s.comm_s.get("other", 0.0) + s.comm_s.get("inter", 0.0)),
+        # pipeline sends, the cp ring and the MoE groups have no field of their own in the record yet
+        "other_comm_s": part(lambda s: sum(s.comm_s.get(a, 0.0) for a in ("other", "inter", "cp", "ep", "etp",
+                                                                              "edp"))),
         "pp_bubble_s": part(lambda s: s.pp_wait_s),
         "tokens_per_s": tokens_per_step / median_step if median_step > 0 else 0.0,
         "steps_measured": float(len(steady)),
@@ -768,4 +772,18 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
         constants_source=pred.constants_source if pred is not None else "preset",
         cluster_id=decision.cluster_id, measurement_id=measurement_id, stored_in=stored_in,
         memory=tuple(g[2] for g in gathered), dtype=dtype,
+        ranks_per_core=_ranks_per_core(len(gathered), gathered[0][2].device),
     )
+
+
+def _ranks_per_core(world: int, device: str) -> float:
+    """On the CPU: this node's ranks (LOCAL_WORLD_SIZE, else the world) per core they may use
+    (the affinity mask, else os.cpu_count()); 0 on GPUs."""
+    if device.startswith("cuda"):
+        return 0.0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return local / max(1, cores)

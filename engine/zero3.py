@@ -41,6 +41,7 @@ pipeline calls `begin_pipeline_step` / `end_pipeline_step` itself (engine.pipeli
 
 from __future__ import annotations
 
+import datetime
 import weakref
 from typing import Any
 
@@ -141,7 +142,10 @@ class _Unit:
             rep = flat[self.rep_index]
             dist.all_reduce(rep, group=self.owner.depth_group)
             flat[self.rep_index] = rep
-        mine = reduce_scatter_consumed(flat, self.owner.group).to(self.owner.state_device)
+        mine = reduce_scatter_consumed(flat, self.owner.group)
+        if self.owner.replica_group is not None:  # HybridShard: the shard groups' sums added up
+            dist.all_reduce(mine, group=self.owner.replica_group)
+        mine = mine.to(self.owner.state_device)
         if self.shard.grad is None:
             self.shard.grad = mine.clone() if mine is flat else mine
         else:
@@ -150,6 +154,30 @@ class _Unit:
             p.grad = None
         self.pending = sum(1 for p in self.params if p.requires_grad)
         self.free()
+
+
+def _hybrid_groups(grid: Grid, shard: int) -> tuple[Any, Any]:
+    """HybridShard (FSDP's and AxonML's name): ZeRO-3 within groups of `shard` consecutive data
+    ranks, replicated across them. Returns (this rank's shard group, its replica group); every rank
+    creates every group (new_subgroups_by_enumeration), before any training collective."""
+    data = grid.comm_group("data")
+    size = 1 if data is None else dist.get_world_size(data)
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1 or size % shard:
+        raise ValueError(f"hybrid_shard must be a positive divisor of the data group's {size} ranks "
+                         f"(G_data*G_cp), got {shard!r}")
+    if data is None or shard == size:
+        return data, None
+    mine = dist.get_process_group_ranks(data)
+    everyone: list[Any] = [None] * grid.world_size
+    dist.all_gather_object(everyone, mine)
+    groups = sorted({tuple(g) for g in everyone})
+    shards = [list(g[i:i + shard]) for g in groups for i in range(0, size, shard)]
+    replicas = [list(g[o::shard]) for g in groups for o in range(shard)]
+    timeout = None if grid.timeout_s is None else datetime.timedelta(seconds=grid.timeout_s)
+    shard_group, _ = dist.new_subgroups_by_enumeration(shards, timeout=timeout)
+    replica_group, _ = dist.new_subgroups_by_enumeration(replicas, timeout=timeout)
+    dist.barrier()  # every rank has created every group before any goes on
+    return shard_group, replica_group
 
 
 def _units_of(model: nn.Module) -> list[list[nn.Module]]:
@@ -176,7 +204,8 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     """
 
     def __init__(self, model: nn.Module, optimizer_class: Any = torch.optim.AdamW, *,
-                 grid: Grid | None = None, offload: bool = False, **optimizer_kwargs: Any) -> None:
+                 grid: Grid | None = None, offload: bool = False, hybrid_shard: int | None = None,
+                 **optimizer_kwargs: Any) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError("model must be an nn.Module (ZeRO-3 hooks its modules), "
                              f"got {type(model).__name__}")
@@ -187,6 +216,9 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         self.pipelined = self.grid.size("inter") > 1
         self.model, self.offload = model, offload
         self.group = self.grid.comm_group("data")
+        self.replica_group: Any = None
+        if hybrid_shard is not None:
+            self.group, self.replica_group = _hybrid_groups(self.grid, hybrid_shard)
         self.depth_group = self.grid.comm_group("depth")
         self.state_device = torch.device("cpu") if offload else self.grid.device
         params = [p for p in model.parameters() if p.requires_grad]
@@ -210,11 +242,12 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         # modules using a parameter another unit owns (tied weights: GPT-2's head is the token
         # embedding's weight) gather that unit for their own forward and free it after
         self.borrowers: list[tuple[nn.Module, list[_Unit]]] = []
+        covered = {id(u): {id(sub) for um in u.modules for sub in um.modules()} for u in self.units}
         for m in model.modules():
             owners: list[_Unit] = []
             for p in m.parameters(recurse=False):
                 unit = self.unit_of.get(id(p))
-                if unit is not None and not any(m is um for um in unit.modules) and unit not in owners:
+                if unit is not None and id(m) not in covered[id(unit)] and unit not in owners:
                     owners.append(unit)
             if owners:
                 self.borrowers.append((m, owners))

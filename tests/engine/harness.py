@@ -129,7 +129,7 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
     zero = stage >= 1
     if stage == 3:
         opt = engine.Zero3(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01,
-                           offload=options.get("offload", False))
+                           offload=options.get("offload", False), hybrid_shard=options.get("hybrid_shard"))
     elif zero:
         opt = engine.ZeroOptimizer(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01, stage=stage,
                                    offload=options.get("offload", False))

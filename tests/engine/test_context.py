@@ -31,6 +31,11 @@ def _train(rank: int, world: int, degrees: dict[str, int], zero3: bool) -> dict[
     opt = engine.Zero3(model, torch.optim.AdamW, lr=LR, eps=1e-5, weight_decay=0.01) if zero3 else \
         make_optimizer(model.parameters())
     loader = engine.create_dataloader(TensorDataset(*batches(cfg)), GLOBAL_BATCH)
+    local = GLOBAL_BATCH // grid.batch_shards
+    pipe = None
+    if grid.size("inter") > 1:
+        pipe = engine.Pipeline(model, grid, schedule="1f1b", micro_batch_size=local // 2,
+                               local_batch_size=local)
     rec = engine.CommRecorder(grid)
     losses = []
     for s, (tok, tgt) in enumerate(loader):
@@ -38,20 +43,22 @@ def _train(rank: int, world: int, degrees: dict[str, int], zero3: bool) -> dict[
         opt.zero_grad()
         if s == STEPS - 1:
             rec.__enter__()
-        loss = engine.forward_backward(model, tok, tgt)
+        loss = engine.forward_backward(model, tok, tgt, pipeline=pipe)
         engine.sync_gradients(model, data=not zero3)
         opt.step()
         if s == STEPS - 1:
             rec.__exit__(None, None, None)
         losses.append(loss)
     state = engine.full_state_dict(model)
-    return {"coords": dict(grid.coords), "losses": losses, "state": state if rank == 0 else None,
+    return {"coords": dict(grid.coords), "losses": losses, "state": state if grid.coord("cp") == 0 else None,
             "table": rec.table(), "local_batch": GLOBAL_BATCH // grid.batch_shards}
 
 
 def _global_losses(results: list[dict[str, Any]]) -> list[float]:
     """Mean over data and cp ranks of the local mean losses (every cp rank holds as many tokens)."""
-    first = [r for r in results if r["coords"]["row"] == 0 and r["coords"]["col"] == 0]
+    last = max(r["coords"]["inter"] for r in results)
+    first = [r for r in results if r["coords"]["row"] == 0 and r["coords"]["col"] == 0
+             and r["coords"]["inter"] == last]
     return [sum(r["losses"][s] for r in first) / len(first) for s in range(STEPS)]
 
 
@@ -104,6 +111,17 @@ def test_context_parallel_with_zero3_and_data_trains_as_one_process():
         assert ("data", "all_gather") in ops and ("cp", "send") in ops, r["table"]
         cp = {op: nbytes for axis, op, _, nbytes in r["table"] if axis == "cp"}
         assert cp["send"] + cp["recv"] == cp_ring_bytes(degrees, r["local_batch"]), r["table"]
+
+
+def test_context_parallel_in_a_pipeline_trains_as_one_process():
+    """cp2 x inter2 (1F1B, 2 micro-batches): the stages exchange this rank's tokens only."""
+    degrees = {"cp": 2, "inter": 2}
+    results = launch(_train, 4, args=(degrees, False), timeout_s=180)
+    ref_losses, ref_state, _ = reference()
+    assert _global_losses(results) == pytest.approx(ref_losses, rel=1e-5)
+    state = {k: v for r in results if r["state"] is not None for k, v in r["state"].items()}
+    for name, want in ref_state.items():
+        assert (state[name] - want).abs().max().item() <= 1e-5, name
 
 
 def _positions() -> list[list[int]]:

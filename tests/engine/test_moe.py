@@ -86,7 +86,11 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> d
         opt.step()
         losses.append(loss)
     state = engine.full_state_dict(model)
+    from engine.grads import is_expert
+
+    expert_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if is_expert(p))
     return {"coords": dict(grid.coords), "losses": losses, "state": state, "norm": norm,
+            "expert_bytes": expert_bytes, "edp": grid.degrees.get("edp", 1),
             "table": rec.table(), "local": local, "mb": 1 if pipe is not None else local}
 
 
@@ -120,6 +124,10 @@ def test_expert_parallel_gpt_trains_as_one_process(degrees):
     for r in results:
         table = {(axis, op): (calls, nbytes) for axis, op, calls, nbytes in r["table"]}
         # per MoE layer: dispatch + combine forward, their gradients backward, all-to-alls over ep
+        if r["edp"] > 1:  # expert gradients: one all-reduce over edp of this rank's experts per step
+            assert table[("edp", "all_reduce")][1] == r["expert_bytes"], r["table"]
+        else:
+            assert ("edp", "all_reduce") not in table, r["table"]
         calls, nbytes = table[("ep", "all_to_all")]
         assert calls == 4 * cfg.num_layers, r["table"]
         r["ep_bytes"] = nbytes
@@ -208,3 +216,51 @@ def test_a_rank_that_receives_no_tokens_still_runs_every_all_to_all():
     'Received data size doesn't match expected size')."""
     for r in launch(_skewed, 2, timeout_s=60):
         assert max(r.values()) <= 1e-5, r
+
+
+def test_local_experts_split_over_row_train_as_one_process():
+    """G_ep = 1, G_etp = G_intra_r = 2: no expert groups; each expert's FFN split over the row group,
+    expert gradients reduced over data like any replicated parameter."""
+    degrees = {"data": 2, "row": 2, "ep": 1}
+    _check(launch(_train, 4, args=(degrees, 2), timeout_s=180), degrees)
+
+
+def _user_block(rank: int, world: int) -> float:
+    import engine
+    from engine.models.gpt import MoEMLP
+
+    grid = engine.init(G_data=2, G_ep=2)
+    torch.manual_seed(0)
+    serial = torch.nn.Sequential(torch.nn.Linear(8, 8), MoEMLP(8, 16, 4, top_k=2, shared_ffn=8))
+    torch.manual_seed(0)
+    built = torch.nn.Sequential(torch.nn.Linear(8, 8), MoEMLP(8, 16, 4, top_k=2, shared_ffn=8))
+    model = engine.wrap(engine.parallelize(built, grid))
+    assert isinstance(model[1], engine.MoE)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(rank))
+    return float((model(x) - serial(x)).abs().max())
+
+
+def test_parallelize_turns_a_users_moe_block_into_engine_moe():
+    """engine.parallelize finds MoE blocks (MoEMLP's layout) and splits their experts over ep."""
+    for diff in launch(_user_block, 2, timeout_s=60):
+        assert diff <= 1e-5
+
+
+def _checkpoint_refused(rank: int, world: int, path: str) -> str:
+    import engine
+    from engine.models.gpt import GPT
+
+    grid = engine.init(G_data=2, G_ep=2)
+    torch.manual_seed(0)
+    model = engine.ParallelGPT.from_serial(GPT(moe_config()), grid)
+    try:
+        engine.save_checkpoint(path, model)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def test_sharded_checkpoints_refuse_split_experts(tmp_path):
+    """Not silently wrong: a sharded checkpoint of experts split over ep is refused with a message."""
+    for message in launch(_checkpoint_refused, 2, args=(str(tmp_path),), timeout_s=60):
+        assert "split over ep/etp" in message and "save_consolidated" in message

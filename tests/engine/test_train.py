@@ -204,6 +204,9 @@ def test_cli_train_json_carries_per_rank_memory(capsys):
                  "--no-store", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [m["rank"] for m in out["memory"]] == [0, 1]
+    import os
+
+    assert out["ranks_per_core"] == pytest.approx(2 / len(os.sched_getaffinity(0)))
     for m in out["memory"]:
         assert m["device"] == "cpu" and m["peak_bytes"] == m["peak_rss_bytes"] > 0
         assert 0 < m["baseline_rss_bytes"] <= m["peak_rss_bytes"]

@@ -62,3 +62,15 @@ def test_zero3_peak_model_states_at_most_035_of_zero0_on_4_data_ranks():
     zero3 = launch(bench.measure, 4, args=(cfg, 3, False), timeout_s=120)
     for r0, r3 in zip(zero0, zero3):
         assert r3["state"] <= 0.35 * r0["state"], (r3["state"], r0["state"])
+
+
+@pytest.mark.parametrize("shard", [2, 1], ids=["hybrid2x2", "replicated"])
+def test_zero3_hybrid_shard_matches_single_process(shard):
+    """HybridShard (FSDP's and AxonML's name): ZeRO-3 within groups of `shard` data ranks,
+    replicated across them (4 data ranks), trains exactly as one process."""
+    degrees = {"data": 4, "inter": 1, "depth": 1, "row": 1, "col": 1}
+    results = run_grid(degrees, {"zero_stage": 3, "hybrid_shard": shard, "micro_batch_size": 2})
+    assert_trains_as_one_process(results, degrees)
+    for r in results:  # the units are gathered over the shard group (not a grid axis: "other")
+        ops = {(axis, op) for axis, op, *_ in r["table"]}
+        assert ("other", "all_gather") in ops and ("data", "all_gather") not in ops, r["table"]
