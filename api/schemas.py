@@ -720,15 +720,15 @@ class ErrorItem(_Out):
 
 CLUSTER_RULE_422 = {"detail": [{
     "loc": ["body", "cluster"],
-    "msg": "cluster: Value error, cluster needs a 'preset', a stored 'profile_id', or all of ['num_gpus', "
-           "'gpus_per_node', 'gpu', 'intra_node_bandwidth_GBps', 'inter_node_bandwidth_GBps'] (missing "
-           "['gpus_per_node', 'intra_node_bandwidth_GBps', 'inter_node_bandwidth_GBps']), got {'gpu': "
-           "'H100-SXM', 'num_gpus': 64}",
+    "msg": "cluster: Value error, cluster needs a 'preset', a stored 'profile_id', a 'gpu' name with "
+           "'num_gpus', or all of ['num_gpus', 'gpus_per_node', 'gpu', 'intra_node_bandwidth_GBps', "
+           "'inter_node_bandwidth_GBps'] (missing ['gpu', 'intra_node_bandwidth_GBps', "
+           "'inter_node_bandwidth_GBps']), got {'num_gpus': 64, 'gpus_per_node': 8}",
     "type": "value_error",
-    "input": "{'gpu': 'H100-SXM', 'num_gpus': 64}",
+    "input": "{'num_gpus': 64, 'gpus_per_node': 8}",
 }]}
-"""The documented 422 of a cluster given as {"gpu": "H100-SXM", "num_gpus": 64} (tests check the API
-answers exactly this)."""
+"""The documented 422 of a cluster given as {"num_gpus": 64, "gpus_per_node": 8}: no GPU to take the
+node's links from (tests check the API answers exactly this)."""
 
 
 class ErrorOut(_Out):

@@ -1,5 +1,6 @@
-"""The OpenAPI schema states the cluster rule ("a preset, a stored profile_id, or all of num_gpus,
-gpus_per_node, gpu, intra_node_bandwidth_GBps, inter_node_bandwidth_GBps"), so a client generated
+"""The OpenAPI schema states the cluster rule ("a preset, a stored profile_id, a GPU preset name with
+num_gpus, or all of num_gpus, gpus_per_node, gpu, intra_node_bandwidth_GBps,
+inter_node_bandwidth_GBps"), so a client generated
 from it (or a fuzzer) knows which clusters are valid: a cluster is valid by the schema exactly when
 the API does not answer the cluster rule's 422, and the documented 422 example is what it answers."""
 
@@ -17,7 +18,8 @@ CLUSTERS = [
     ({"preset": "selene", "num_gpus": 1024}, True),
     ({"profile_id": "nowhere"}, True),  # valid by the schema; the API's 422 is "names no stored profile"
     (examples.PREDICT_EXPLICIT["cluster"], True),
-    ({"gpu": "H100-SXM", "num_gpus": 64}, False),
+    ({"gpu": "H100-SXM", "num_gpus": 64}, True),  # the node's links come from the GPU's cluster preset
+    ({"num_gpus": 64, "gpus_per_node": 8}, False),
     ({"preset": None, "num_gpus": 64}, False),
     ({"profile_id": None, "preset": None}, False),
     ({**examples.PREDICT_EXPLICIT["cluster"], "gpu": None}, False),
@@ -49,5 +51,5 @@ def test_the_documented_422_example_is_what_the_api_answers(client):
         ref = spec["paths"][path]["post"]["responses"]["422"]["content"]["application/json"]["schema"]
         assert ref == {"$ref": "#/components/schemas/ErrorOut"}, path
     assert spec["components"]["schemas"]["ClusterIn"]["x-rule"] == schemas.CLUSTER_RULE
-    r = client.post("/v1/predict", json={**examples.PREDICT, "cluster": {"gpu": "H100-SXM", "num_gpus": 64}})
+    r = client.post("/v1/predict", json={**examples.PREDICT, "cluster": {"num_gpus": 64, "gpus_per_node": 8}})
     assert r.status_code == 422 and r.json() == schemas.CLUSTER_RULE_422, r.text

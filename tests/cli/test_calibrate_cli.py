@@ -43,7 +43,7 @@ def _predict(capsys, *extra: str) -> dict:
     capsys.readouterr()
     assert main(["predict", "--model", "gpt3-7.5b", "--global-batch-size", "256", "--stack", "megatron-core",
                  "--plan", HELD_OUT, "--json", *extra]) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"]
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_jsonl_runs_to_a_file_then_predict_with_it(tmp_path, capsys) -> None:
