@@ -150,8 +150,10 @@ def _mlp_linears(model: Model) -> tuple[Linear, ...]:
                 Linear("fc2", f, h, s, transposed=True, bias=bias, share=1.0 - moe)]
     fs = model.shared_expert_size
     if moe > 0.0 and fs:
-        out += [Linear("shared_fc1", h, up * fs, s, bias=False, share=moe),
-                Linear("shared_fc2", fs, h, s, transposed=True, bias=False, share=moe)]
+        # a shared expert is an MLP of the block's kind (Megatron's SharedExpertMLP follows
+        # add_bias_linear as the dense MLP does)
+        out += [Linear("shared_fc1", h, up * fs, s, bias=bias, share=moe),
+                Linear("shared_fc2", fs, h, s, transposed=True, bias=bias, share=moe)]
     return tuple(out)
 
 

@@ -332,7 +332,9 @@ def _comm_events(
     rank.replicated_params(norms * norm_params * h / G_c)
 
     # embedding (first stage): word (+ learned positions for GPT) tables split over col along h
-    emb = st.has_embedding * (model.vocab_size + (model.seq_length if bias else 0)) * h / G_c
+    # (the position table has a row per position of the whole sample: `span`, which a context-parallel
+    # view keeps at the full sequence while its `seq_length` is one rank's chunk)
+    emb = st.has_embedding * (model.vocab_size + (model.span if bias else 0)) * h / G_c
     rank.replicated_params(emb)
 
     # LM head (last stage): a normal 3D Linear h -> padded vocab, then a cross entropy over the
@@ -354,6 +356,9 @@ def _comm_events(
 
         ev.deg.update(experts.expert_degrees(arrays))
         experts.add_events(ev, model, training, arrays, blocks * model.moe_fraction, m, rank.full_rc)
+        # the router's weight [E, h] is whole on every rank of the layer: reduced with the replicated
+        # parameters (Megatron's TopKRouter is not split over tensor-parallel ranks)
+        rank.replicated_params(blocks * model.moe_fraction * float(model.num_moe_experts) * h)
     _grad_sync_events(ev, arrays, training, rank.local_params, rank.replicated, m, units, unit_bytes)
     _p2p_events(ev, arrays, m, T * h / G_c * e, st)
     return ev.items
