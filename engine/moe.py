@@ -22,8 +22,8 @@ Per MoE layer and micro-batch, with T local tokens, k = top_k and h = hidden:
   dispatched input's gradient is all-reduced over "etp" before the dispatch's backward (again
   [T*k, h]): the contract's etp traffic.
 - expert gradients are all-reduced over "edp" by engine.sync_gradients (they are not replicated
-  over data: `engine.grads.is_expert`), the router and the shared expert over data like any
-  replicated parameter.
+  over data: `engine.grads.is_expert`), the router over data like any replicated parameter; the
+  shared expert is split over row x col like the dense MLP (its output all-reduced over row).
 
 Which all-to-all: `torch.distributed.all_to_all_single` with uneven split sizes. In torch 2.13 gloo
 implements it for CPU tensors (ProcessGroupGloo alltoall_base, gloo's alltoallv), so one code path
@@ -89,10 +89,28 @@ def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -
     return out
 
 
+def _shared_expert(serial: nn.Sequential, grid: Grid) -> nn.Module:
+    """The shared expert as the block's dense MLP is split (Megatron-Core's SharedExpertMLP is a
+    tensor-parallel MLP; perfmodels counts it so): fc1 a normal 3D Linear, fc2 a transposed one, so
+    its output is all-reduced over row like the dense MLP's. Where the shapes do not split over
+    row x col it stays a replicated copy."""
+    import copy
+
+    from engine.linear import ShardedLinear
+
+    fc1, act, fc2 = serial[0], serial[1], serial[2]
+    split = grid.size("row") * grid.size("col")
+    if split > 1 and fc1.out_features % split == 0 and fc1.in_features % split == 0:
+        return nn.Sequential(ShardedLinear.from_dense(fc1, grid=grid), copy.deepcopy(act),
+                             ShardedLinear.from_dense(fc2, transpose=True, grid=grid))
+    return copy.deepcopy(serial).to(grid.device)
+
+
 class MoE(nn.Module):
-    """The expert-parallel MoEMLP (module docstring). Parameters: `router.weight` and the shared
-    expert (replicated), `fc1` [local experts, ffn/G_etp, hidden] and `fc2` [local experts, hidden,
-    ffn/G_etp] (this rank's experts and etp slice, marked as expert weights)."""
+    """The expert-parallel MoEMLP (module docstring). Parameters: `router.weight` (replicated), the
+    shared expert (split over row x col as the dense MLP is: `_shared_expert`), `fc1` [local experts,
+    ffn/G_etp, hidden] and `fc2` [local experts, hidden, ffn/G_etp] (this rank's experts and etp
+    slice, marked as expert weights)."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int = 2,
                  shared_ffn: int | None = None, *,
@@ -128,9 +146,7 @@ class MoE(nn.Module):
             self.router.weight.copy_(serial.router.weight)
         self.shared = None
         if serial.shared is not None:
-            import copy
-
-            self.shared = copy.deepcopy(serial.shared).to(grid.device)
+            self.shared = _shared_expert(serial.shared, grid)
 
     @classmethod
     def from_serial(cls, serial: MoEMLP, grid: Grid | None = None) -> MoE:
