@@ -170,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                         failures.append(f"{where}: " + "; ".join(problems))
                     else:
                         passed[kind] += 1
-                        lay = layout_of(model, training, plan)
+                        megatron_like = kind in ("megatron", "nemo")
+                        # Megatron's first/last-stage counts only where a Megatron launcher cuts the
+                        # layers (the engine and DeepSpeed split any count their own way)
+                        lay = layout_of(model, training, plan, uneven=megatron_like)
                         covered["pipeline"] += lay.pp > 1
                         covered["interleaved"] += lay.vpp > 1
-                        megatron_like = kind in ("megatron", "nemo")
                         covered["uneven first/last stages"] += bool(lay.uneven and megatron_like)
                         covered["tensor parallel"] += lay.tp > 1
                         covered["sequence parallel"] += bool(plan.sequence_parallel)

@@ -251,10 +251,13 @@ def _pipeline_dtype(cfg: dict[str, Any]) -> Any:
 
 def transformer_config_problems(cfg: dict[str, Any]) -> list[str]:
     """Build megatron-core's TransformerConfig (its __post_init__ and ModelParallelConfig's checks)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+    # multi-latent attention's fields (q_lora_rank, kv_lora_rank, ...) live on MLATransformerConfig,
+    # the class Megatron-LM builds when --multi-latent-attention is given
+    cls = MLATransformerConfig if cfg.get("multi_latent_attention") else TransformerConfig
     try:
-        TransformerConfig(**cfg, pipeline_dtype=_pipeline_dtype(cfg), params_dtype=_pipeline_dtype(cfg))
+        cls(**cfg, pipeline_dtype=_pipeline_dtype(cfg), params_dtype=_pipeline_dtype(cfg))
     except (ValueError, AssertionError, TypeError) as exc:
         return [f"TransformerConfig: {exc}"]
     return []

@@ -43,6 +43,8 @@ def transformer_config(model: Model, training: Training, plan: Plan, lay: Layout
         "num_query_groups": int(model.num_query_groups),
         "ffn_hidden_size": int(model.ffn_hidden_size),
         "gated_linear_unit": bool(model.gated_mlp),
+        # GPT-style blocks carry biases, the Llama family none (--disable-bias-linear below)
+        "add_bias_linear": not model.gated_mlp,
         "hidden_dropout": 0.1 if model.dropout else 0.0,
         "attention_dropout": 0.1 if model.dropout else 0.0,
         "bf16": training.dtype in ("bf16", "fp8"),
@@ -65,6 +67,11 @@ def transformer_config(model: Model, training: Training, plan: Plan, lay: Layout
     if cfg.get("num_moe_experts"):
         cfg["moe_grouped_gemm"] = True
         cfg["moe_token_dispatcher_type"] = "alltoall"
+        if cfg["moe_router_topk"] == 1:
+            # a softmax over one selected score has a zero gradient: Megatron-Core requires the
+            # softmax before the top-k when k is 1 (transformer_config.py, "Please use
+            # --moe-router-pre-softmax when topk is 1", megatron-core 0.16.0)
+            cfg["moe_router_pre_softmax"] = True
     return cfg
 
 
@@ -168,6 +175,8 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
                     args.append(f"{flag} {value}")
         if extra.get("num_moe_experts"):
             args += ["--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]
+            if extra["moe_router_topk"] == 1:  # see transformer_config
+                args.append("--moe-router-pre-softmax")
     else:
         notes.append("the model is a list of layers: give Megatron its shape yourself")
     order = [a for a in plan.order if a in ("inter", "data")]
