@@ -18,7 +18,7 @@ requests it answered and how many of them with a 5xx. PostgreSQL runs on GRIDTUN
 (default postgresql+psycopg://postgres@127.0.0.1:5432/test) under a throw-away table prefix;
 skipped with a note when no server answers there.
 
-    .venv/bin/python bench/fuzz_service.py     # both databases, -n 1500 per operation, 1 h each at most
+    .venv/bin/python bench/fuzz_service.py --max-examples 1200   # > 20,000 cases on each database
     .venv/bin/python bench/fuzz_service.py --max-examples 50 --databases sqlite
 """
 
