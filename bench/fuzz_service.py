@@ -18,7 +18,7 @@ requests it answered and how many of them with a 5xx. PostgreSQL runs on GRIDTUN
 (default postgresql+psycopg://postgres@127.0.0.1:5432/test) under a throw-away table prefix;
 skipped with a note when no server answers there.
 
-    .venv/bin/python bench/fuzz_service.py     # both databases, -n 1500 per operation, 1 h each at most
+    .venv/bin/python bench/fuzz_service.py       # -n 1200: > 20,000 cases on each database
     .venv/bin/python bench/fuzz_service.py --max-examples 50 --databases sqlite
 """
 
@@ -187,7 +187,7 @@ def report(row: dict[str, object], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-examples", type=int, default=1500, help="schemathesis -n per operation")
+    parser.add_argument("--max-examples", type=int, default=1200, help="schemathesis -n per operation")
     parser.add_argument("--databases", default="sqlite,postgres")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)

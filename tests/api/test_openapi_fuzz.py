@@ -16,7 +16,6 @@ Run: `.venv/bin/python -m pytest tests/api/test_openapi_fuzz.py -q`.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import uuid
@@ -99,9 +98,17 @@ def postgres_app() -> tuple[Any, str]:
             engine.dispose()
     except Exception as exc:  # no driver, no server, refused, auth: all mean "cannot run here"
         return None, f"no PostgreSQL server answers at {POSTGRES_URL} ({type(exc).__name__})"
-    pg = create_app(Settings(database_url=POSTGRES_URL, table_prefix=PREFIX, **LIMITS))
-    atexit.register(lambda: pg.state.store.drop_tables())
-    return pg, ""
+    return create_app(Settings(database_url=POSTGRES_URL, table_prefix=PREFIX, **LIMITS)), ""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_postgres_tables():
+    """The throw-away tables go when this module's tests are done."""
+    yield
+    if postgres_app.cache_info().currsize:
+        pg, _ = postgres_app()
+        if pg is not None:
+            pg.state.store.drop_tables()
 
 
 async def _postgres_or_spec(scope: dict[str, Any], receive: Any, send: Any) -> None:
