@@ -281,8 +281,9 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     degrees = {"data": G_data, "inter": G_inter, "depth": G_intra_d, "row": G_intra_r, "col": G_intra_c,
                "cp": G_cp}
     given = tuple(placement) if placement is not None else AXES
-    if sorted(given) not in (sorted(AXES), sorted((*AXES, "cp"))):
-        raise GridError(f"placement must be an ordering of {list(AXES)} (optionally with 'cp'), "
+    five = tuple(a for a in AXES if a != "cp")  # a placement of the five AxoNN axes gets "cp" after "row"
+    if sorted(given) not in (sorted(AXES), sorted(five)):
+        raise GridError(f"placement must be an ordering of {list(AXES)} (or of {list(five)}), "
                         f"got {list(given)}")
     order = with_cp(given)
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()

@@ -35,6 +35,7 @@ calls it first, so a calibrated profile attached to a cluster is all a caller ne
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -100,6 +101,18 @@ def check_names(constants: Mapping[str, float]) -> None:
     unknown = sorted(set(constants) - set(PARAMETER_NAMES))
     if unknown:
         raise ValueError(f"unknown calibrated constant(s) {unknown}; known: {list(PARAMETER_NAMES)}")
+
+
+def check_values(constants: Mapping[str, float], where: str = "profile.constants") -> None:
+    """ValueError naming the first constant that is unknown or outside its parameter's plausible
+    range (the fit never leaves it; a profile written by hand may), before it reaches a spec whose
+    own check would name the GPU or stack field instead."""
+    check_names(constants)
+    for name, value in constants.items():
+        p = BY_NAME[name]
+        if not (math.isfinite(value) and p.lower <= value <= p.upper):
+            raise ValueError(f"{where}.{name}={value:g} is outside its plausible range {p.lower:g} to "
+                             f"{p.upper:g} {p.unit}")
 
 
 def _strip(cluster: Cluster) -> Cluster:

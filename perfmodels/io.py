@@ -221,6 +221,9 @@ def profile_from_dict(data: Mapping[str, Any]) -> Profile:
         constants = tuple(sorted((str(k), float(v)) for k, v in constants))
     except (TypeError, ValueError):
         raise ValueError(f"profile.constants must map names to numbers, got {constants!r}") from None
+    from perfmodels.constants import check_values  # constants reads the specs io builds
+
+    check_values(dict(constants))
     return _build("profile", Profile, {**data, "collectives": tuple(fits), "corrections": corrections,
                                        "constants": constants})
 

@@ -52,6 +52,8 @@ RICH: dict[str, Any] = {
             "hbm_bandwidth_GBps": 3000.0,
             "corrections": {"compute": 1.0},
             "uncertainty_rel": 0.1,
+            # calibrated constants of a stack on a cluster (perfmodels.constants)
+            "constants": {"gemm_efficiency": 0.7, "host_us_per_layer": 40.0, "inter_node_busbw_GBps": 40.0},
         },
     },
     "training": {"global_batch_size": 512, "dtype": "bf16", "host_us_per_block": 10.0,
