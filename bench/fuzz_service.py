@@ -38,6 +38,8 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/serve_process.py
+from serve_process import start_serve  # noqa: E402
 
 KEY = "fuzz-key"
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
@@ -73,22 +75,7 @@ def postgres_answers(url: str) -> str:
 def start_server(port: int, db_url: str, env_extra: dict[str, str], log: pathlib.Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "GRIDTUNE_API_KEY": KEY,
            "GRIDTUNE_MAX_SEARCH_S": "0.3", "GRIDTUNE_MAX_GPUS": "64", **env_extra}
-    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
-           "serve", "--port", str(port), "--database-url", db_url, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not start within 60 s")
+    return start_serve(port, ["--database-url", db_url, "--log-level", "warning"], env=env, cwd=ROOT, log=log)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -41,9 +41,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/serve_process.py
+from serve_process import start_serve  # noqa: E402
+
 PROBE_TIMEOUT_S = 5.0
 
 
@@ -56,21 +58,8 @@ def free_port() -> int:
 def start_server(port: int, db_url: str, code_root: pathlib.Path, serve_args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code_root)}
     env.pop("GRIDTUNE_API_KEY", None)
-    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
-           "serve", "--port", str(port), "--database-url", db_url, "--log-level", "warning", *serve_args]
-    proc = subprocess.Popen(cmd, cwd=code_root, env=env, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not start within 60 s")
+    return start_serve(port, ["--database-url", db_url, "--log-level", "warning", *serve_args], env=env,
+                       cwd=code_root)
 
 
 class Attacker(multiprocessing.Process):

@@ -34,10 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/serve_process.py
+from serve_process import start_serve  # noqa: E402
 
 from api import examples  # noqa: E402
 
@@ -57,22 +58,8 @@ def free_port() -> int:
 def start_server(port: int, db_url: str, workers: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("GRIDTUNE_API_KEY", None)
-    cmd = [sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
-           "serve", "--port", str(port), "--database-url", db_url, "--workers", str(workers),
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not start within 60 s")
+    return start_serve(port, ["--database-url", db_url, "--workers", str(workers), "--log-level", "warning"],
+                       env=env, cwd=ROOT, probe="/healthz")
 
 
 def bodies(route: str, distinct: int) -> list[bytes]:
