@@ -39,7 +39,7 @@ import uuid
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/serve_process.py
-from serve_process import start_serve  # noqa: E402
+from serve_process import start_serve, stop_serve  # noqa: E402
 
 KEY = "fuzz-key"
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
@@ -76,15 +76,6 @@ def start_server(port: int, db_url: str, env_extra: dict[str, str], log: pathlib
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "GRIDTUNE_API_KEY": KEY,
            "GRIDTUNE_MAX_SEARCH_S": "0.3", "GRIDTUNE_MAX_GPUS": "64", **env_extra}
     return start_serve(port, ["--database-url", db_url, "--log-level", "warning"], env=env, cwd=ROOT, log=log)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(15)
 
 
 def tally(events: pathlib.Path) -> dict[str, object]:
@@ -136,7 +127,7 @@ def run_one(name: str, db_url: str, env_extra: dict[str, str], args: argparse.Na
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
             metrics = r.read().decode()
     finally:
-        stop(proc)
+        stop_serve(proc)
     served = five_xx = 0
     for line in metrics.splitlines():
         if line.startswith("gridtune_http_requests_total{"):

@@ -33,7 +33,6 @@ import os
 import pathlib
 import resource
 import selectors
-import signal
 import socket
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/serve_process.py
-from serve_process import start_serve  # noqa: E402
+from serve_process import start_serve, stop_serve  # noqa: E402
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -236,11 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         slow_thread.join(60)
     finally:
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_serve(proc)
         tmp.cleanup()
 
     print(f"idle_flood: {args.connections} silent connections for {args.seconds:g} s against "

@@ -2,11 +2,16 @@
 service benches (service_load, idle_flood, fuzz_service) bring a real server up on loopback.
 
     proc = start_serve(port, ["--database-url", url], env=env, cwd=root)
+    ...
+    stop_serve(proc)
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -38,3 +43,16 @@ def start_serve(port: int, args: list[str], *, env: dict[str, str], cwd: pathlib
             time.sleep(0.2)
     proc.kill()
     raise SystemExit(f"server did not start within {timeout_s:g} s")
+
+
+def stop_serve(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """Stop the server's whole process group: SIGTERM, then SIGKILL after `grace_s` (a server that
+    already exited is fine)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(grace_s)

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import pathlib
-import signal
 import socket
 import statistics
 import subprocess
@@ -38,7 +36,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/serve_process.py
-from serve_process import start_serve  # noqa: E402
+from serve_process import start_serve, stop_serve  # noqa: E402
 
 from api import examples  # noqa: E402
 
@@ -186,12 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{res['p50_ms']:>9.2f}{res['p90_ms']:>9.2f}{res['p99_ms']:>9.2f}{res['max_ms']:>9.1f}")
             sys.stdout.flush()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_serve(proc)
         tmp.cleanup()
     return 0
 
