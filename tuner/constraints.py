@@ -196,6 +196,14 @@ def context_split(model: Model, cluster: Cluster, training: Training, cols: Colu
                      f"model.seq_length={s}")
 
 
+def _expert_degrees(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """(G_ep, G_etp) per plan; a G_etp column of 0 (Plan.G_etp None) is Megatron-Core's default, the
+    tensor-parallel size G_intra_r."""
+    n = len(cols["G_data"])
+    etp = cols.get("G_etp", np.zeros(n, np.int64))
+    return cols.get("G_ep", np.ones(n, np.int64)), np.where(etp > 0, etp, cols["G_intra_r"])
+
+
 def experts_split(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     """G_ep divides the expert count; a dense model has G_ep = 1."""
     ep = cols.get("G_ep", np.ones_like(cols["G_data"]))
@@ -212,9 +220,7 @@ def expert_grid_fits(model: Model, cluster: Cluster, training: Training, cols: C
     n = len(cols["G_data"])
     if not model.is_moe:
         return _none(n)
-    ep = cols.get("G_ep", np.ones(n, np.int64))
-    etp_col = cols.get("G_etp", np.zeros(n, np.int64))
-    etp = np.where(etp_col > 0, etp_col, cols["G_intra_r"])
+    ep, etp = _expert_degrees(cols)
     stage = (cols["G_data"] * cols["G_intra_d"] * cols["G_intra_r"] * cols["G_intra_c"]
              * cols.get("G_cp", np.ones(n, np.int64)))
     return Rejection(~rules.expert_grid_fits(stage, ep, etp),
@@ -228,9 +234,9 @@ def stack_runs_context_expert(model: Model, cluster: Cluster, training: Training
     stack = training.effective_stack
     n = len(cols["G_data"])
     cp = cols.get("G_cp", np.ones(n, np.int64))
-    ep = cols.get("G_ep", np.ones(n, np.int64))
-    etp_col = cols.get("G_etp", np.zeros(n, np.int64))
-    etp = np.where(etp_col > 0, etp_col, cols["G_intra_r"]) if model.is_moe else np.ones(n, np.int64)
+    ep, etp = _expert_degrees(cols)
+    if not model.is_moe:
+        etp = np.ones(n, np.int64)
     ok = can_run_context_expert(stack, G_cp=cp, G_ep=ep, expert_tp=etp)
     return Rejection(~ok, f"the {stack.name} stack does not run this context or expert parallelism",
                      lambda i: f"{stack.name} cannot run G_cp={cp[i]} G_ep={ep[i]} G_etp={etp[i]}")
@@ -313,9 +319,7 @@ def expert_weights_fit(model: Model, cluster: Cluster, training: Training, cols:
     n = len(cols["G_data"])
     if not model.is_moe:
         return _none(n)
-    ep = cols.get("G_ep", np.ones(n, np.int64))
-    etp_col = cols.get("G_etp", np.zeros(n, np.int64))
-    etp = np.where(etp_col > 0, etp_col, cols["G_intra_r"])
+    ep, etp = _expert_degrees(cols)
     layers = model.num_layers * model.moe_fraction / cols["G_inter"]
     local = layers * float(model.num_moe_experts) / ep * model.expert_params / etp
     if 3 in training.effective_stack.zero_stages:
