@@ -496,6 +496,9 @@ class SearchIn(_In):
         | None
     ) = None
     examples_per_reason: Annotated[int, Field(ge=0, le=50)] | None = None
+    exhaustive: bool | None = Field(None, description=(
+        "score every plan instead of skipping the families a lower bound proves unable to enter the "
+        "top list: the same answer, slower; for checking"))
     suggest_trials: Annotated[int, Field(ge=0, le=10, description=(
         "when the leaders are closer than the band, name this many layouts whose measurement best "
         "separates them (the answer's 'uncertainty')"))] | None = None
@@ -657,6 +660,10 @@ class RecommendOut(_Out):
         True, description="false when the time budget ran out before every plan was scored"
     )
     num_not_evaluated: int = 0
+    num_proved_slower: int = Field(0, description=(
+        "plans never scored because a lower bound on their memory exceeds the GPU's or on their step "
+        "time exceeds the k-th best time found (0 with search.exhaustive)"))
+    exhaustive: bool = False
     launch: dict[str, LaunchOut] = Field(
         {}, description="the best plan's launch for every framework that runs the stack it was ranked for "
                         "(keys among megatron, nemo, deepspeed, torchtitan, fsdp, gridtune: the text "

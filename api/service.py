@@ -455,6 +455,8 @@ def recommendation_json(rec: Any, profile_id: str | None) -> dict[str, Any]:
             "num_valid": int(rec.num_valid),
             "complete": bool(getattr(rec, "complete", True)),
             "num_not_evaluated": int(getattr(rec, "num_not_evaluated", 0)),
+            "num_proved_slower": int(getattr(rec, "num_proved_slower", 0)),
+            "exhaustive": bool(getattr(rec, "exhaustive", False)),
             "pruned": {str(k): int(v) for k, v in rec.pruned.items()},
             "pruned_examples": {str(k): [str(x) for x in v] for k, v in rec.pruned_examples.items()},
             "constants_source": rec.constants_source,

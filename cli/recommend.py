@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--time-budget", type=float, default=30.0, metavar="S", help="stop searching after S seconds"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="score every plan instead of skipping those a lower bound proves unable to enter the "
+                        "top list (the same answer, slower; for checking)")
     p.add_argument(
         "--plot", metavar="FILE.png", help="picture of the top layouts: step time, breakdown, memory"
     )
@@ -75,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run, stack=None)
 
 
-def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions:
+def search_options(pins: list[str], max_mb: int, budget: float, exhaustive: bool = False) -> SearchOptions:
     values: dict[str, object] = {}
     for pin in pins:
         if "=" not in pin:
@@ -89,7 +92,8 @@ def search_options(pins: list[str], max_mb: int, budget: float) -> SearchOptions
         raise ValueError(f"--max-micro-batch-size must be >= 1, got {max_mb}")
     if budget <= 0:
         raise ValueError(f"--time-budget must be > 0, got {budget}")
-    return SearchOptions(**values, max_micro_batch_size=max_mb, time_budget_s=budget)  # type: ignore[arg-type]
+    return SearchOptions(**values, max_micro_batch_size=max_mb, time_budget_s=budget,  # type: ignore[arg-type]
+                         exhaustive=exhaustive)
 
 
 def check_gpus(num_gpus: int) -> None:
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         check_emit_stack(args.emit, args.stack)
     model, cluster, training = model_from_args(args), cluster_from_args(args), training_from_args(args)
     check_gpus(cluster.num_gpus)
-    options = search_options(args.pin, args.max_micro_batch_size, args.time_budget)
+    options = search_options(args.pin, args.max_micro_batch_size, args.time_budget, args.exhaustive)
     if args.json:
         rec = recommend(model, cluster, training, top_k=args.top, search=options)
     else:
@@ -241,9 +245,11 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
         )
     console.print(table)
     scope = "" if rec.complete else f" (PARTIAL: {rec.num_not_evaluated:,} not evaluated)"
+    proved = (f"; {rec.num_proved_slower:,} more proved unable to enter the top list by lower bounds"
+              if rec.num_proved_slower else "")
     console.print(
-        f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid) in {rec.search_time_s:.2f} s"
-        f"{scope}; constants: {rec.constants_source}"
+        f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid, scored){proved} in "
+        f"{rec.search_time_s:.2f} s{scope}; constants: {rec.constants_source}"
     )
     if rec.explanation:
         console.print(rec.explanation)

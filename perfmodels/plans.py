@@ -1,15 +1,16 @@
 """Plans as columns of numpy arrays, so thousands of layouts are scored in one pass.
 
 `PlanArrays` holds one int array per plan field (schedules and recompute as small integer codes;
-G_etp 0 for "Megatron-Core's default", the Plan's None); all plans in one `PlanArrays` share a
-placement, because group geometry depends on it (the tuner
-makes one batch per placement). `from_plans` / `to_plan` convert to and from `Plan` objects.
+G_etp 0 for "Megatron-Core's default", the Plan's None). Plans share one `placement`, or each takes
+one of `placements` by its `placement_index` (a search scores several placements in one pass; group
+geometry is computed per placement, `by_placement`). `from_plans` / `to_plan` convert to and from
+`Plan` objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,6 +46,9 @@ class PlanArrays:
     zero_stage: np.ndarray
     sequence_parallel: np.ndarray
     placement: tuple[str, ...] = AXES
+    placements: tuple[tuple[str, ...], ...] = ()
+    """With `placement_index`: the placements the plans take (`placement` is then the first)."""
+    placement_index: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.G_data.shape[0])
@@ -69,7 +73,27 @@ class PlanArrays:
 
     def take(self, index: np.ndarray) -> PlanArrays:
         fields = {name: getattr(self, name)[index] for name in _ARRAY_FIELDS}
-        return PlanArrays(**fields, placement=self.placement)
+        if self.placement_index is None:
+            return PlanArrays(**fields, placement=self.placement)
+        return PlanArrays(**fields, placement=self.placement, placements=self.placements,
+                          placement_index=self.placement_index[index])
+
+    def placement_of(self, i: int) -> tuple[str, ...]:
+        if self.placement_index is None:
+            return self.placement
+        return self.placements[int(self.placement_index[i])]
+
+    def by_placement(self) -> list[tuple[tuple[str, ...], np.ndarray | None]]:
+        """(placement, indices of its plans) for each placement present; indices None when every
+        plan shares `placement`."""
+        if self.placement_index is None:
+            return [(self.placement, None)]
+        return [(order, idx) for k, order in enumerate(self.placements)
+                for idx in [np.flatnonzero(self.placement_index == k)] if len(idx)]
+
+    def one_placement(self, order: tuple[str, ...]) -> PlanArrays:
+        """These plans, all under `order`."""
+        return replace(self, placement=order, placements=(), placement_index=None)
 
     def to_plan(self, i: int) -> Plan:
         return Plan(
@@ -86,7 +110,7 @@ class PlanArrays:
             virtual_stages=int(self.virtual_stages[i]),
             recompute=RECOMPUTE[int(self.recompute[i])],  # type: ignore[arg-type]
             zero_stage=int(self.zero_stage[i]),
-            placement=None if self.placement == AXES else self.placement,
+            placement=None if self.placement_of(i) == AXES else self.placement_of(i),
             sequence_parallel=bool(self.sequence_parallel[i]),
         )
 
@@ -123,10 +147,16 @@ def from_plans(plans: Sequence[Plan]) -> PlanArrays:
     )
 
 
-def from_columns(placement: tuple[str, ...] = AXES, **columns: np.ndarray) -> PlanArrays:
+def from_columns(placement: tuple[str, ...] = AXES, *, placements: Sequence[tuple[str, ...]] = (),
+                 placement_index: np.ndarray | None = None, **columns: np.ndarray) -> PlanArrays:
     """Build from raw columns; missing options take the Plan defaults (a placement of the five
-    axes without "cp" gets it where the default order has it)."""
+    axes without "cp" gets it where the default order has it). With `placement_index`, plan i takes
+    `placements[placement_index[i]]`."""
     placement = default_placement(tuple(placement))
+    if placement_index is not None:
+        orders = tuple(default_placement(tuple(o)) for o in placements)
+        return replace(from_columns(orders[0], **columns), placements=orders,
+                       placement_index=np.asarray(placement_index, dtype=np.int64))
     n = len(next(iter(columns.values())))
     defaults = {
         "G_data": 1, "G_inter": 1, "G_intra_d": 1, "G_intra_r": 1, "G_intra_c": 1, "G_cp": 1, "G_ep": 1,

@@ -44,7 +44,7 @@ from perfmodels.compute import (
 )
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
-from perfmodels.memory import StageMemory, peak_memory
+from perfmodels.memory import StageMemory, capacity_per_rank_gib, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, from_plans
 from perfmodels.specs import (
@@ -391,6 +391,8 @@ def _geometry(cluster: Cluster, arrays: PlanArrays, cp: int, real: PlanArrays | 
     """Group geometry of every axis: the grid's (of the real plans, so the axes outside "cp" keep
     their strides, with the data group of the context view: G_data * G_cp ranks), and the expert
     groups' for a mixture of experts."""
+    if arrays.placement_index is not None:
+        return _geometry_by_placement(cluster, arrays, cp, real, model)
     n = cluster.gpus_per_node_used
     geo = group_geometry(arrays.degrees(), arrays.placement, n)
     if real is not None and cp > 1:
@@ -398,6 +400,23 @@ def _geometry(cluster: Cluster, arrays: PlanArrays, cp: int, real: PlanArrays | 
     if model.is_moe:
         geo.update(experts.expert_geometry(arrays, n, cp))
     return geo
+
+
+def _geometry_by_placement(cluster: Cluster, arrays: PlanArrays, cp: int, real: PlanArrays | None,
+                           model: Model) -> dict[str, dict[str, np.ndarray]]:
+    """`_geometry` of plans under several placements: each placement's, scattered into place."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for order, idx in arrays.by_placement():
+        sub = _geometry(cluster, arrays.take(idx).one_placement(order), cp,
+                        None if real is None else real.take(idx).one_placement(order), model)
+        for axis, fields in sub.items():
+            dest = out.setdefault(axis, {})
+            for key, value in fields.items():
+                value = np.asarray(value)
+                if key not in dest:
+                    dest[key] = np.zeros(len(arrays), dtype=value.dtype)
+                dest[key][idx] = value
+    return out
 
 
 def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, cp: int = 1,
@@ -514,7 +533,7 @@ def memory_many(model: Model, cluster: Cluster, training: Training, arrays: Plan
         names = ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
                  "overhead_gib", "total_gib")
         out = {name: np.zeros(n) for name in names}
-        capacity = float(cluster.gpu.memory_gib)
+        capacity = capacity_per_rank_gib(cluster)  # as for plans without context parallelism
         for cp in cps:
             idx = np.flatnonzero(arrays.G_cp == cp)
             part = _memory_one_cp(model, cluster, training, arrays.take(idx), int(cp))

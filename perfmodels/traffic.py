@@ -100,7 +100,11 @@ class StageShape:
     is_last: np.ndarray
 
 
-def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str = "busiest") -> StageShape:
+def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str | StageShape = "busiest") -> StageShape:
+    """The blocks, embedding and head of the `stage` of each plan: "busiest", a stage index, or a
+    StageShape given whole (a relaxed stage, `perfmodels.bounds`)."""
+    if isinstance(stage, StageShape):
+        return stage
     S = arrays.G_inter
     v = arrays.virtual_stages
     n = len(arrays)
@@ -280,7 +284,7 @@ class _Stage:
 
 
 def comm_events(
-    model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str | StageShape = "busiest"
 ) -> list[CommEvent]:
     """All communication of one rank in one optimizer step (steady state): the Linears of the
     model's units (`_Stage.linear`), for a transformer also its norms, loss and pipeline transfers;
@@ -306,7 +310,7 @@ def comm_events(
 
 
 def _comm_events(
-    model: Model, training: Training, arrays: PlanArrays, stage: int | str = "busiest"
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str | StageShape = "busiest"
 ) -> list[CommEvent]:
     rank = _Stage(training, arrays)
     if model.layers:

@@ -336,6 +336,13 @@ def expert_weights_fit(model: Model, cluster: Cluster, training: Training, cols:
 EXPERT_GRID_CONSTRAINTS = (expert_weights_fit,)
 """Applied to grids once their expert degrees are set (`tuner.space.expert_rows`)."""
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
+SCHEDULE_LEVEL = frozenset({"enough_layers", "enough_microbatches", "stack_layer_split", "stack_tp_with_pp",
+                            "experts_split", "expert_grid_fits", "stack_runs_context_expert",
+                            "gpipe_dominated"})
+"""Plan constraints that read only the grid, expert degrees, micro-batch size, schedule and virtual
+stages (tests/tuner/test_bounded_search.py checks which columns each reads): the bounded search
+applies them to (family, schedule) rows before it expands recomputation, ZeRO and sequence
+parallelism."""
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run,
                     stack_layer_split, stack_zero_stages, stack_recompute, stack_tp_with_pp,
                     sequence_parallel_seq, experts_split, expert_grid_fits, stack_runs_context_expert)

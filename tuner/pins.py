@@ -17,7 +17,7 @@ from typing import Any
 
 from tuner.types import SearchOptions
 
-NOT_PINS = ("max_micro_batch_size", "time_budget_s", "examples_per_reason")
+NOT_PINS = ("max_micro_batch_size", "time_budget_s", "examples_per_reason", "exhaustive")
 PIN_REASON = "excluded by the search pins"
 DIAGNOSE_BUDGET_S = 5.0
 """Time budget of each one-value search (a diagnosis must not cost more than the search it explains)."""
@@ -44,7 +44,7 @@ def diagnose_pins(search: Callable[[SearchOptions], Any], options: SearchOptions
         for value in allowed:
             alone = dataclasses.replace(
                 SearchOptions(), **{field: (value,)}, max_micro_batch_size=options.max_micro_batch_size,
-                time_budget_s=max(budget, 0.2), examples_per_reason=1,
+                time_budget_s=max(budget, 0.2), examples_per_reason=1, exhaustive=options.exhaustive,
             )
             rec = search(alone)
             label = f"{field}={_value_text(field, value)}"

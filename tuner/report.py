@@ -36,6 +36,8 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
         "num_valid": rec.num_valid,
         "complete": rec.complete,
         "num_not_evaluated": rec.num_not_evaluated,
+        "num_proved_slower": rec.num_proved_slower,
+        "exhaustive": rec.exhaustive,
         "pruned": dict(rec.pruned),
         "pruned_examples": {k: list(v) for k, v in rec.pruned_examples.items()},
         "constants_source": rec.constants_source,

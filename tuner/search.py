@@ -29,6 +29,7 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
+from tuner.families import BOUND_SLACK, Families, expand, families, pairs
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -86,26 +87,109 @@ def _valid_grids(model: Model, cluster: Cluster, training: Training, options: Se
     return grids, looked_at
 
 
+def _plan_rules(options: SearchOptions, level: str = "all") -> list:
+    """The plan constraints in the order they are applied; `level` "schedule" keeps those that read
+    only grid, micro-batch and schedule columns (`constraints.SCHEDULE_LEVEL`), "options" the rest.
+    The dominance of 1F1B over GPipe applies only when the user left 1F1B in the search."""
+    rules = list(C.PLAN_CONSTRAINTS)
+    if not (options.schedule is not None and "1f1b" not in options.schedule):
+        rules.append(C.gpipe_dominated)
+    if level == "all":
+        return rules
+    return [fn for fn in rules if (fn.__name__ in C.SCHEDULE_LEVEL) == (level == "schedule")]
+
+
 def _valid_plans(model: Model, cluster: Cluster, training: Training, options: SearchOptions,
-                 cols: C.Columns, pruned: _Pruned) -> np.ndarray:
+                 cols: C.Columns, pruned: _Pruned, level: str = "all") -> np.ndarray:
     """Mask of the expanded plans no plan constraint rejects. The two dominance rules apply only
     when the user left the dominating choice in the search: a pinned gpipe or selective is kept."""
     ok = np.ones(len(cols["G_data"]), dtype=bool)
-    for fn in C.PLAN_CONSTRAINTS:
+    for fn in _plan_rules(options, level):
         ok = pruned.apply(fn(model, cluster, training, cols), ok)
-    gpipe_pinned_only = options.schedule is not None and "1f1b" not in options.schedule
-    if not gpipe_pinned_only:
-        ok = pruned.apply(C.gpipe_dominated(model, cluster, training, cols), ok)
-    if not (options.recompute and "none" not in options.recompute):
+    if level != "schedule" and not (options.recompute and "none" not in options.recompute):
         ok = pruned.apply(C.selective_without_scores(model, cluster, training, cols), ok)
     return ok
+
+
+KEY_COLUMNS = (*GRID_COLUMNS, *EXPERT_COLUMNS, "micro_batch_size", "schedule", "virtual_stages", "recompute",
+               "zero_stage", "sequence_parallel")
+"""Columns that, after the time and the placement, order plans of exactly equal time: the ranking does
+not depend on the order plans were scored in, so a pruned and an exhaustive search agree."""
+FIRST_PAIRS = 1_000
+"""(grid, micro-batch size) pairs refined before anything is scored: the most promising by their
+coarse bound. After the first chunk sets a k-th best time, every pair that can still beat it is."""
+FIRST_CHUNK_PLANS = 5_000
+"""Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
+BOUND_CHUNK_PLANS = 40_000
+
+
+class _Best:
+    """The `keep` fastest plans scored so far, ordered by (time, placement index, KEY_COLUMNS)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.rows: list[tuple[float, tuple, object, int]] = []
+
+    def threshold(self) -> float:
+        return self.rows[-1][0] if len(self.rows) >= self.keep else float("inf")
+
+    def add(self, times: np.ndarray, batch, order_index: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+        k = min(self.keep, len(times))
+        if not k:
+            return
+        kth = np.partition(times, k - 1)[k - 1]
+        idx = np.flatnonzero(times <= min(kth, self.threshold()))
+        if len(idx) > self.keep:  # exact ties at the cut: the same order as the final sort
+            keys = [cols[c][idx] for c in reversed(KEY_COLUMNS)]
+            idx = idx[np.lexsort((*keys, order_index[idx], times[idx]))[: self.keep]]
+        for i in idx:
+            key = (int(order_index[i]), *(int(cols[c][i]) for c in KEY_COLUMNS))
+            self.rows.append((float(times[i]), key, batch, int(i)))
+        self.rows.sort(key=lambda r: (r[0], r[1]))
+        del self.rows[self.keep:]
+
+
+def _score(model: Model, cluster: Cluster, training: Training, options: SearchOptions, cols: C.Columns,
+           order_index: int | np.ndarray, orders: list[tuple[str, ...]], pruned: _Pruned, best: _Best,
+           level: str = "all") -> int:
+    """Check (the constraints of `level`), screen for memory and time the plans `cols`, under the
+    placement `orders[order_index]` (one for all, or one per plan); the valid count."""
+    ok = _valid_plans(model, cluster, training, options, cols, pruned, level)
+    if not ok.any():
+        return 0
+    kept = {k: v[ok] for k, v in cols.items()}
+    if np.ndim(order_index) == 0:
+        arrays = from_columns(placement=orders[int(order_index)], **kept)
+        index = np.full(len(arrays), int(order_index))
+    else:
+        index = np.asarray(order_index)[ok]
+        arrays = from_columns(placements=orders, placement_index=index, **kept)
+    mem = memory_many(model, cluster, training, arrays)
+    fits = pruned.apply(C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool))
+    if not fits.any():
+        return 0
+    where = np.flatnonzero(fits)
+    arrays = arrays.take(where)
+    index = index[where]
+    batch = predict_many(model, cluster, training, arrays)
+    # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
+    simpler = (arrays.zero_stage + arrays.recompute + (index != 0)
+               + arrays.sequence_parallel + (arrays.G_cp > 1) + (arrays.G_ep > 1))
+    times = batch.iteration_time_s * (1.0 + 1e-9 * simpler)
+    best.add(times, batch, index, {k: v[where] for k, v in kept.items()})
+    return len(where)
 
 
 def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 10,
               search: SearchOptions | None = None, *, diagnose: bool = True) -> Recommendation:
     """The `top_k` fastest valid layouts with predictions, and every rejection counted by reason.
-    When pins leave no layout, the explanation says which rules reject each pinned value
-    (`tuner.pins.diagnose_pins`; `diagnose=False` skips that)."""
+
+    By default the search bounds each family of plans (one grid, micro-batch size and placement)
+    from below (`perfmodels.bounds`) and scores families in order of their bound, until the next
+    bound exceeds the k-th best time found: the rest are proved unable to enter the top list and are
+    counted, not scored. `SearchOptions(exhaustive=True)` scores every plan; both return the same
+    top list with the same times. When pins leave no layout, the explanation says which rules reject
+    each pinned value (`tuner.pins.diagnose_pins`; `diagnose=False` skips that)."""
     options = search or SearchOptions()
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -113,62 +197,28 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         raise ValueError(f"cluster.num_gpus={cluster.num_gpus} exceeds the search limit of {MAX_GPUS}")
     t0 = time.perf_counter()
     pruned = _Pruned(options.examples_per_reason)
-    grids, num_evaluated = _valid_grids(model, cluster, training, options, pruned)
-    best_batches: list[tuple[float, object, int]] = []  # (time, batch, index)
-    num_valid = 0
-    truncated = False
+    grids, looked_at = _valid_grids(model, cluster, training, options, pruned)
     orders = stack_placements(
         training, placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()),
                              moe=model.is_moe),
         pinned=options.placement is not None, model=model)
-    stopped = (orders[0], 0)
-    for order in orders:
-        for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
-            stopped = (order, j + 1)
-            cols = exp.columns
-            num_evaluated += len(cols["G_data"])
-            ok = _valid_plans(model, cluster, training, options, cols, pruned)
-            if not ok.any():
-                continue
-            arrays = from_columns(placement=exp.placement, **{k: v[ok] for k, v in cols.items()})
-            mem = memory_many(model, cluster, training, arrays)
-            fits = pruned.apply(
-                C.out_of_memory(mem.total_gib, mem.capacity_gib), np.ones(len(arrays), dtype=bool)
-            )
-            num_valid += int(fits.sum())
-            if not fits.any():
-                continue
-            arrays = arrays.take(np.flatnonzero(fits))
-            batch = predict_many(model, cluster, training, arrays)
-            # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
-            simpler = (arrays.zero_stage + arrays.recompute + (exp.placement != orders[0])
-                       + arrays.sequence_parallel + (arrays.G_cp > 1) + (arrays.G_ep > 1))
-            times = batch.iteration_time_s * (1.0 + 1e-9 * simpler)
-            keep = top_k * len(orders)  # room for placements that merge into one row
-            k = min(keep, len(times))
-            if k:
-                idx = np.argpartition(times, k - 1)[:k]
-                for i in idx:
-                    best_batches.append((float(times[i]), batch, int(i)))
-                best_batches.sort(key=lambda x: x[0])
-                del best_batches[keep:]
-            if time.perf_counter() - t0 > options.time_budget_s:
-                truncated = True
-                break
-        if truncated:
-            break
-    candidates = _merge_placements(best_batches, top_k)
-    skipped, exact = 0, True
-    if truncated:
-        skipped, exact = _count_rest(model, training, grids, options, orders, *stopped)
-        approx = "" if exact else "at least "
+    best = _Best(top_k * len(orders))  # room for placements that merge into one row
+    run = _exhaustive if options.exhaustive else _bounded
+    outcome = run(model, cluster, training, options, grids, orders, pruned, best, t0)
+    candidates = _merge_placements(best.rows, top_k)
+    if outcome.truncated:
+        approx = "" if outcome.exact_skipped else "at least "
         pruned.counts[
-            f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}{skipped:,} plans "
-            f"never scored)"
-        ] += skipped
+            f"not evaluated: time budget of {options.time_budget_s:g} s ran out ({approx}"
+            f"{outcome.skipped:,} plans never scored)"
+        ] += outcome.skipped
+    if outcome.proved_memory:
+        pruned.counts[MEMORY_BOUND_REASON] += outcome.proved_memory
+    if outcome.proved_time:
+        pruned.counts[PROVED_REASON] += outcome.proved_time
     source = "preset" if cluster.profile is None else cluster.profile.source
     explanation = explain(candidates)
-    if not candidates and diagnose and not truncated:
+    if not candidates and diagnose and not outcome.truncated:
         from tuner.pins import diagnose_pins, pinned_fields
 
         if pinned_fields(options):
@@ -178,16 +228,137 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     return Recommendation(
         best=candidates[0] if candidates else None,
         candidates=candidates,
-        num_evaluated=num_evaluated,
-        num_valid=num_valid,
+        num_evaluated=looked_at + outcome.evaluated,
+        num_valid=outcome.valid,
         pruned=dict(pruned.counts),
         pruned_examples=pruned.examples,
         constants_source=source,
         explanation=explanation,
         search_time_s=time.perf_counter() - t0,
-        complete=not truncated,
-        num_not_evaluated=skipped,
+        complete=not outcome.truncated,
+        num_not_evaluated=outcome.skipped,
+        num_proved_slower=outcome.proved_memory + outcome.proved_time,
+        exhaustive=options.exhaustive,
     )
+
+
+PROVED_REASON = "cannot reach the top list: a lower bound on their step time exceeds the k-th best time"
+MEMORY_BOUND_REASON = ("needs more memory per GPU than available with every option of its grid and "
+                       "micro-batch size (a lower bound on the memory)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Outcome:
+    evaluated: int
+    valid: int
+    proved_memory: int = 0
+    """Plans never scored: a bound on their memory exceeds the GPU's."""
+    proved_time: int = 0
+    """Plans never scored: a bound on their step time exceeds the k-th best time."""
+    truncated: bool = False
+    skipped: int = 0
+    exact_skipped: bool = True
+
+
+def _exhaustive(model: Model, cluster: Cluster, training: Training, options: SearchOptions, grids: np.ndarray,
+                orders: list[tuple[str, ...]], pruned: _Pruned, best: _Best, t0: float) -> _Outcome:
+    """Score every plan, placement by placement and micro-batch size by micro-batch size."""
+    evaluated = valid = 0
+    stopped = (orders[0], 0)
+    for order in orders:
+        for j, exp in enumerate(expand_options(model, training, grids, options, order, orders)):
+            stopped = (order, j + 1)
+            evaluated += len(exp.columns["G_data"])
+            valid += _score(model, cluster, training, options, exp.columns, orders.index(order), orders,
+                            pruned, best)
+            if time.perf_counter() - t0 > options.time_budget_s:
+                skipped, exact = _count_rest(model, training, grids, options, orders, *stopped)
+                return _Outcome(evaluated=evaluated, valid=valid, truncated=True, skipped=skipped,
+                                exact_skipped=exact)
+    return _Outcome(evaluated=evaluated, valid=valid)
+
+
+def _bounded(model: Model, cluster: Cluster, training: Training, options: SearchOptions, grids: np.ndarray,
+             orders: list[tuple[str, ...]], pruned: _Pruned, best: _Best, t0: float) -> _Outcome:
+    """Branch and bound over families of plans (`tuner.families`):
+
+    1. every (grid, micro-batch size) pair gets a coarse bound that holds for all its families;
+    2. pairs whose coarse bound does not exceed the k-th best time found so far (all of them, until
+       a first batch has been scored) are refined into families with finer time and memory bounds;
+    3. families are scored cheapest bound first, each only in the parts that may fit and win
+       (`tuner.families.expand`), in chunks; after each chunk the k-th best time can only fall.
+    It ends when no unscored family and no unrefined pair has a bound at or below the k-th best
+    time: everything left is proved unable to enter the top list. Or when the time budget runs out."""
+    screened = [0]
+
+    def screen(cols: dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
+        ok = np.ones(len(weights), dtype=bool)
+        for fn in _plan_rules(options, "schedule"):
+            ok = pruned.apply(fn(model, cluster, training, cols), ok, weights)
+        screened[0] += int(weights[~ok].sum())
+        return ok
+
+    pr = pairs(model, cluster, training, grids, options, orders, screen)
+    by_pair = np.argsort(pr.bound_s, kind="stable")
+    pair_bounds = pr.bound_s[by_pair] * (1.0 - BOUND_SLACK)
+    total = int((pr.plans * pr.placements).sum()) + screened[0]
+    pool: list[Families] = []
+    pool_bound = np.zeros(0)
+    pool_done = np.zeros(0, dtype=bool)
+    pool_at = np.zeros((0, 2), dtype=np.int64)  # (which Families, row)
+    refined = 0
+    evaluated = valid = 0
+    memory_skipped = time_skipped = 0
+    while True:
+        limit = best.threshold()
+        reach = int(np.searchsorted(pair_bounds, limit, side="right"))
+        if refined < reach:
+            upto = reach if evaluated else min(reach, refined + FIRST_PAIRS)
+            fam = families(model, cluster, training, grids, pr, by_pair[refined:upto], orders)
+            memory_skipped += fam.out_of_memory
+            refined = upto
+            pool.append(fam)
+            pool_bound = np.concatenate([pool_bound, fam.bound_s])
+            pool_done = np.concatenate([pool_done, np.zeros(len(fam.bound_s), dtype=bool)])
+            rows = np.arange(len(fam.bound_s))
+            pool_at = np.concatenate([pool_at, np.stack([np.full(len(rows), len(pool) - 1), rows], axis=1)])
+        open_ = np.flatnonzero(~pool_done & (pool_bound * (1.0 - BOUND_SLACK) <= limit))
+        if not len(open_):
+            if refined >= reach:
+                break
+            continue
+        size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS
+        open_ = open_[np.argsort(pool_bound[open_], kind="stable")]
+        chunk = open_[: max(1, int(np.searchsorted(np.cumsum(_plans_of(pool, pool_at, open_)), size,
+                                                  side="right")))]
+        pool_done[chunk] = True
+        for f in np.unique(pool_at[chunk, 0]):
+            part = expand(pool[f], pool_at[chunk][pool_at[chunk, 0] == f, 1], grids, limit)
+            memory_skipped += part.skipped_memory
+            time_skipped += part.skipped_time
+            if part.columns is None:
+                continue
+            evaluated += len(part.columns["G_data"])
+            valid += _score(model, cluster, training, options, part.columns, part.order_index, orders, pruned,
+                            best, level="options")
+        if time.perf_counter() - t0 > options.time_budget_s:
+            rest = total - evaluated - screened[0] - memory_skipped - time_skipped
+            if rest > 0:
+                return _Outcome(evaluated=evaluated + screened[0], valid=valid, truncated=True, skipped=rest,
+                                proved_memory=memory_skipped, proved_time=time_skipped)
+    evaluated += screened[0]
+    return _Outcome(evaluated=evaluated, valid=valid, proved_memory=memory_skipped,
+                    proved_time=total - evaluated - memory_skipped)
+
+
+def _plans_of(pool: list[Families], at: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Plan counts of the pooled families `index` (rows of `at`: which Families, row)."""
+    out = np.zeros(len(index), dtype=np.int64)
+    sel = at[index]
+    for f in np.unique(sel[:, 0]):
+        mine = sel[:, 0] == f
+        out[mine] = pool[f].plans[sel[mine, 1]]
+    return out
 
 
 def complete_order(partial: tuple[str, ...], axes: tuple[str, ...] = AXES) -> tuple[str, ...]:
@@ -226,7 +397,7 @@ def stack_placements(training: Training, orders: list[tuple[str, ...]], *, pinne
     return mine
 
 
-def _merge_placements(best: list[tuple[float, object, int]], top_k: int) -> list[Candidate]:
+def _merge_placements(best: list[tuple[float, tuple, object, int]], top_k: int) -> list[Candidate]:
     """The `top_k` fastest distinct plans. A plan seen again under another placement with the same
     predicted time (to 1e-6) is folded into the first row as an equivalent placement; a plan that
     differs from a row only in its ZeRO stage with the same predicted time and memory per GPU (to 1e-6;
@@ -236,7 +407,7 @@ def _merge_placements(best: list[tuple[float, object, int]], top_k: int) -> list
     index: dict[tuple, int] = {}
     by_zero: dict[tuple, int] = {}
     plans = []
-    for _, batch, i in best:
+    for _, _key, batch, i in best:
         plan = batch.arrays.to_plan(i)  # type: ignore[attr-defined]
         seconds = float(f"{float(batch.iteration_time_s[i]):.6g}")  # type: ignore[attr-defined]
         key = (dataclasses.replace(plan, placement=None), seconds)

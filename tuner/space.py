@@ -199,8 +199,35 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
     if len(grids) == 0:
         return
     per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
+    sched_opts, rc_opts, zero_opts, sp_opts = option_lists(training, options)
     layers = model.depth
 
+    mb_values = micro_batch_values(options)
+    pending: list[dict[str, np.ndarray]] = []
+    size = 0
+    # a transformer's repeated block is evaluated once per batch, an explicit layer list layer by layer:
+    # smaller batches keep the time budget honest
+    chunk = max(2_000, CHUNK_PLANS // max(1, len(model.layers) // 4))
+    for mb in mb_values:
+        ok = per_replica % mb == 0
+        if not ok.any():
+            continue
+        cols = combine(grids[ok], mb, sched_opts, rc_opts, zero_opts, sp_opts, layers, uneven=model.is_moe)
+        if cols is None:
+            continue
+        pending.append(cols)
+        size += len(cols["G_data"])
+        if size >= chunk:
+            yield Expansion(columns=_concat(pending), placement=placement)
+            pending, size = [], 0
+    if pending:
+        yield Expansion(columns=_concat(pending), placement=placement)
+
+
+def option_lists(training: Training, options: SearchOptions
+                 ) -> tuple[list[tuple[int, int]], list[int], list[int], list[bool]]:
+    """The option values every grid is expanded over: (schedule code, virtual stages) pairs,
+    recompute codes, ZeRO stages and sequence-parallel settings."""
     sched_opts: list[tuple[int, int]] = []
     allowed_sched = options.schedule or ("gpipe", "1f1b", "interleaved-1f1b")
     for name in allowed_sched:
@@ -214,29 +241,40 @@ def expand_options(model: Model, training: Training, grids: np.ndarray, options:
     # sequence parallelism is searched where the stack has it (Megatron's, torchtitan's)
     sp_opts = list(options.sequence_parallel or ((False, True) if training.effective_stack.sequence_parallel
                                                  else (False,)))
+    return sched_opts, rc_opts, zero_opts, sp_opts
 
-    mb_values = sorted({d for d in range(1, options.max_micro_batch_size + 1)})
+
+def micro_batch_values(options: SearchOptions) -> list[int]:
     if options.micro_batch_size is not None:
-        mb_values = sorted(set(options.micro_batch_size))
-    pending: list[dict[str, np.ndarray]] = []
-    size = 0
-    # a transformer's repeated block is evaluated once per batch, an explicit layer list layer by layer:
-    # smaller batches keep the time budget honest
-    chunk = max(2_000, CHUNK_PLANS // max(1, len(model.layers) // 4))
-    for mb in mb_values:
-        ok = per_replica % mb == 0
-        if not ok.any():
-            continue
-        cols = _combine(grids[ok], mb, sched_opts, rc_opts, zero_opts, sp_opts, layers, uneven=model.is_moe)
-        if cols is None:
-            continue
-        pending.append(cols)
-        size += len(cols["G_data"])
-        if size >= chunk:
-            yield Expansion(columns=_concat(pending), placement=placement)
-            pending, size = [], 0
-    if pending:
-        yield Expansion(columns=_concat(pending), placement=placement)
+        return sorted(set(options.micro_batch_size))
+    return list(range(1, options.max_micro_batch_size + 1))
+
+
+def schedule_mask(G_inter: np.ndarray, sched_opts: list[tuple[int, int]], layers: int,
+                  uneven: bool) -> np.ndarray:
+    """(grids x schedule options): which schedules each grid runs. With one stage only the plain
+    1F1B entry survives (the first option when 1F1B is not allowed); virtual stages must divide the
+    layers (`uneven`: only not outnumber them, see `combine`)."""
+    sched = np.asarray(sched_opts, dtype=np.int64)
+    one_stage = G_inter == 1
+    valid = np.ones((len(G_inter), len(sched)), dtype=bool)
+    is_plain_1f1b = (sched[:, 0] == SCHEDULE_CODE["1f1b"]) & (sched[:, 1] == 1)
+    if not is_plain_1f1b.any():
+        is_plain_1f1b = np.zeros(len(sched), dtype=bool)
+        is_plain_1f1b[0] = True
+    valid[one_stage] = is_plain_1f1b[None, :]
+    v = sched[:, 1][None, :]
+    even = (layers % (G_inter[:, None] * v)) == 0
+    valid &= (v == 1) | (even if not uneven else layers >= G_inter[:, None] * v)
+    return valid
+
+
+def plans_per_grid(grids: np.ndarray, sched_opts: list[tuple[int, int]], rc_opts: list[int],
+                   zero_opts: list[int], sp_opts: list[bool], layers: int, uneven: bool) -> np.ndarray:
+    """How many plans `combine` makes of each grid (for one micro-batch size), without making them."""
+    n_sched = schedule_mask(grids[:, 1], sched_opts, layers, uneven).sum(axis=1)
+    n_zero = np.where(grids[:, 0] > 1, len(zero_opts), sum(1 for z in zero_opts if z == 0))
+    return n_sched * len(rc_opts) * n_zero * len(sp_opts)
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -245,9 +283,9 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def _combine(
+def combine(
     g: np.ndarray,
-    mb: int,
+    mb: int | np.ndarray,
     sched_opts: list[tuple[int, int]],
     rc_opts: list[int],
     zero_opts: list[int],
@@ -255,24 +293,14 @@ def _combine(
     layers: int,
     uneven: bool = False,
 ) -> dict[str, np.ndarray] | None:
-    """`uneven`: interleave virtual stages that do not divide the layers evenly (mixture-of-experts
+    """The plans of grids `g` at micro-batch size `mb` (one for all, or one per grid row): every
+    (schedule, recompute, ZeRO, sequence-parallel) combination each grid runs. `uneven`: interleave
+    virtual stages that do not divide the layers evenly (mixture-of-experts
     models: Megatron-Core's MoE recipes place their layers with `pipeline_model_parallel_layout`,
     e.g. DeepSeek-V3's 61 layers over 8 x 4 chunks); otherwise only where they divide."""
-    n = len(g)
-    G_inter = g[:, 1]
     G_data = g[:, 0]
-    # schedule options: with one stage only the plain 1F1B entry survives
     sched = np.asarray(sched_opts, dtype=np.int64)  # (s, 2)
-    one_stage = G_inter == 1
-    valid_sched = np.ones((n, len(sched)), dtype=bool)
-    is_plain_1f1b = (sched[:, 0] == SCHEDULE_CODE["1f1b"]) & (sched[:, 1] == 1)
-    if not is_plain_1f1b.any():
-        is_plain_1f1b = np.zeros(len(sched), dtype=bool)
-        is_plain_1f1b[0] = True
-    valid_sched[one_stage] = is_plain_1f1b[None, :]
-    v = sched[:, 1][None, :]
-    even = (layers % (G_inter[:, None] * v)) == 0
-    valid_sched &= (v == 1) | (even if not uneven else layers >= G_inter[:, None] * v)
+    valid_sched = schedule_mask(g[:, 1], sched_opts, layers, uneven)
     gi, si = np.nonzero(valid_sched)
     zero = np.asarray(zero_opts, dtype=np.int64)
     rc = np.asarray(rc_opts, dtype=np.int64)
@@ -293,7 +321,8 @@ def _combine(
         return None
     gi_all, si_all, rc_all, z_all, sp_all = (x[keep] for x in (gi_all, si_all, rc_all, z_all, sp_all))
     cols = {name: g[gi_all, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
-    cols["micro_batch_size"] = np.full(len(gi_all), mb, dtype=np.int64)
+    cols["micro_batch_size"] = (np.full(len(gi_all), mb, dtype=np.int64) if np.ndim(mb) == 0
+                                else np.asarray(mb, dtype=np.int64)[gi_all])
     cols["schedule"] = sched[si_all, 0]
     cols["virtual_stages"] = sched[si_all, 1]
     cols["recompute"] = rc_all

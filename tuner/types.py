@@ -36,6 +36,9 @@ class SearchOptions:
     max_micro_batch_size: int = 64
     time_budget_s: float = 10.0
     examples_per_reason: int = 3
+    exhaustive: bool = False
+    """Score every plan instead of skipping the families a lower bound proves slower than the top
+    list (`tuner.families`): the same answer, slower; for checking."""
 
     def __post_init__(self) -> None:
         if self.placement is not None:
@@ -94,3 +97,7 @@ class Recommendation:
     complete: bool = True
     """False when the time budget ran out: `num_not_evaluated` plans were never scored."""
     num_not_evaluated: int = 0
+    num_proved_slower: int = 0
+    """Plans never scored because a lower bound on their step time exceeds the k-th best time found
+    (0 with `SearchOptions(exhaustive=True)`)."""
+    exhaustive: bool = False

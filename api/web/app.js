@@ -330,8 +330,9 @@ function renderSummary(data) {
     ` (grid ${gridWords(best.plan)}): ${fmt.step(p.iteration_time_s)} s per step, ` +
     `${fmt.int(p.tokens_per_s)} tokens/s, MFU ${fmt.pct(p.mfu)}, ` +
     `${fmt.gib(p.memory.per_gpu_gib)} of ${p.memory.capacity_gib} GiB per GPU. ` +
-    `${fmt.int(data.num_valid)} valid of ${fmt.int(data.num_evaluated)} layouts scored in ` +
+    `${fmt.int(data.num_valid)} valid of ${fmt.int(data.num_evaluated)} layouts checked in ` +
     `${(data.search_time_s || 0).toFixed(2)} s` +
+    (data.num_proved_slower ? `; ${fmt.int(data.num_proved_slower)} more proved unable to win by lower bounds` : "") +
     (data.complete ? "." : `; PARTIAL: ${fmt.int(data.num_not_evaluated)} layouts not scored in the time budget.`),
   );
   $("#explanation").textContent = data.explanation || "";

@@ -81,8 +81,14 @@ def test_every_pruning_reason_is_counted_with_examples():
                   ffn_hidden_size=96, seq_length=2048, vocab_size=512)
     cluster = dataclasses.replace(presets.cluster("selene", 16), gpu=dataclasses.replace(
         presets.gpu("A100-80GB"), memory_gib=1.0))
+    # the exhaustive search checks every plan against every rule; the default one stops at what a bound
+    # proves (a grid whose every option needs more memory is never checked against the option rules)
+    bounded = recommend(model, cluster, Training(global_batch_size=12), top_k=3,
+                        search=SearchOptions(sequence_parallel=(False, True)))
+    assert "needs more memory per GPU than available with every option" in " | ".join(bounded.pruned)
     rec = recommend(model, cluster, Training(global_batch_size=12), top_k=3,
-                    search=SearchOptions(sequence_parallel=(False, True)))
+                    search=SearchOptions(sequence_parallel=(False, True), exhaustive=True))
+    assert bounded.num_evaluated + bounded.num_proved_slower == rec.num_evaluated
     reasons = " | ".join(rec.pruned)
     for needle in ("does not divide model.num_attention_heads=6", "model.num_query_groups=3",
                    "does not divide model.hidden_size=24", "does not divide training.global_batch_size=12",

@@ -1,0 +1,180 @@
+"""The bounded search (tuner.families, perfmodels.bounds) against the exhaustive one.
+
+Two claims, each checked on real search spaces:
+1. every bound is below what the model predicts: for every plan of a space, its family's time bound
+   (at the plan's own recomputation, sequence-parallel setting, ZeRO stage and virtual stages) is
+   at most its predicted step time, the coarse per-pair bound too, and its memory bound at most its
+   predicted memory;
+2. so the default (bounded) search returns exactly the exhaustive search's top list: the same plans,
+   the same predicted times to the last bit, the same merged placements and ZeRO stages, with every
+   plan either checked or proved out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfmodels import presets
+from perfmodels.bounds import blocks_bound_s, bound_parts, lower_bound_s, memory_bound
+from perfmodels.plans import from_columns
+from perfmodels.specs import Profile, Training
+from perfmodels.steptime import memory_many, predict_many
+from tuner import SearchOptions, recommend
+from tuner import constraints as C
+from tuner import search as S
+from tuner.space import expand_options, placements
+
+MEGATRON = Training(global_batch_size=64, stack="megatron-core")
+SPACES = {
+    # (model, cluster, GPUs, training, model changes)
+    "gpt3-175b-selene-64": ("gpt3-175b", "selene", 64, Training(global_batch_size=1536), {}),
+    "llama3-8b-32k-megatron-cp": ("llama3-8b", "eos", 32, MEGATRON, {"seq_length": 32768}),
+    "mixtral-megatron-32": ("mixtral-8x7b", "eos", 32,
+                            Training(global_batch_size=256, stack="megatron-core"), {}),
+    "gpt2-deepspeed-16": ("gpt2-xl", "dgx1-v100", 16, Training(global_batch_size=128, stack="deepspeed"), {}),
+    "llama2-fsdp-overlap-32": ("llama2-7b", "perlmutter", 32,
+                               Training(global_batch_size=256, stack="fsdp", overlap_tp_comm=True), {}),
+    "tiny-cpu-8": ("tiny-gpt", "local-cpu", 8, Training(global_batch_size=32, dtype="fp32"), {}),
+    "gpt3-calibrated-megatron-64": ("gpt3-18b", "selene", 64,
+                                    Training(global_batch_size=512, stack="megatron-lm"), {}),
+}
+CALIBRATED = Profile(source="calibrated", corrections=(("compute", 1.07), ("tp_comm", 1.3), ("dp_comm", 0.9)),
+                     constants=(("gemm_half_size", 300.0), ("host_us_per_layer", 2400.0),
+                                ("host_exposed_fraction", 0.5), ("intra_node_busbw_GBps", 150.0),
+                                ("memory_overhead_gib", 6.0)))
+"""A calibrated profile (constants and per-component corrections), as `gridtune calibrate` makes."""
+
+
+def _space(name: str):
+    model_name, cluster_name, gpus, training, changes = SPACES[name]
+    model = presets.model(model_name)
+    if changes:
+        model = dataclasses.replace(model, **changes)
+    cluster = presets.cluster(cluster_name, gpus)
+    if "calibrated" in name:
+        cluster = dataclasses.replace(cluster, profile=CALIBRATED)
+    return model, cluster, training
+
+
+def _every_plan(model, cluster, training):
+    """Every plan of the exhaustive expansion (before any rule), one PlanArrays per placement."""
+    options = SearchOptions()
+    grids, _ = S._valid_grids(model, cluster, training, options, S._Pruned(0))
+    orders = S.stack_placements(training, placements(options, with_cp=bool((grids[:, 5] > 1).any()),
+                                                     moe=model.is_moe), pinned=False, model=model)
+    for order in orders:
+        for exp in expand_options(model, training, grids, options, order, orders):
+            yield from_columns(placement=order, **exp.columns)
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+def test_bounds_never_exceed_the_prediction(name):
+    model, cluster, training = _space(name)
+    checked = 0
+    for arrays in _every_plan(model, cluster, training):
+        # on a sample of each batch: the bound computations cost about as much as the predictions
+        arrays = arrays.take(np.arange(0, len(arrays), max(1, len(arrays) // 4000)))
+        batch = predict_many(model, cluster, training, arrays)
+        mem = memory_many(model, cluster, training, arrays)
+        v = np.where(arrays.schedule == 2, arrays.virtual_stages, 1)
+        coarse = blocks_bound_s(model, cluster, training, arrays, v, [False, True])
+        assert (coarse <= batch.iteration_time_s * (1 + 1e-9)).all()
+        for rc in np.unique(arrays.recompute):
+            for sp in np.unique(arrays.sequence_parallel):
+                idx = np.flatnonzero((arrays.recompute == rc) & (arrays.sequence_parallel == sp))
+                if not len(idx):
+                    continue
+                part = arrays.take(idx)
+                parts = bound_parts(model, cluster, training, part, v[idx], [int(rc)], [bool(sp)])
+                bound = lower_bound_s(model, cluster, training, parts, part.placement)[0, 0]
+                t = batch.iteration_time_s[idx]
+                worst = np.max(bound / t)
+                assert worst <= 1 + 1e-9, f"time bound above the prediction by {worst - 1:.2e}"
+                for z in np.unique(part.zero_stage):
+                    jdx = np.flatnonzero(part.zero_stage == z)
+                    low = memory_bound(model, cluster, training, part.take(jdx), [int(z)], [int(rc)],
+                                       [bool(sp)])
+                    low = low.states_gib[0] + low.rest_gib[0, 0]
+                    assert (low <= mem.total_gib[idx][jdx] * (1 + 1e-9)).all()
+                checked += len(idx)
+    assert checked > 500
+
+
+def _rows(rec):
+    return [(c.plan, c.prediction.iteration_time_s, c.equivalent_placements, c.equivalent_zero_stages)
+            for c in rec.candidates]
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+def test_bounded_search_returns_the_exhaustive_top_list(name):
+    model, cluster, training = _space(name)
+    bounded = recommend(model, cluster, training, top_k=10)
+    full = recommend(model, cluster, training, top_k=10, search=SearchOptions(exhaustive=True))
+    assert _rows(bounded) == _rows(full)
+    assert full.num_proved_slower == 0 and full.exhaustive and not bounded.exhaustive
+    # every plan is either checked (by a rule, or scored) or proved out by a bound
+    assert bounded.num_evaluated + bounded.num_proved_slower == full.num_evaluated
+    assert bounded.num_valid <= full.num_valid
+
+
+def test_the_issue_case_proves_most_of_the_space_and_matches_top_25():
+    """GPT-3 175B on 1,024 Selene GPUs: the same 25 rows, scoring a small share of the plans."""
+    model, cluster = presets.model("gpt3-175b"), presets.cluster("selene", 1024)
+    training = Training(global_batch_size=1536)
+    bounded = recommend(model, cluster, training, top_k=25)
+    full = recommend(model, cluster, training, top_k=25, search=SearchOptions(exhaustive=True))
+    assert _rows(bounded) == _rows(full)
+    assert bounded.num_valid * 20 < full.num_valid
+    assert bounded.num_proved_slower > 0.5 * full.num_evaluated
+    assert any("lower bound" in reason for reason in bounded.pruned)
+
+
+@pytest.mark.parametrize("options", [
+    SearchOptions(schedule=("gpipe",)),
+    SearchOptions(recompute=("full",), zero_stage=(3,)),
+    SearchOptions(G_intra_r=(8,), micro_batch_size=(1, 2)),
+    SearchOptions(sequence_parallel=(True,), virtual_stages=(2, 3)),
+])
+def test_pinned_searches_agree(options):
+    model, cluster = presets.model("gpt3-39b"), presets.cluster("selene", 128)
+    training = Training(global_batch_size=512, stack="megatron-core")
+    bounded = recommend(model, cluster, training, top_k=5, search=options)
+    full = recommend(model, cluster, training, top_k=5, search=dataclasses.replace(options, exhaustive=True))
+    assert _rows(bounded) == _rows(full)
+
+
+def test_schedule_level_rules_read_only_grid_and_schedule_columns():
+    """The rules the bounded search applies before expanding recomputation, ZeRO and sequence
+    parallelism must not read those columns (or their answer would be a guess)."""
+    allowed = {"G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "G_ep", "G_etp",
+               "micro_batch_size", "schedule", "virtual_stages"}
+
+    class Reads(dict):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.read: set[str] = set()
+
+        def __getitem__(self, key):
+            self.read.add(key)
+            return super().__getitem__(key)
+
+        def get(self, key, default=None):
+            self.read.add(key)
+            return super().get(key, default)
+
+    n = 4
+    cols = {name: np.full(n, 2, dtype=np.int64) for name in allowed}
+    cols.update(recompute=np.zeros(n, dtype=np.int64), zero_stage=np.ones(n, dtype=np.int64),
+                sequence_parallel=np.ones(n, dtype=bool))
+    rules = [fn for fn in (*C.PLAN_CONSTRAINTS, C.gpipe_dominated) if fn.__name__ in C.SCHEDULE_LEVEL]
+    assert len(rules) == len(C.SCHEDULE_LEVEL)
+    for stack in ("megatron-core", "deepspeed", "fsdp", "torchtitan", "gridtune", "nemo"):
+        for model_name in ("gpt3-39b", "mixtral-8x7b"):
+            for fn in rules:
+                seen = Reads(cols)
+                fn(presets.model(model_name), presets.cluster("selene", 64),
+                   Training(global_batch_size=64, stack=stack), seen)
+                assert seen.read <= allowed, f"{fn.__name__} reads {seen.read - allowed}"

@@ -1,0 +1,218 @@
+"""Families of plans and their lower bounds: what lets the search skip most of the space unscored.
+
+A family is one grid (its six degrees and expert degrees, a row of the search's grid table), one
+micro-batch size and one placement; its plans are every schedule, recomputation, ZeRO stage and
+sequence-parallel setting `tuner.space.combine` would expand it into. `perfmodels.bounds` gives,
+per recomputation and sequence-parallel setting, a time no plan of the family can beat and, per
+ZeRO stage as well, a memory no plan goes below. The search scores families cheapest bound first,
+expands only the (recompute, ZeRO, sequence-parallel) parts that can still fit and win, and stops
+where the next family's bound passes its k-th best time.
+
+The bound's placement-free parts (compute, host, bubble, optimizer, collective byte sums, memory)
+are built once per (grid, micro-batch size); each placement then only prices the tensor-parallel
+collectives on its links.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodels.bounds import blocks_bound_s, bound_parts, lower_bound_s, memory_bound
+from perfmodels.plans import SCHEDULE_CODE, PlanArrays, from_columns
+from perfmodels.specs import Cluster, Model, Training
+from tuner.space import (
+    EXPERT_COLUMNS,
+    GRID_COLUMNS,
+    first_placement_mask,
+    micro_batch_values,
+    option_lists,
+    plans_per_grid,
+    schedule_mask,
+)
+from tuner.types import SearchOptions
+
+BOUND_SLACK = 1e-7
+"""Relative margin a bound must clear its limit by: bound and prediction add the same terms in
+different orders (rounding)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Families:
+    """The families of a search that can hold a plan that fits (arrays over families, last axis),
+    ordered placement by placement."""
+
+    order_index: np.ndarray
+    """Index of the family's placement in the search's list of placements."""
+    grid: np.ndarray
+    """Row of the search's grid table."""
+    micro_batch: np.ndarray
+    pair: np.ndarray
+    """Index of the family's (grid, micro-batch size) in `fits`."""
+    plans: np.ndarray
+    """How many plans the family expands into."""
+    bound_s: np.ndarray
+    """Seconds per step no plan of the family that fits can beat."""
+    sub_bound_s: np.ndarray
+    """(R, P, F): the same per recomputation and sequence-parallel option."""
+    fits: np.ndarray
+    """(Z, R, P, pairs): whether the memory bound leaves room for that (ZeRO, recompute,
+    sequence-parallel) choice (False too where the grid has no such plan: ZeRO > 0 without data
+    parallelism)."""
+    out_of_memory: int
+    """Plans of the families left out because none of their options fits in memory."""
+    schedules: np.ndarray
+    """(F, schedule options): the schedules each family runs that the rules allow."""
+    options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pairs:
+    """Every (grid, micro-batch size) of a search, with the coarse bound that holds for all its
+    families (`perfmodels.bounds.blocks_bound_s`), arrays over pairs."""
+
+    grid: np.ndarray
+    micro_batch: np.ndarray
+    plans: np.ndarray
+    """Plans of the pair under one placement."""
+    placements: np.ndarray
+    """How many of the search's placements place the pair's grid (each is a family)."""
+    bound_s: np.ndarray
+    max_virtual: np.ndarray
+    max_zero: np.ndarray
+    schedules: np.ndarray
+    """(pairs, schedule options): the schedules each pair runs that the rules allow."""
+    placed: np.ndarray
+    """(placements, grids): which placements expand which grids."""
+    options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+
+
+Screen = Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
+"""`screen(columns, weights)`: the mask of (grid, micro-batch size, schedule) rows, given as columns,
+that the schedule-level rules allow, each row standing for `weights` plans (for the counts)."""
+
+
+def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, options: SearchOptions,
+          orders: list[tuple[str, ...]], screen: Screen | None = None) -> Pairs:
+    """The (grid, micro-batch size) pairs of the search over `grids` (degree and expert columns)
+    that expand into at least one plan the rules of `screen` allow. A placement other than the first
+    expands only the grids it is the first to place differently (`tuner.space.first_placement_mask`)."""
+    lists = option_lists(training, options)
+    sched_opts, rc_opts, zero_opts, sp_opts = lists
+    uneven = model.is_moe
+    mbs = np.asarray(micro_batch_values(options), dtype=np.int64)
+    per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
+    counts = plans_per_grid(grids, sched_opts, rc_opts, zero_opts, sp_opts, model.depth, uneven)
+    gi, mi = np.nonzero((per_replica[:, None] % mbs[None, :] == 0) & (counts[:, None] > 0))
+    mb = mbs[mi]
+    placed = np.asarray([np.ones(len(grids), bool) if p == 0 else first_placement_mask(grids, order, orders)
+                         for p, order in enumerate(orders)]).reshape(len(orders), len(grids))
+    n_placed = placed[:, gi].sum(axis=0)
+    sched = np.asarray(sched_opts, dtype=np.int64)
+    allowed = schedule_mask(grids[gi, 1], sched_opts, model.depth, uneven)  # (pairs, s)
+    if screen is not None:
+        f, si = np.nonzero(allowed)
+        cols = {name: grids[gi[f], j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
+        cols.update(micro_batch_size=mb[f], schedule=sched[si, 0], virtual_stages=sched[si, 1])
+        per_schedule = counts[gi] // np.maximum(allowed.sum(axis=1), 1) * n_placed
+        allowed[f, si] = screen(cols, per_schedule[f])
+    keep = allowed.any(axis=1)
+    gi, mb, allowed, n_placed = gi[keep], mb[keep], allowed[keep], n_placed[keep]
+    # the most virtual stages a pair's schedules run, its largest ZeRO stage (smallest optimizer)
+    v = np.where(sched[:, 0] == SCHEDULE_CODE["interleaved-1f1b"], sched[:, 1], 1)
+    v_max = np.max(np.where(allowed, v[None, :], 1), axis=1)
+    z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
+    reps = _representatives(grids, gi, mb, z_max)
+    bound = blocks_bound_s(model, cluster, training, reps, v_max, [bool(x) for x in sp_opts])
+    per_schedule = counts[gi] // schedule_mask(grids[gi, 1], sched_opts, model.depth, uneven).sum(axis=1)
+    return Pairs(grid=gi, micro_batch=mb, plans=per_schedule * allowed.sum(axis=1), placements=n_placed,
+                 bound_s=bound, max_virtual=v_max, max_zero=z_max, schedules=allowed, placed=placed,
+                 options=lists)
+
+
+def _representatives(grids: np.ndarray, gi: np.ndarray, mb: np.ndarray, zero: np.ndarray) -> PlanArrays:
+    columns = {name: grids[gi, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
+    return from_columns(**columns, micro_batch_size=mb, zero_stage=zero)
+
+
+def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, pr: Pairs,
+             subset: np.ndarray, orders: list[tuple[str, ...]]) -> Families:
+    """The families of the pairs `subset` (indices into `pr`) under every placement that places
+    their grid, with their plan counts and bounds; families with no option that fits are counted,
+    not returned."""
+    _, rc_opts, zero_opts, sp_opts = pr.options
+    gi, mb = pr.grid[subset], pr.micro_batch[subset]
+    reps = _representatives(grids, gi, mb, pr.max_zero[subset])
+    sps = [bool(x) for x in sp_opts]
+    mem = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps)
+    has_zero = np.asarray([(z == 0) | (grids[gi, 0] > 1) for z in zero_opts])  # (Z, pairs)
+    fits = ((mem.states_gib[:, None, None, :] + mem.rest_gib[None, :, :, :])
+            <= mem.capacity_gib * (1.0 + BOUND_SLACK)) & has_zero[:, None, None, :]
+    sub_fits = fits.any(axis=0)  # (R, P, pairs)
+    any_fit = sub_fits.any(axis=(0, 1))
+    fitting = np.flatnonzero(any_fit)
+    parts = (bound_parts(model, cluster, training, reps.take(fitting), pr.max_virtual[subset][fitting],
+                         rc_opts, sps) if len(fitting) else None)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("order_index", "pair", "bound_s", "sub_bound_s")}
+    out_of_memory = int((pr.plans[subset] * pr.placements[subset])[~any_fit].sum())
+    for p, order in enumerate(orders):
+        local = np.flatnonzero(pr.placed[p][gi[fitting]])  # index into `fitting`
+        if parts is None or not len(local):
+            continue
+        sel = fitting[local]
+        sub = lower_bound_s(model, cluster, training, parts.take(local), order)
+        out["order_index"].append(np.full(len(sel), p))
+        out["pair"].append(sel)
+        out["sub_bound_s"].append(sub)
+        out["bound_s"].append(np.min(np.where(sub_fits[:, :, sel], sub, np.inf), axis=(0, 1)))
+    pair = np.concatenate(out["pair"]) if out["pair"] else np.zeros(0, dtype=np.int64)
+    return Families(
+        order_index=np.concatenate(out["order_index"]) if pair.size else np.zeros(0, dtype=np.int64),
+        grid=gi[pair], micro_batch=mb[pair], pair=pair, plans=pr.plans[subset][pair],
+        bound_s=np.concatenate(out["bound_s"]) if pair.size else np.zeros(0),
+        sub_bound_s=(np.concatenate(out["sub_bound_s"], axis=-1) if pair.size
+                     else np.zeros((len(rc_opts), len(sp_opts), 0))),
+        fits=fits, out_of_memory=out_of_memory, schedules=pr.schedules[subset][pair], options=pr.options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expanded:
+    columns: dict[str, np.ndarray] | None
+    order_index: np.ndarray | None = None
+    """Each plan's placement (index into the search's placements)."""
+    skipped_memory: int
+    """Plans of the families left out because their (ZeRO, recompute, sequence-parallel) choice
+    cannot fit."""
+    skipped_time: int
+    """Plans left out because their (recompute, sequence-parallel) choice's bound passes the limit."""
+
+
+def expand(fam: Families, rows: np.ndarray, grids: np.ndarray, limit_s: float) -> Expanded:
+    """The plans of families `rows` that may fit and may beat `limit_s`, as
+    columns in the order `tuner.space.combine` makes them (the schedules the rules allow only)."""
+    sched_opts, rc_opts, zero_opts, sp_opts = fam.options
+    g = grids[fam.grid[rows]]
+    sched = np.asarray(sched_opts, dtype=np.int64)
+    valid = fam.schedules[rows]  # (F, s)
+    has_zero = np.asarray([(z == 0) | (g[:, 0] > 1) for z in zero_opts]).T  # (F, Z)
+    n_sched = valid.sum(axis=1)
+    fits = np.moveaxis(fam.fits[..., fam.pair[rows]], -1, 0)  # (F, Z, R, P)
+    fast = np.moveaxis(fam.sub_bound_s[..., rows] * (1.0 - BOUND_SLACK) <= limit_s, -1, 0)  # (F, R, P)
+    keep = fits & fast[:, None, :, :]  # (F, Z, R, P)
+    skipped_memory = int((n_sched * (has_zero[:, :, None, None] & ~fits).sum(axis=(1, 2, 3))).sum())
+    skipped_time = int((n_sched * (fits & ~fast[:, None, :, :]).sum(axis=(1, 2, 3))).sum())
+    # (family, schedule, recompute, ZeRO, sequence parallel), combine's order
+    f, si, ri, zi, pi = np.nonzero(valid[:, :, None, None, None] & np.transpose(keep, (0, 2, 1, 3))[:, None])
+    if not len(f):
+        return Expanded(columns=None, skipped_memory=skipped_memory, skipped_time=skipped_time)
+    cols = {name: g[f, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
+    cols["micro_batch_size"] = fam.micro_batch[rows][f]
+    cols["schedule"] = sched[si, 0]
+    cols["virtual_stages"] = sched[si, 1]
+    cols["recompute"] = np.asarray(rc_opts, dtype=np.int64)[ri]
+    cols["zero_stage"] = np.asarray(zero_opts, dtype=np.int64)[zi]
+    cols["sequence_parallel"] = np.asarray(sp_opts, dtype=bool)[pi]
+    return Expanded(columns=cols, order_index=fam.order_index[rows][f], skipped_memory=skipped_memory,
+                    skipped_time=skipped_time)
