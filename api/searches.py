@@ -32,7 +32,11 @@ log = logging.getLogger("gridtune.api")
 SEARCH_GRACE_S = 10.0
 """Seconds a search may run past its budget before its process is killed and the answer is 503."""
 STARTUP_SLACK_S = 30.0
-PRELOAD = ("api.service", "perfmodels.steptime", "tuner")
+PRELOAD = ("api.service", "perfmodels.steptime", "tuner.search", "tuner.launch", "tuner.trials", "numpy.ma")
+"""What a search process runs (`service.run_recommend`: the search, the best plan's launches, the
+trial advice; numpy.ma, which np.unique loads on first call), imported once in the forkserver.
+`import tuner` alone does not import the search (tuner/__init__.py), so the modules are named;
+tests/test_startup.py checks that a search imports nothing outside the standard library beyond them."""
 
 
 def search_context() -> Any:

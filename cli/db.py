@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.common import HelpFormatter
+    from cli.formatter import HelpFormatter
 
     p = sub.add_parser("db", help="database schema: upgrade to the newest migration", description=__doc__,
                        formatter_class=HelpFormatter)

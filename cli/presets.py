@@ -75,7 +75,7 @@ def _stacks_table(items: dict) -> object:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.common import HelpFormatter
+    from cli.formatter import HelpFormatter
 
     p = sub.add_parser("presets", help="list model, cluster, GPU (and stack) presets", description=__doc__,
                        formatter_class=HelpFormatter)

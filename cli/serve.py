@@ -24,7 +24,7 @@ import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from cli.common import HelpFormatter
+    from cli.formatter import HelpFormatter
 
     parser = subparsers.add_parser(
         "serve",

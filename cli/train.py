@@ -24,7 +24,7 @@ EXAMPLES = ("gpt", "moe")
 
 
 def register(subparsers: Any) -> None:
-    from cli.common import HelpFormatter
+    from cli.formatter import HelpFormatter
 
     p = subparsers.add_parser("train", help="train a built-in example with engine.train (auto or --plan)",
                               description=__doc__, formatter_class=HelpFormatter)

@@ -36,7 +36,7 @@ from perfmodels.stacks import STACK_PRESETS
 
 
 def register(subparsers: Any) -> None:
-    from cli.common import HelpFormatter
+    from cli.formatter import HelpFormatter
 
     p = subparsers.add_parser("validate", help="profile, predict, run and compare every plan on this machine",
                               description=__doc__, formatter_class=HelpFormatter)

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
 
 from perfmodels.constants import BY_NAME, PARAMETERS, Parameter, apply_constants, priors
 from perfmodels.plans import PlanArrays, from_plans
@@ -70,6 +69,8 @@ def _fit(X: np.ndarray, y: np.ndarray, prior: float) -> np.ndarray:
     k = X.shape[1]
     A = np.vstack([A, np.sqrt(prior) * np.eye(k)])
     b = np.concatenate([b, np.sqrt(prior) * np.ones(k)])
+    from scipy.optimize import nnls  # here, not at the top: scipy.optimize costs ~0.5 s to import
+
     c, _ = nnls(A, b)
     return c
 
@@ -352,6 +353,10 @@ def _solve(blocks: Sequence[_Block], runs: Sequence[Run], prior: dict[str, float
 
     lo, hi = space.bounds()
     z0 = np.clip(np.zeros(len(names)), lo + 0.05, hi - 0.05)  # strictly inside: trf scales by the distance
+    # imported here: scipy.optimize costs ~0.5 s, and `gridtune recommend` (tuner.trials reads
+    # RUN_NOISE_REL) imports this module without fitting anything
+    from scipy.optimize import least_squares
+
     sol = least_squares(residuals, z0, bounds=(lo, hi), method="trf", diff_step=1e-4, x_scale=1.0,
                         xtol=1e-6, ftol=1e-8, max_nfev=40 * (len(names) + 1))
     J = np.asarray(sol.jac)

@@ -19,6 +19,10 @@ slice, so fitted with the reduce-scatter ring factor its busbw comes out about h
 all-reduce one. The fit sees that instead of assuming the ring formula.
 
 Run the synthetic self-check with `python -m pytest tests/perfmodels/test_fitting.py`.
+
+pandas and scipy.optimize are imported inside the functions that use them (together ~1 s): what
+reads a stored profile (`tuner.profiles.read_profile`, `gridtune recommend --profile`, the service)
+imports this module for its names and never fits.
 """
 
 from __future__ import annotations
@@ -26,15 +30,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy.optimize import least_squares
 
 from perfmodels import collectives
 from perfmodels.compute import GemmCurve
 from perfmodels.compute import gemm_time_s as compute_gemm_time_s
 from perfmodels.specs import Cluster, CollectiveFit, Profile
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
 """Collectives the time model knows; N is the full buffer (all-gather output, reduce-scatter input)."""
@@ -161,6 +167,8 @@ def fit_alpha_beta(op: str, group_size: int, nbytes: Sequence[float], seconds: S
     lower = [0.0, 1.0 / _MAX_BUSBW_GBPS]
     x0 = np.array([alpha0, inv_bw0])
     f_scale = 0.1
+    from scipy.optimize import least_squares  # lazy (module docstring)
+
     sol = least_squares(residual, x0, bounds=(lower, [np.inf, np.inf]), loss="soft_l1", f_scale=f_scale,
                         x_scale=np.maximum(np.abs(x0), [1e-3, 1e-6]))
     alpha_us, inv_bw = float(sol.x[0]), float(sol.x[1])
@@ -199,6 +207,8 @@ def median_points(rows: pd.DataFrame) -> pd.DataFrame:
 def collective_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of `rows` that are collectives with a group of at least two ranks."""
     if rows is None or len(rows) == 0:
+        import pandas as pd  # lazy (module docstring)
+
         return pd.DataFrame(columns=list(RAW_COLUMNS))
     out = rows[rows["op"].isin(OPS) & (rows["group_size"].astype(int) >= 2)].copy()
     out["group_size"] = out["group_size"].astype(int)
@@ -215,6 +225,8 @@ def fit_collectives(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     hold-out median relative error and the bus bandwidth measured at the largest message; and one
     row per held-out point (bytes, measured, predicted, rel_error) for reports.
     """
+    import pandas as pd  # lazy (module docstring)
+
     pts = median_points(collective_rows(rows))
     fit_rows: list[dict] = []
     held_rows: list[dict] = []
@@ -313,6 +325,8 @@ def fit_gemm(m: Sequence[float], n: Sequence[float], k: Sequence[float], seconds
     def residual(params: np.ndarray) -> np.ndarray:
         return gemm_time_s(m, n, k, params[0], params[1], params[2]) / t - 1.0
 
+    from scipy.optimize import least_squares  # lazy (module docstring)
+
     best = None
     for h0 in (4.0, 32.0, 256.0):
         x0 = np.array([peak0, h0, float(np.min(t)) * 1e6 * 0.2])
@@ -368,6 +382,8 @@ def expected_busbw_GBps(cluster: Cluster, op: str, level: str, members_per_node:
 
 def expected_table(fits: pd.DataFrame, cluster: Cluster | None) -> pd.DataFrame:
     """Measured (fitted asymptotic) busbw next to the preset's expectation and their ratio."""
+    import pandas as pd  # lazy (module docstring)
+
     cols = [*_GROUP_KEYS, "measured_busbw_GBps", "expected_busbw_GBps", "ratio", "expected_source"]
     if cluster is None or fits is None or len(fits) == 0:
         return pd.DataFrame(columns=cols)
@@ -449,6 +465,8 @@ def synthetic_rows(
     seed: int = 0,
 ) -> pd.DataFrame:
     """Rows of a sweep whose truth is the alpha-beta model, with optional multiplicative noise."""
+    import pandas as pd  # lazy (module docstring)
+
     rng = np.random.default_rng(seed)
     sizes = np.asarray(list(sizes), dtype=float)
     t = collective_time_s(op, group_size, sizes, alpha_us, busbw)

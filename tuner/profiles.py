@@ -14,7 +14,8 @@ Why: a profile is only worth something if one can tell where it came from and re
     from tuner.profiles import read_profile
     profile, doc = read_profile("my-cluster.json")       # Profile for perfmodels.predict
 
-Never imports torch.
+Never imports torch. pandas is imported by the functions on rows (the fits import theirs too):
+reading and applying a profile, all `gridtune recommend --profile` and the service do, needs neither.
 """
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from perfmodels import fitting
 from perfmodels.io import cluster_to_dict, json_safe, profile_from_dict, profile_to_dict
@@ -35,6 +34,9 @@ from perfmodels.specs import Cluster, Profile
 from tuner.service_client import (
     post_json,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _DOC_EXTRAS = ("provenance", "fits", "expected")
 
@@ -48,6 +50,8 @@ def rows_path_for(profile_path: str | os.PathLike[str]) -> Path:
 
 def tidy_rows(rows: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Rows with the RAW_COLUMNS first (missing ones empty), then whatever else they carry."""
+    import pandas as pd  # lazy (module docstring)
+
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     for col in fitting.RAW_COLUMNS:
         if col not in df:
@@ -64,11 +68,15 @@ def write_rows(path: str | os.PathLike[str], rows: pd.DataFrame | Sequence[Mappi
 
 
 def read_rows(path: str | os.PathLike[str]) -> pd.DataFrame:
+    import pandas as pd  # lazy (module docstring)
+
     return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
 
 def import_provenance(rows: pd.DataFrame, files: Sequence[str]) -> dict[str, Any]:
     """Provenance of rows imported from nccl-tests files."""
+    import pandas as pd  # lazy (module docstring)
+
     hosts: list[str] = []
     for h in rows.get("host", pd.Series(dtype=str)).astype(str):
         hosts += [x for x in h.split(",") if x and x not in hosts]
