@@ -17,9 +17,11 @@ of the family with a given recomputation and sequence-parallel setting:
   holds ceil(L / (S v)) v >= L / S of them, `traffic.stage_shape`) with the LM head;
 - exposed comm >= the tensor-parallel collectives that never overlap (`steptime.TP_TAGS` outside the
   backward input-grad all-reduce, `TP_FWD_EXPOSED_SHARE` of the forward ones where the stack overlaps
-  them, all of them where it does not) and the depth collectives' first-gather share, all of the
-  relaxed stage without recomputation (recomputation only repeats collectives); the MoE wait, the
-  ring and the data-parallel parts >= 0;
+  them, all of them where it does not), the depth collectives' first-gather share, and for a mixture
+  of experts the expert tensor-parallel collectives and the all-to-alls (their first-gather share
+  where the stack overlaps them under an interleaved schedule the family runs), all of the relaxed
+  stage without recomputation (recomputation only repeats collectives); the MoE wait, the ring and
+  the data-parallel parts >= 0;
 - host >= the relaxed stage's blocks, three passes (four under full recomputation);
 - bubble = (S - 1) / v t_mb (average / busiest compute) >= (S - 1) / v_max x the average stage's
   compute (t_mb >= the busiest stage's compute; v_max: the most virtual stages the family runs);
@@ -49,7 +51,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfmodels import collectives, context
+from perfmodels import collectives, context, experts
 from perfmodels.compute import stage_compute
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
@@ -63,7 +65,7 @@ from perfmodels.steptime import (
     _category,
     _host_seconds_per_microbatch,
 )
-from perfmodels.traffic import StageShape, comm_events
+from perfmodels.traffic import CommEvent, StageShape, comm_events
 
 TP_CATEGORIES = ("tp_exposed", "tp_fwd_half", "tp_bwd")
 
@@ -84,6 +86,9 @@ class BoundParts:
     degrees: dict[str, np.ndarray]
     comm: list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]
     """Per sequence-parallel setting: (axis, op, category) -> (bytes x calls, calls) per step."""
+    plans: PlanArrays
+    """The families' representative plans (for the expert groups' geometry)."""
+    max_virtual: np.ndarray
 
     def take(self, index: np.ndarray) -> BoundParts:
         return BoundParts(
@@ -91,7 +96,8 @@ class BoundParts:
             host_mb_s=self.host_mb_s[..., index], bubble_s=self.bubble_s[..., index],
             optimizer_s=self.optimizer_s[index],
             degrees={k: v[index] for k, v in self.degrees.items()},
-            comm=[{k: (b[index], c[index]) for k, (b, c) in per.items()} for per in self.comm])
+            comm=[{k: (b[index], c[index]) for k, (b, c) in per.items()} for per in self.comm],
+            plans=self.plans.take(index), max_virtual=self.max_virtual[index])
 
 
 def with_options(arrays: PlanArrays, **columns: np.ndarray | int | bool) -> PlanArrays:
@@ -184,7 +190,8 @@ def bound_parts(model: Model, cluster: Cluster, training: Training, arrays: Plan
     return BoundParts(
         microbatches=scatter(lambda p: p.microbatches), compute_mb_s=scatter(lambda p: p.compute_mb_s),
         host_mb_s=scatter(lambda p: p.host_mb_s), bubble_s=scatter(lambda p: p.bubble_s),
-        optimizer_s=scatter(lambda p: p.optimizer_s), degrees=arrays.degrees(), comm=comm)
+        optimizer_s=scatter(lambda p: p.optimizer_s), degrees=arrays.degrees(), comm=comm, plans=arrays,
+        max_virtual=np.asarray(max_virtual))
 
 
 def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -217,7 +224,8 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
         plain = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
         comm.append(_critical_comm(model, training, plain, relaxed))
     return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, bubble_s=bubble,
-                      optimizer_s=optimizer, degrees=real.degrees(), comm=comm)
+                      optimizer_s=optimizer, degrees=real.degrees(), comm=comm, plans=real,
+                      max_virtual=np.asarray(max_virtual))
 
 
 def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: StageShape
@@ -233,7 +241,9 @@ def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: 
         if not np.any(ev.calls):
             continue
         cat = _category(ev, overlap_tp)
-        if not ((cat in TP_CATEGORIES and ev.axis in ("row", "col")) or (cat == "depth" == ev.axis)):
+        if ev.axis in ("ep", "etp"):  # every expert collective is on the critical path (steptime)
+            cat = ev.axis
+        elif not ((cat in TP_CATEGORIES and ev.axis in ("row", "col")) or (cat == "depth" == ev.axis)):
             continue
         acc = comm.setdefault((ev.axis, ev.op, cat), (np.zeros(len(arrays)), np.zeros(len(arrays))))
         acc[0][...] += ev.payload_bytes * ev.calls
@@ -254,6 +264,8 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
     for j, comm in enumerate(parts.comm):
         per_step = {cat: np.zeros(len(m)) for cat in (*TP_CATEGORIES, "depth")}
         for (axis, op, cat), (byte_calls, calls) in comm.items():
+            if axis in ("ep", "etp"):  # `_expert_seconds`
+                continue
             g = geo[axis]
             per_step[cat] = per_step[cat] + collectives.cost_s(
                 cluster, op, byte_calls, calls, g["size"], g["intra"], g["members_per_node"])
@@ -263,11 +275,47 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
         depth = per_step["depth"] * corr("dp_comm")
         if stack.overlap_depth_comm:
             depth = depth / np.maximum(m, 1.0) * FIRST_GATHER_SHARE
-        exposed_mb = (tp * corr("tp_comm") + depth) / m
+        experts_s = _expert_seconds(model, cluster, training, parts, comm, placement)
+        exposed_mb = ((tp + experts_s) * corr("tp_comm") + depth) / m
         host = parts.host_mb_s  # (R, n)
         t_mb = np.maximum(parts.compute_mb_s[:, j] + exposed_mb + stack.host_exposed_fraction * host, host)
         out[:, j] = m * t_mb + parts.bubble_s[:, j] + parts.optimizer_s
     return out
+
+
+def _expert_seconds(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
+                    comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
+                    placement: tuple[str, ...]) -> np.ndarray:
+    """Exposed seconds per step of the expert collectives (`steptime._predict_many`'s `ep_exposed`
+    at its least): the expert tensor-parallel ones, and the all-to-alls, of which only the first
+    gather's share where the stack overlaps them under an interleaved schedule the family may run."""
+    n = len(parts.microbatches)
+    if not model.is_moe or not any(axis in ("ep", "etp") for axis, _, _ in comm):
+        return np.zeros(n)
+    geo: dict[str, dict[str, np.ndarray]] = {}
+    for cp in np.unique(parts.plans.G_cp):
+        idx = np.flatnonzero(parts.plans.G_cp == cp)
+        view = context.view(model, training, parts.plans.take(idx), int(cp))[2].one_placement(placement)
+        for axis, fields in experts.expert_geometry(view, cluster.gpus_per_node_used, int(cp)).items():
+            dest = geo.setdefault(axis, {})
+            for key, value in fields.items():
+                value = np.asarray(value)
+                dest.setdefault(key, np.zeros(n, dtype=value.dtype))[idx] = value
+    secs: dict[tuple[str, str], np.ndarray] = {}
+    events = []
+    for (axis, op, _), (byte_calls, calls) in comm.items():
+        if axis == "etp":
+            g = geo["etp"]
+            secs[("etp", op)] = secs.get(("etp", op), 0.0) + collectives.cost_s(
+                cluster, op, byte_calls, calls, g["size"], g["intra"], g["members_per_node"])
+        elif axis == "ep":
+            events.append(CommEvent(axis="ep", op=op, phase="fwd", tag="a2a", calls=calls,
+                                    payload_bytes=byte_calls / np.maximum(calls, 1.0)))
+    a2a, etp, _ = experts.group_seconds(cluster, model, training, events, geo, secs, n)
+    m = parts.microbatches
+    overlapped = (training.effective_stack.overlap_ep_comm & (parts.max_virtual > 1)
+                  & (parts.plans.G_inter > 1))
+    return np.where(overlapped, a2a / np.maximum(m, 1.0) * FIRST_GATHER_SHARE, a2a) + etp
 
 
 @dataclass(frozen=True, kw_only=True)

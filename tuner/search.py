@@ -123,15 +123,31 @@ FIRST_CHUNK_PLANS = 5_000
 BOUND_CHUNK_PLANS = 40_000
 
 
-class _Best:
-    """The `keep` fastest plans scored so far, ordered by (time, placement index, KEY_COLUMNS)."""
+ROW_TIME_MARGIN = 2e-5
+"""Relative margin above the k-th row's time within which a plan could still fold into a row: rows
+merge plans whose times agree to 6 significant digits (`_merge_placements`)."""
 
-    def __init__(self, keep: int) -> None:
+
+class _Best:
+    """The `keep` fastest plans scored so far, ordered by (time, placement index, KEY_COLUMNS), of
+    which `_merge_placements` makes the top `top_k` rows."""
+
+    def __init__(self, keep: int, top_k: int) -> None:
         self.keep = keep
+        self.top_k = top_k
         self.rows: list[tuple[float, tuple, object, int]] = []
+        self._limit: float | None = None
 
     def threshold(self) -> float:
-        return self.rows[-1][0] if len(self.rows) >= self.keep else float("inf")
+        """A time no plan above which can change the answer: past the `keep`-th entry it is not kept;
+        past the k-th row's time (plus `ROW_TIME_MARGIN`) it can neither make a row (there are k
+        before it) nor fold into one (its time differs), and skipping it changes no other row."""
+        if self._limit is None:
+            keep_th = self.rows[-1][0] if len(self.rows) >= self.keep else float("inf")
+            times = _row_times(self.rows, self.top_k)
+            kth_row = times[-1] * (1.0 + ROW_TIME_MARGIN) if len(times) >= self.top_k else float("inf")
+            self._limit = min(keep_th, kth_row)
+        return self._limit
 
     def add(self, times: np.ndarray, batch, order_index: np.ndarray, cols: dict[str, np.ndarray]) -> None:
         k = min(self.keep, len(times))
@@ -147,6 +163,31 @@ class _Best:
             self.rows.append((float(times[i]), key, batch, int(i)))
         self.rows.sort(key=lambda r: (r[0], r[1]))
         del self.rows[self.keep:]
+        self._limit = None
+
+
+def _row_times(best: list[tuple[float, tuple, object, int]], top_k: int) -> list[float]:
+    """The ranking time of the first entry of each of the first `top_k` rows `_merge_placements`
+    makes of `best`, by the same folding rules, from the entries' keys (no Plan objects)."""
+    zero_at = 1 + KEY_COLUMNS.index("zero_stage")
+    index: dict[tuple, int] = {}
+    by_zero: dict[tuple, int] = {}
+    times: list[float] = []
+    for t, key, batch, i in best:
+        seconds = float(f"{float(batch.iteration_time_s[i]):.6g}")  # type: ignore[attr-defined]
+        plan_key = (key[1:], seconds)
+        if plan_key in index:
+            continue
+        gib = float(f"{float(batch.memory.total_gib[i]):.6g}")  # type: ignore[attr-defined]
+        zero_key = (key[1:zero_at] + key[zero_at + 1:], seconds, gib)
+        if zero_key in by_zero:
+            index[plan_key] = by_zero[zero_key]
+            continue
+        if len(times) == top_k:
+            continue
+        index[plan_key] = by_zero[zero_key] = len(times)
+        times.append(t)
+    return times
 
 
 def _score(model: Model, cluster: Cluster, training: Training, options: SearchOptions, cols: C.Columns,
@@ -202,7 +243,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
         training, placements(options, with_cp=bool((grids[:, GRID_COLUMNS.index("G_cp")] > 1).any()),
                              moe=model.is_moe),
         pinned=options.placement is not None, model=model)
-    best = _Best(top_k * len(orders))  # room for placements that merge into one row
+    best = _Best(top_k * len(orders), top_k)  # room for placements that merge into one row
     run = _exhaustive if options.exhaustive else _bounded
     outcome = run(model, cluster, training, options, grids, orders, pruned, best, t0)
     candidates = _merge_placements(best.rows, top_k)
@@ -309,11 +350,17 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     refined = 0
     evaluated = valid = 0
     memory_skipped = time_skipped = 0
+    batch = FIRST_PAIRS
     while True:
         limit = best.threshold()
-        reach = int(np.searchsorted(pair_bounds, limit, side="right"))
-        if refined < reach:
-            upto = reach if evaluated else min(reach, refined + FIRST_PAIRS)
+        reach = int(np.searchsorted(pair_bounds, limit, side="right"))  # pairs that may hold a winner
+        open_ = np.flatnonzero(~pool_done & (pool_bound * (1.0 - BOUND_SLACK) <= limit))
+        if not len(open_) and refined >= reach:
+            break
+        # best first: refine more pairs while the next one's coarse bound is below every open family's
+        if refined < reach and (not len(open_) or pair_bounds[refined] < pool_bound[open_].min()):
+            upto = min(reach, refined + batch)
+            batch *= 2  # each refinement costs a fixed overhead: fewer, larger ones as the search goes on
             fam = families(model, cluster, training, grids, pr, by_pair[refined:upto], orders)
             memory_skipped += fam.out_of_memory
             refined = upto
@@ -322,10 +369,6 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             pool_done = np.concatenate([pool_done, np.zeros(len(fam.bound_s), dtype=bool)])
             rows = np.arange(len(fam.bound_s))
             pool_at = np.concatenate([pool_at, np.stack([np.full(len(rows), len(pool) - 1), rows], axis=1)])
-        open_ = np.flatnonzero(~pool_done & (pool_bound * (1.0 - BOUND_SLACK) <= limit))
-        if not len(open_):
-            if refined >= reach:
-                break
             continue
         size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS
         open_ = open_[np.argsort(pool_bound[open_], kind="stable")]
