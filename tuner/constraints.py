@@ -343,6 +343,9 @@ SCHEDULE_LEVEL = frozenset({"enough_layers", "enough_microbatches", "stack_layer
 stages (tests/tuner/test_bounded_search.py checks which columns each reads): the bounded search
 applies them to (family, schedule) rows before it expands recomputation, ZeRO and sequence
 parallelism."""
+READS_MICRO_BATCH = frozenset({"enough_microbatches"})
+"""The schedule-level constraints that read the micro-batch size: the others are applied once per
+(grid, schedule), before micro-batch sizes are enumerated."""
 PLAN_CONSTRAINTS = (enough_layers, enough_microbatches, sequence_parallel_shape, stack_can_run,
                     stack_layer_split, stack_zero_stages, stack_recompute, stack_tp_with_pp,
                     sequence_parallel_seq, experts_split, expert_grid_fits, stack_runs_context_expert)

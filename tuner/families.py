@@ -89,9 +89,11 @@ class Pairs:
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
 
 
-Screen = Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
-"""`screen(columns, weights)`: the mask of (grid, micro-batch size, schedule) rows, given as columns,
-that the schedule-level rules allow, each row standing for `weights` plans (for the counts)."""
+Screen = Callable[[dict[str, np.ndarray], np.ndarray, str], np.ndarray]
+"""`screen(columns, weights, level)`: the mask of rows, given as columns, that the schedule-level rules
+allow, each row standing for `weights` plans (for the counts); `level` "grid": (grid, schedule) rows
+and the rules that do not read the micro-batch size, "pair": (grid, micro-batch size, schedule) rows
+and the rules that do (`constraints.READS_MICRO_BATCH`)."""
 
 
 def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, options: SearchOptions,
@@ -109,15 +111,23 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     mb = mbs[mi]
     placed = np.asarray([np.ones(len(grids), bool) if p == 0 else first_placement_mask(grids, order, orders)
                          for p, order in enumerate(orders)]).reshape(len(orders), len(grids))
-    n_placed = placed[:, gi].sum(axis=0)
     sched = np.asarray(sched_opts, dtype=np.int64)
-    allowed = schedule_mask(grids[gi, 1], sched_opts, model.depth, uneven)  # (pairs, s)
+    runs = schedule_mask(grids[:, 1], sched_opts, model.depth, uneven)  # (grids, s)
+    per_schedule = counts // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one micro-batch
+    if screen is not None:
+        # the rules that do not read the micro-batch size once per (grid, schedule), the others per pair
+        sizes = np.bincount(gi, minlength=len(grids))
+        f, si = np.nonzero(runs & (sizes > 0)[:, None])
+        cols = {name: grids[f, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
+        cols.update(schedule=sched[si, 0], virtual_stages=sched[si, 1])
+        runs[f, si] = screen(cols, (per_schedule * sizes * placed.sum(axis=0))[f], "grid")
+    allowed = runs[gi]  # (pairs, s)
+    n_placed = placed[:, gi].sum(axis=0)
     if screen is not None:
         f, si = np.nonzero(allowed)
         cols = {name: grids[gi[f], j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
         cols.update(micro_batch_size=mb[f], schedule=sched[si, 0], virtual_stages=sched[si, 1])
-        per_schedule = counts[gi] // np.maximum(allowed.sum(axis=1), 1) * n_placed
-        allowed[f, si] = screen(cols, per_schedule[f])
+        allowed[f, si] = screen(cols, (per_schedule[gi] * n_placed)[f], "pair")
     keep = allowed.any(axis=1)
     gi, mb, allowed, n_placed = gi[keep], mb[keep], allowed[keep], n_placed[keep]
     # the most virtual stages a pair's schedules run, its largest ZeRO stage (smallest optimizer)
@@ -126,8 +136,7 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
     reps = _representatives(grids, gi, mb, z_max)
     bound = blocks_bound_s(model, cluster, training, reps, v_max, [bool(x) for x in sp_opts])
-    per_schedule = counts[gi] // schedule_mask(grids[gi, 1], sched_opts, model.depth, uneven).sum(axis=1)
-    return Pairs(grid=gi, micro_batch=mb, plans=per_schedule * allowed.sum(axis=1), placements=n_placed,
+    return Pairs(grid=gi, micro_batch=mb, plans=per_schedule[gi] * allowed.sum(axis=1), placements=n_placed,
                  bound_s=bound, max_virtual=v_max, max_zero=z_max, schedules=allowed, placed=placed,
                  options=lists)
 

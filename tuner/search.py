@@ -332,10 +332,11 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     time: everything left is proved unable to enter the top list. Or when the time budget runs out."""
     screened = [0]
 
-    def screen(cols: dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
+    def screen(cols: dict[str, np.ndarray], weights: np.ndarray, level: str) -> np.ndarray:
         ok = np.ones(len(weights), dtype=bool)
         for fn in _plan_rules(options, "schedule"):
-            ok = pruned.apply(fn(model, cluster, training, cols), ok, weights)
+            if (fn.__name__ in C.READS_MICRO_BATCH) == (level == "pair"):
+                ok = pruned.apply(fn(model, cluster, training, cols), ok, weights)
         screened[0] += int(weights[~ok].sum())
         return ok
 

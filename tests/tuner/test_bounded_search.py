@@ -178,3 +178,5 @@ def test_schedule_level_rules_read_only_grid_and_schedule_columns():
                 fn(presets.model(model_name), presets.cluster("selene", 64),
                    Training(global_batch_size=64, stack=stack), seen)
                 assert seen.read <= allowed, f"{fn.__name__} reads {seen.read - allowed}"
+                # the bounded search applies these per (grid, schedule), before micro-batch sizes
+                assert ("micro_batch_size" in seen.read) == (fn.__name__ in C.READS_MICRO_BATCH), fn.__name__
