@@ -31,7 +31,12 @@ of the family with a given recomputation and sequence-parallel setting:
 A coarser bound, `blocks_bound_s`, costs one compute evaluation per (grid, micro-batch size) and holds
 for every placement and option: the blocks alone (num_layers / G_inter of them: below both the
 busiest and the average stage) set a floor to t_mb and, times (S - 1) / v_max, to the bubble; the
-host floor as above. A search refines the finer bounds only where this one leaves room.
+host floor as above. The coarsest, `grid_bound_s`, holds for every micro-batch size of a grid too:
+a micro-batch's compute C(b) grows with its size b while the compute per sample C(b) / b does not
+(every GEMM, attention and element-wise term is a non-negative cost per row plus a non-negative cost
+per kernel, and GEMM efficiency only improves with more rows), so the m C(b) = (samples per replica)
+C(b) / b of any b is at least that of the largest b, the m host seconds too, and the bubble's C(b) at
+least that of the smallest. A search refines the finer bounds only where the coarser leave room.
 
 Memory. The first pipeline stage's total (never above the peak, `memory.peak_memory`) is weights +
 gradients + optimizer state, which depend on the ZeRO stage and not on the other options, plus
@@ -157,6 +162,44 @@ def _blocks_bound_one_cp(model: Model, cluster: Cluster, training: Training, arr
         comp = stage_compute(model, cluster, training, rep, blocks_only)
         c = (comp.fwd_s + comp.bwd_s) * c_compute
         best = np.minimum(best, m * np.maximum(c, host) + fill * c)
+    return best
+
+
+def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
+                 largest: PlanArrays, max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
+    """Seconds per step no plan of each grid can beat, under any micro-batch size between the
+    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring)."""
+    cluster, training = apply_constants(cluster, training)
+    out = np.zeros(len(smallest))
+    for cp in np.unique(smallest.G_cp):
+        idx = np.flatnonzero(smallest.G_cp == cp)
+        views = [context.view(model, training, arrays.take(idx), int(cp)) for arrays in (smallest, largest)]
+        (model_v, training_v, low), (_, _, high) = views
+        out[idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx],
+                                      sequence_parallel)
+    return out
+
+
+def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: PlanArrays, high: PlanArrays,
+                       max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
+    n = len(low)
+    S = low.G_inter.astype(np.float64)
+    blocks_only = StageShape(blocks=model.num_layers / S, has_embedding=np.zeros(n, bool),
+                             has_head=np.zeros(n, bool), is_first=S == 1, is_last=np.ones(n, bool))
+    m_fewest = high.num_microbatches(training).astype(np.float64)
+    host = _host_seconds_per_microbatch(model, cluster, training, with_options(
+        low, recompute=RECOMPUTE_CODE["none"]), _relaxed_stage(model, low))
+    c_compute = _corrections(cluster)("compute")
+    fill = (S - 1.0) / np.maximum(max_virtual, 1).astype(np.float64)
+    best = np.full(n, np.inf)
+    def blocks_compute(arrays: PlanArrays, sp: bool) -> np.ndarray:
+        rep = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
+        comp = stage_compute(model, cluster, training, rep, blocks_only)
+        return (comp.fwd_s + comp.bwd_s) * c_compute
+
+    for sp in sequence_parallel:
+        c_low, c_high = blocks_compute(low, sp), blocks_compute(high, sp)
+        best = np.minimum(best, np.maximum(m_fewest * c_high, m_fewest * host) + fill * c_low)
     return best
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodels.bounds import blocks_bound_s, bound_parts, lower_bound_s, memory_bound
+from perfmodels.bounds import blocks_bound_s, bound_parts, grid_bound_s, lower_bound_s, memory_bound
 from perfmodels.plans import SCHEDULE_CODE, PlanArrays, from_columns
 from perfmodels.specs import Cluster, Model, Training
 from tuner.space import (
@@ -96,11 +96,32 @@ and the rules that do not read the micro-batch size, "pair": (grid, micro-batch 
 and the rules that do (`constraints.READS_MICRO_BATCH`)."""
 
 
-def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, options: SearchOptions,
-          orders: list[tuple[str, ...]], screen: Screen | None = None) -> Pairs:
-    """The (grid, micro-batch size) pairs of the search over `grids` (degree and expert columns)
-    that expand into at least one plan the rules of `screen` allow. A placement other than the first
-    expands only the grids it is the first to place differently (`tuner.space.first_placement_mask`)."""
+@dataclass(frozen=True, kw_only=True)
+class GridTable:
+    """Every grid of the search with the coarsest bound (`perfmodels.bounds.grid_bound_s`: any
+    micro-batch size, placement and option), its (grid, micro-batch size) pairs and plan counts."""
+
+    bound_s: np.ndarray
+    """(grids,) seconds no plan of the grid can beat (inf: the grid expands into no plan)."""
+    counts: np.ndarray
+    """(grids,) plans of one micro-batch size under one placement."""
+    runs: np.ndarray
+    """(grids, schedule options): the schedules each grid's pipeline runs."""
+    placed: np.ndarray
+    """(placements, grids): which placements expand which grids."""
+    pair_grid: np.ndarray
+    pair_micro_batch: np.ndarray
+    pair_start: np.ndarray
+    """(grids + 1,): grid g's pairs are pair_grid[pair_start[g]:pair_start[g + 1]]."""
+    total_plans: int
+    options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+
+
+def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, options: SearchOptions,
+               orders: list[tuple[str, ...]]) -> GridTable:
+    """The grids of the search over `grids` (degree and expert columns) and `orders`, bounded. A
+    placement other than the first expands only the grids it is the first to place differently
+    (`tuner.space.first_placement_mask`), as the exhaustive expansion does."""
     lists = option_lists(training, options)
     sched_opts, rc_opts, zero_opts, sp_opts = lists
     uneven = model.is_moe
@@ -111,18 +132,49 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     mb = mbs[mi]
     placed = np.asarray([np.ones(len(grids), bool) if p == 0 else first_placement_mask(grids, order, orders)
                          for p, order in enumerate(orders)]).reshape(len(orders), len(grids))
+    sizes = np.bincount(gi, minlength=len(grids))
+    start = np.concatenate([[0], np.cumsum(sizes)])
+    runs = schedule_mask(grids[:, 1], sched_opts, model.depth, uneven)
     sched = np.asarray(sched_opts, dtype=np.int64)
-    runs = schedule_mask(grids[:, 1], sched_opts, model.depth, uneven)  # (grids, s)
+    v = np.where(sched[:, 0] == SCHEDULE_CODE["interleaved-1f1b"], sched[:, 1], 1)
+    bound = np.full(len(grids), np.inf)
+    has = np.flatnonzero(sizes > 0)
+    if len(has):
+        zero = np.where(grids[has, 0] > 1, max(zero_opts), 0)
+        smallest = _representatives(grids, has, mb[start[has]], zero)
+        largest = _representatives(grids, has, mb[start[has + 1] - 1], zero)
+        v_max = np.max(np.where(runs[has], v[None, :], 1), axis=1)
+        bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
+                                  [bool(x) for x in sp_opts])
+    return GridTable(bound_s=bound, counts=counts, runs=runs, placed=placed, pair_grid=gi,
+                     pair_micro_batch=mb, pair_start=start,
+                     total_plans=int((counts * sizes * placed.sum(axis=0)).sum()), options=lists)
+
+
+def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
+          subset: np.ndarray, screen: Screen | None = None) -> Pairs:
+    """The (grid, micro-batch size) pairs of the grids `subset` that expand into at least one plan
+    the rules of `screen` allow, with their coarse bounds."""
+    sched_opts, _, zero_opts, sp_opts = table.options
+    sched = np.asarray(sched_opts, dtype=np.int64)
+    sizes = table.pair_start[subset + 1] - table.pair_start[subset]
+    first = np.cumsum(np.concatenate([[0], sizes[:-1]]))  # where each grid's pairs start in `rows`
+    rows = np.repeat(table.pair_start[subset] - first, sizes) + np.arange(sizes.sum())
+    gi, mb = table.pair_grid[rows], table.pair_micro_batch[rows]
+    counts, placed = table.counts, table.placed
+    runs = table.runs.copy()
     per_schedule = counts // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one micro-batch
+    n_placed_grid = placed.sum(axis=0)
     if screen is not None:
         # the rules that do not read the micro-batch size once per (grid, schedule), the others per pair
-        sizes = np.bincount(gi, minlength=len(grids))
-        f, si = np.nonzero(runs & (sizes > 0)[:, None])
+        f, si = np.nonzero(runs[subset])
+        f = subset[f]
         cols = {name: grids[f, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
         cols.update(schedule=sched[si, 0], virtual_stages=sched[si, 1])
-        runs[f, si] = screen(cols, (per_schedule * sizes * placed.sum(axis=0))[f], "grid")
+        weights = (per_schedule * n_placed_grid)[f] * (table.pair_start[f + 1] - table.pair_start[f])
+        runs[f, si] = screen(cols, weights, "grid")
     allowed = runs[gi]  # (pairs, s)
-    n_placed = placed[:, gi].sum(axis=0)
+    n_placed = n_placed_grid[gi]
     if screen is not None:
         f, si = np.nonzero(allowed)
         cols = {name: grids[gi[f], j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
@@ -135,10 +187,11 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     v_max = np.max(np.where(allowed, v[None, :], 1), axis=1)
     z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
     reps = _representatives(grids, gi, mb, z_max)
-    bound = blocks_bound_s(model, cluster, training, reps, v_max, [bool(x) for x in sp_opts])
+    bound = (blocks_bound_s(model, cluster, training, reps, v_max, [bool(x) for x in sp_opts]) if len(gi)
+             else np.zeros(0))
     return Pairs(grid=gi, micro_batch=mb, plans=per_schedule[gi] * allowed.sum(axis=1), placements=n_placed,
                  bound_s=bound, max_virtual=v_max, max_zero=z_max, schedules=allowed, placed=placed,
-                 options=lists)
+                 options=table.options)
 
 
 def _representatives(grids: np.ndarray, gi: np.ndarray, mb: np.ndarray, zero: np.ndarray) -> PlanArrays:

@@ -29,7 +29,7 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
-from tuner.families import BOUND_SLACK, Families, expand, families, pairs
+from tuner.families import BOUND_SLACK, expand, families, grid_table, pairs
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -115,9 +115,10 @@ KEY_COLUMNS = (*GRID_COLUMNS, *EXPERT_COLUMNS, "micro_batch_size", "schedule", "
                "zero_stage", "sequence_parallel")
 """Columns that, after the time and the placement, order plans of exactly equal time: the ranking does
 not depend on the order plans were scored in, so a pruned and an exhaustive search agree."""
+FIRST_GRIDS = 500
+"""Grids expanded into (grid, micro-batch size) pairs in the first round; each later round doubles."""
 FIRST_PAIRS = 1_000
-"""(grid, micro-batch size) pairs refined before anything is scored: the most promising by their
-coarse bound. After the first chunk sets a k-th best time, every pair that can still beat it is."""
+"""Pairs refined into families in the first round; each later round doubles."""
 FIRST_CHUNK_PLANS = 5_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
 BOUND_CHUNK_PLANS = 40_000
@@ -319,17 +320,48 @@ def _exhaustive(model: Model, cluster: Cluster, training: Training, options: Sea
     return _Outcome(evaluated=evaluated, valid=valid)
 
 
+class _Pool:
+    """Items (pairs or families) of several batches, each with a lower bound, not yet expanded."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+        self.bound = np.zeros(0)
+        self.done = np.zeros(0, dtype=bool)
+        self.at = np.zeros((0, 2), dtype=np.int64)  # (batch, row)
+
+    def add(self, batch, bounds: np.ndarray) -> None:
+        self.batches.append(batch)
+        self.bound = np.concatenate([self.bound, bounds])
+        self.done = np.concatenate([self.done, np.zeros(len(bounds), dtype=bool)])
+        rows = np.arange(len(bounds))
+        which = np.full(len(rows), len(self.batches) - 1)
+        self.at = np.concatenate([self.at, np.stack([which, rows], axis=1)])
+
+    def open(self, limit: float) -> np.ndarray:
+        """Items that may still hold a winner, cheapest bound first."""
+        idx = np.flatnonzero(~self.done & (self.bound * (1.0 - BOUND_SLACK) <= limit))
+        return idx[np.argsort(self.bound[idx], kind="stable")]
+
+    def take(self, idx: np.ndarray) -> list[tuple[object, np.ndarray]]:
+        """Mark `idx` expanded; (batch, its rows) for each batch they come from."""
+        self.done[idx] = True
+        return [(self.batches[b], self.at[idx][self.at[idx, 0] == b, 1]) for b in np.unique(self.at[idx, 0])]
+
+
 def _bounded(model: Model, cluster: Cluster, training: Training, options: SearchOptions, grids: np.ndarray,
              orders: list[tuple[str, ...]], pruned: _Pruned, best: _Best, t0: float) -> _Outcome:
-    """Branch and bound over families of plans (`tuner.families`):
+    """Best-first branch and bound over three levels (`tuner.families`, `perfmodels.bounds`):
 
-    1. every (grid, micro-batch size) pair gets a coarse bound that holds for all its families;
-    2. pairs whose coarse bound does not exceed the k-th best time found so far (all of them, until
-       a first batch has been scored) are refined into families with finer time and memory bounds;
-    3. families are scored cheapest bound first, each only in the parts that may fit and win
-       (`tuner.families.expand`), in chunks; after each chunk the k-th best time can only fall.
-    It ends when no unscored family and no unrefined pair has a bound at or below the k-th best
-    time: everything left is proved unable to enter the top list. Or when the time budget runs out."""
+    - a grid has the coarsest bound (any micro-batch size, placement and option);
+    - a (grid, micro-batch size) pair, a bound for any placement and option, once its grid is
+      expanded (the schedule rules applied on the way);
+    - a family (the pair under one placement) has bounds on time per recomputation and
+      sequence-parallel setting and on memory per ZeRO stage as well, once its pair is refined;
+      families are scored, each only in the parts that may fit and win (`tuner.families.expand`).
+    Each round works on whichever level holds the cheapest open bound; expanding a level only raises
+    bounds, and scoring only lowers the k-th best time (`_Best.threshold`). It ends when no grid, pair
+    or family has a bound at or below that time: everything left is proved unable to change the
+    answer. Or when the time budget runs out."""
     screened = [0]
 
     def screen(cols: dict[str, np.ndarray], weights: np.ndarray, level: str) -> np.ndarray:
@@ -340,69 +372,60 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
         screened[0] += int(weights[~ok].sum())
         return ok
 
-    pr = pairs(model, cluster, training, grids, options, orders, screen)
-    by_pair = np.argsort(pr.bound_s, kind="stable")
-    pair_bounds = pr.bound_s[by_pair] * (1.0 - BOUND_SLACK)
-    total = int((pr.plans * pr.placements).sum()) + screened[0]
-    pool: list[Families] = []
-    pool_bound = np.zeros(0)
-    pool_done = np.zeros(0, dtype=bool)
-    pool_at = np.zeros((0, 2), dtype=np.int64)  # (which Families, row)
-    refined = 0
+    table = grid_table(model, cluster, training, grids, options, orders)
+    by_grid = np.argsort(table.bound_s, kind="stable")
+    grid_bounds = table.bound_s[by_grid] * (1.0 - BOUND_SLACK)
+    pair_pool, family_pool = _Pool(), _Pool()
+    expanded = 0  # grids expanded into pairs, in `by_grid` order
     evaluated = valid = 0
     memory_skipped = time_skipped = 0
-    batch = FIRST_PAIRS
+    grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
     while True:
         limit = best.threshold()
-        reach = int(np.searchsorted(pair_bounds, limit, side="right"))  # pairs that may hold a winner
-        open_ = np.flatnonzero(~pool_done & (pool_bound * (1.0 - BOUND_SLACK) <= limit))
-        if not len(open_) and refined >= reach:
+        reach = int(np.searchsorted(grid_bounds, limit, side="right"))
+        open_pairs, open_families = pair_pool.open(limit), family_pool.open(limit)
+        next_grid = grid_bounds[expanded] if expanded < reach else np.inf
+        next_pair = pair_pool.bound[open_pairs[0]] if len(open_pairs) else np.inf
+        next_family = family_pool.bound[open_families[0]] if len(open_families) else np.inf
+        if not np.isfinite(min(next_grid, next_pair, next_family)):
             break
-        # best first: refine more pairs while the next one's coarse bound is below every open family's
-        if refined < reach and (not len(open_) or pair_bounds[refined] < pool_bound[open_].min()):
-            upto = min(reach, refined + batch)
-            batch *= 2  # each refinement costs a fixed overhead: fewer, larger ones as the search goes on
-            fam = families(model, cluster, training, grids, pr, by_pair[refined:upto], orders)
-            memory_skipped += fam.out_of_memory
-            refined = upto
-            pool.append(fam)
-            pool_bound = np.concatenate([pool_bound, fam.bound_s])
-            pool_done = np.concatenate([pool_done, np.zeros(len(fam.bound_s), dtype=bool)])
-            rows = np.arange(len(fam.bound_s))
-            pool_at = np.concatenate([pool_at, np.stack([np.full(len(rows), len(pool) - 1), rows], axis=1)])
-            continue
-        size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS
-        open_ = open_[np.argsort(pool_bound[open_], kind="stable")]
-        chunk = open_[: max(1, int(np.searchsorted(np.cumsum(_plans_of(pool, pool_at, open_)), size,
-                                                  side="right")))]
-        pool_done[chunk] = True
-        for f in np.unique(pool_at[chunk, 0]):
-            part = expand(pool[f], pool_at[chunk][pool_at[chunk, 0] == f, 1], grids, limit)
-            memory_skipped += part.skipped_memory
-            time_skipped += part.skipped_time
-            if part.columns is None:
-                continue
-            evaluated += len(part.columns["G_data"])
-            valid += _score(model, cluster, training, options, part.columns, part.order_index, orders, pruned,
-                            best, level="options")
-        if time.perf_counter() - t0 > options.time_budget_s:
-            rest = total - evaluated - screened[0] - memory_skipped - time_skipped
+        if next_grid <= min(next_pair, next_family):
+            upto = min(reach, expanded + grid_batch)
+            grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
+            pr = pairs(model, cluster, training, grids, table, by_grid[expanded:upto], screen)
+            expanded = upto
+            pair_pool.add(pr, pr.bound_s)
+        elif next_pair <= next_family:
+            for pr, rows in pair_pool.take(open_pairs[:pair_batch]):
+                fam = families(model, cluster, training, grids, pr, rows, orders)
+                memory_skipped += fam.out_of_memory
+                family_pool.add(fam, fam.bound_s)
+            pair_batch *= 2
+        else:
+            size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS
+            plans = np.zeros(len(open_families), dtype=np.int64)
+            for b in np.unique(family_pool.at[open_families, 0]):
+                mine = family_pool.at[open_families, 0] == b
+                plans[mine] = family_pool.batches[b].plans[family_pool.at[open_families[mine], 1]]
+            chunk = open_families[: max(1, int(np.searchsorted(np.cumsum(plans), size, side="right")))]
+            for fam, rows in family_pool.take(chunk):
+                part = expand(fam, rows, grids, limit)
+                memory_skipped += part.skipped_memory
+                time_skipped += part.skipped_time
+                if part.columns is None:
+                    continue
+                evaluated += len(part.columns["G_data"])
+                valid += _score(model, cluster, training, options, part.columns, part.order_index, orders,
+                                pruned, best, level="options")
+        # the budget stops the search once it has an answer to give (its first scored chunk)
+        if best.rows and time.perf_counter() - t0 > options.time_budget_s:
+            rest = table.total_plans - evaluated - screened[0] - memory_skipped - time_skipped
             if rest > 0:
                 return _Outcome(evaluated=evaluated + screened[0], valid=valid, truncated=True, skipped=rest,
                                 proved_memory=memory_skipped, proved_time=time_skipped)
     evaluated += screened[0]
     return _Outcome(evaluated=evaluated, valid=valid, proved_memory=memory_skipped,
-                    proved_time=total - evaluated - memory_skipped)
-
-
-def _plans_of(pool: list[Families], at: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Plan counts of the pooled families `index` (rows of `at`: which Families, row)."""
-    out = np.zeros(len(index), dtype=np.int64)
-    sel = at[index]
-    for f in np.unique(sel[:, 0]):
-        mine = sel[:, 0] == f
-        out[mine] = pool[f].plans[sel[mine, 1]]
-    return out
+                    proved_time=table.total_plans - evaluated - memory_skipped)
 
 
 def complete_order(partial: tuple[str, ...], axes: tuple[str, ...] = AXES) -> tuple[str, ...]:
