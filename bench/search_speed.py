@@ -1,71 +1,154 @@
-"""How fast is the full layout search? Prints the README's search-speed figures.
+"""How fast is the layout search, against a baseline commit, and is its answer the exhaustive one?
 
-    .venv/bin/python bench/search_speed.py [--repeats 3]
+    .venv/bin/python bench/search_speed.py [--baseline 7d17dd7] [--rounds 5] [--no-exhaustive]
 
-For GPT-3 175B on 64, 1,024, 16,384 and 65,536 GPUs (Selene) and Llama-3 405B on 16,384 (Eos):
-median in-process wall time of `tuner.recommend` over the whole space, plans evaluated, and the
-wall time of the whole `gridtune recommend --json` command (process start included).
-Targets: 16,384 GPUs under 1 s in-process and under 2 s for the command; 65,536 under 5 s.
+For each case (GPT-3 175B on 1,024 and 16,384 Selene GPUs, Llama-3 405B on 16,384 Eos GPUs, and the
+mixture of experts DeepSeek-V3 on 16,384 Eos GPUs):
+
+- in-process wall time of `tuner.recommend` (top 10), median over `--rounds` rounds; each round runs
+  the baseline commit and this tree one after the other (alternately, on the same machine), each in
+  a fresh interpreter that warms up with one search and times the median of three;
+- the speed-up (baseline / this tree);
+- whether the default search's top 10 (plans, predicted times to the last bit, merged placements and
+  ZeRO stages) is the exhaustive search's (`SearchOptions(exhaustive=True)`), and how many plans each
+  scored, checked, and proved out;
+- the whole `gridtune recommend --json` command (process start included), median of `--rounds`.
+
+The baseline is checked out into a temporary `git worktree` (removed at the end). Cases the
+baseline cannot express (a mixture of experts before the MoE work) show "-".
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfmodels import presets  # noqa: E402
-from perfmodels.specs import Training  # noqa: E402
-from tuner import recommend  # noqa: E402
-
 CASES = [
-    ("gpt3-175b", "selene", 64, 1536),
     ("gpt3-175b", "selene", 1024, 1536),
     ("gpt3-175b", "selene", 16384, 1536),
-    ("gpt3-175b", "selene", 65536, 1536),
     ("llama3-405b", "eos", 16384, 2048),
+    ("deepseek-v3", "eos", 16384, 8192),
 ]
+
+TIMER = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from perfmodels import presets
+from perfmodels.specs import Training
+from tuner import recommend
+try:
+    model = presets.model(sys.argv[2])
+except Exception as exc:
+    print(json.dumps({"error": str(exc)}))
+    raise SystemExit(0)
+cluster = presets.cluster(sys.argv[3], int(sys.argv[4]))
+training = Training(global_batch_size=int(sys.argv[5]))
+recommend(model, cluster, training, top_k=10)
+times = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    rec = recommend(model, cluster, training, top_k=10)
+    times.append(time.perf_counter() - t0)
+print(json.dumps({"s": statistics.median(times), "complete": getattr(rec, "complete", True),
+                  "best_s": rec.best.prediction.iteration_time_s}))
+"""
+
+
+def time_tree(tree: Path, case: tuple) -> dict:
+    out = subprocess.run([sys.executable, "-c", TIMER, str(tree), *map(str, case)], capture_output=True,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if out.returncode != 0:
+        raise SystemExit(f"timing {case} in {tree} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def same_as_exhaustive(case: tuple) -> str:
+    from perfmodels import presets
+    from perfmodels.specs import Training
+    from tuner import SearchOptions, recommend
+
+    model_name, cluster_name, gpus, batch = case
+    model, cluster = presets.model(model_name), presets.cluster(cluster_name, gpus)
+    training = Training(global_batch_size=batch)
+    bounded = recommend(model, cluster, training, top_k=10)
+    t0 = time.perf_counter()
+    everything = SearchOptions(exhaustive=True, time_budget_s=600)
+    full = recommend(model, cluster, training, top_k=10, search=everything)
+    full_s = time.perf_counter() - t0
+
+    def rows(rec):
+        return [(c.plan, c.prediction.iteration_time_s, c.equivalent_placements, c.equivalent_zero_stages)
+                for c in rec.candidates]
+
+    same = rows(bounded) == rows(full) and full.complete
+    return (f"{'yes' if same else 'NO'} (scored {bounded.num_valid:,} of the exhaustive {full.num_valid:,}; "
+            f"checked {bounded.num_evaluated:,}, proved out {bounded.num_proved_slower:,}; exhaustive "
+            f"{full_s:.1f} s)")
+
+
+def cli_seconds(case: tuple, rounds: int) -> float:
+    gridtune = str(Path(sys.executable).with_name("gridtune"))
+    model_name, cluster_name, gpus, batch = case
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        command = [gridtune, "recommend", "--model", model_name, "--cluster", cluster_name, "--gpus",
+                   str(gpus), "--global-batch-size", str(batch), "--json"]
+        out = subprocess.run(command, capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if out.returncode != 0:
+            raise SystemExit(out.stderr)
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline", default="7d17dd7", help="git ref to compare with (default 7d17dd7)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-exhaustive", action="store_true", help="skip the exhaustive comparison (slow)")
     args = ap.parse_args(argv)
-    recommend(
-        presets.model("gpt2-small"), presets.cluster("selene", 8), Training(global_batch_size=64)
-    )  # warm
-    gridtune = str(Path(sys.executable).with_name("gridtune"))
-    print(f"{'model':<12} {'GPUs':>6} {'plans evaluated':>16} {'valid':>10} {'in-process s':>13} "
-          f"{'CLI --json s':>13} {'plans/s':>12}  best")
-    for model_name, cluster_name, gpus, batch in CASES:
-        model, cluster = presets.model(model_name), presets.cluster(cluster_name, gpus)
-        training = Training(global_batch_size=batch)
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            rec = recommend(model, cluster, training, top_k=10)
-            times.append(time.perf_counter() - t0)
-        cli = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            out = subprocess.run([gridtune, "recommend", "--model", model_name, "--cluster", cluster_name,
-                                  "--gpus", str(gpus), "--global-batch-size", str(batch), "--json"],
-                                 capture_output=True, text=True)
-            cli.append(time.perf_counter() - t0)
-            if out.returncode != 0:
-                raise SystemExit(out.stderr)
-        med = statistics.median(times)
-        b = rec.best.plan
-        print(f"{model_name:<12} {gpus:>6} {rec.num_evaluated:>16,} {rec.num_valid:>10,} {med:>13.3f} "
-              f"{statistics.median(cli):>13.3f} {rec.num_evaluated / med:>12,.0f}  "
-              f"{b.G_data}x{b.G_inter}x{b.G_intra_d}x{b.G_intra_r}x{b.G_intra_c} mb{b.micro_batch_size} "
-              f"{rec.best.prediction.iteration_time_s:.2f}s/step")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="gridtune-baseline-") as tmp:
+        base = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline],
+                       check=True, capture_output=True)
+        try:
+            samples: dict[tuple, dict[str, list]] = {case: {"base": [], "this": []} for case in CASES}
+            for _ in range(args.rounds):
+                for case in CASES:
+                    for which, tree in (("base", base), ("this", ROOT)):
+                        samples[case][which].append(time_tree(tree, case))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                           capture_output=True)
+    print(f"baseline {args.baseline}, this tree {head}; in-process medians over {args.rounds} alternating "
+          "rounds")
+    print(f"{'case':<28} {'baseline s':>11} {'this s':>9} {'speed-up':>9} {'CLI --json s':>13}  "
+          "same top 10 as exhaustive")
+    this_s = {}
+    for case in CASES:
+        base_runs = [r for r in samples[case]["base"] if "s" in r]
+        this = statistics.median(r["s"] for r in samples[case]["this"])
+        this_s[case] = this
+        base = statistics.median(r["s"] for r in base_runs) if base_runs else None
+        ratio = f"{base / this:>8.1f}x" if base else f"{'-':>9}"
+        label = f"{case[0]} @{case[2]:,}"
+        same = "-" if args.no_exhaustive else same_as_exhaustive(case)
+        print(f"{label:<28} {base if base else float('nan'):>11.3f} {this:>9.3f} {ratio} "
+              f"{cli_seconds(case, args.rounds):>13.3f}  {same}")
+    moe, dense = this_s[CASES[3]], this_s[CASES[1]]
+    print(f"DeepSeek-V3 / GPT-3 175B at 16,384 GPUs (this tree): {moe / dense:.1f}x")
     return 0
 
 
