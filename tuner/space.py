@@ -17,6 +17,7 @@ divide a pipeline stage's ranks (pinned values are kept, so a rule can say why t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,7 +53,13 @@ def divisors(n: int) -> list[int]:
 
 
 def factorizations(n: int, parts: int = 5) -> np.ndarray:
-    """All ordered `parts`-tuples of positive integers whose product is n, shape (k, parts)."""
+    """All ordered `parts`-tuples of positive integers whose product is n, shape (k, parts), read-only
+    (kept between calls: a service worker answers many questions about the same GPU counts)."""
+    return _factorizations(int(n), int(parts))
+
+
+@functools.lru_cache(maxsize=64)
+def _factorizations(n: int, parts: int) -> np.ndarray:
     divs = divisors(n)
     out: list[tuple[int, ...]] = []
 
@@ -67,7 +74,9 @@ def factorizations(n: int, parts: int = 5) -> np.ndarray:
                 rec((*prefix, d), rest // d)
 
     rec((), n)
-    return np.asarray(out, dtype=np.int64).reshape(-1, parts)
+    table = np.asarray(out, dtype=np.int64).reshape(-1, parts)
+    table.setflags(write=False)
+    return table
 
 
 MEGATRON_ORDER = ("col", "row", "cp", "depth", "data", "inter")
