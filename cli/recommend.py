@@ -245,10 +245,10 @@ def print_recommendation(rec: Recommendation, title: str) -> None:
         )
     console.print(table)
     scope = "" if rec.complete else f" (PARTIAL: {rec.num_not_evaluated:,} not evaluated)"
-    proved = (f"; {rec.num_proved_slower:,} more proved unable to enter the top list by lower bounds"
+    proved = (f", proved {rec.num_proved_slower:,} more unable to enter the top list (lower bounds)"
               if rec.num_proved_slower else "")
     console.print(
-        f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid, scored){proved} in "
+        f"evaluated {rec.num_evaluated:,} plans ({rec.num_valid:,} valid, scored){proved}, in "
         f"{rec.search_time_s:.2f} s{scope}; constants: {rec.constants_source}"
     )
     if rec.explanation:

@@ -346,6 +346,23 @@ def test_recommend_gpt3_on_1024_gpus(client):
     assert best["zero_stage"] in (0, 1)
 
 
+def test_recommend_bounded_and_exhaustive_agree_and_say_what_was_proved(client):
+    """The default search proves most of the space out; search.exhaustive scores all of it: the same
+    candidates with the same predicted times either way."""
+    bounded = client.post("/v1/recommend", json=examples.RECOMMEND).json()
+    body = {**examples.RECOMMEND, "search": {**examples.RECOMMEND["search"], "exhaustive": True}}
+    r = client.post("/v1/recommend", json=body)
+    assert r.status_code == 200, r.text
+    full = r.json()
+    assert full["exhaustive"] is True and full["num_proved_slower"] == 0
+    assert bounded["exhaustive"] is False and bounded["num_proved_slower"] > bounded["num_valid"]
+    assert bounded["num_evaluated"] + bounded["num_proved_slower"] == full["num_evaluated"]
+    assert [(c["plan"], c["prediction"]["iteration_time_s"]) for c in bounded["candidates"]] == [
+        (c["plan"], c["prediction"]["iteration_time_s"]) for c in full["candidates"]]
+    bad = {**examples.RECOMMEND, "search": {"exhaustive": "sometimes"}}
+    assert "search.exhaustive" in _msgs(client.post("/v1/recommend", json=bad))
+
+
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
