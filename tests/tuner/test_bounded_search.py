@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 
 from perfmodels import presets
-from perfmodels.bounds import blocks_bound_s, bound_parts, lower_bound_s, memory_bound
+from perfmodels.bounds import (
+    blocks_bound_s,
+    bound_parts,
+    grid_bound_s,
+    lower_bound_s,
+    memory_bound,
+    with_options,
+)
 from perfmodels.plans import from_columns
 from perfmodels.specs import Profile, Training
 from perfmodels.steptime import memory_many, predict_many
@@ -82,6 +89,12 @@ def test_bounds_never_exceed_the_prediction(name):
         v = np.where(arrays.schedule == 2, arrays.virtual_stages, 1)
         coarse = blocks_bound_s(model, cluster, training, arrays, v, [False, True])
         assert (coarse <= batch.iteration_time_s * (1 + 1e-9)).all()
+        # the grid's bound, over the smallest and largest micro-batch sizes its replicas can take
+        per_replica = training.global_batch_size // (arrays.G_data * arrays.G_intra_d)
+        largest = np.max([np.where(per_replica % b == 0, b, 1) for b in range(1, 65)], axis=0)
+        grid = grid_bound_s(model, cluster, training, with_options(arrays, micro_batch_size=1),
+                            with_options(arrays, micro_batch_size=largest), v, [False, True])
+        assert (grid <= batch.iteration_time_s * (1 + 1e-9)).all()
         for rc in np.unique(arrays.recompute):
             for sp in np.unique(arrays.sequence_parallel):
                 idx = np.flatnonzero((arrays.recompute == rc) & (arrays.sequence_parallel == sp))
