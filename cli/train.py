@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--topk", type=int, default=2, help="--example moe: experts per token (default 2)")
     p.add_argument("--ep", type=int, default=None,
                    help="--example moe: expert-parallel ranks G_ep (default: the plan's, else 1)")
+    p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+                   help="ZeRO's CPU offload: optimizer shards, gradients and state in host memory "
+                        "(optimizer), parameter shards too (params, zero_stage=3 only); default none")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--auto", action="store_true", help="let the tuner pick the layout (the default)")
     mode.add_argument(
@@ -84,7 +87,7 @@ def _rank_main(rank: int, world: int, opts: dict[str, Any]) -> Any:
                    service_url=opts["service_url"], database_url=opts["database"],
                    micro_batch_size=opts["micro_batch_size"], warmup_steps=opts["warmup"],
                    record=not opts["no_store"], progress=not opts["json"],
-                   max_grad_norm=1.0, G_ep=opts["ep"] if moe else None)
+                   max_grad_norm=1.0, G_ep=opts["ep"] if moe else None, offload=opts.get("offload", "none"))
     return report if rank == 0 else None
 
 
@@ -100,6 +103,8 @@ def handle(args: argparse.Namespace) -> int:
     if plan is not None and plan.world_size != args.nproc:
         raise ValueError(f"--plan has G_data*G_inter*G_intra_d*G_intra_r*G_intra_c = {plan.world_size} "
                          f"but --nproc = {args.nproc}")
+    if args.offload == "params" and plan is not None and plan.zero_stage != 3:
+        raise ValueError(f"--offload params needs zero_stage=3 in --plan, got zero_stage={plan.zero_stage}")
     opts = {**vars(args), "plan": plan, "profile": str(args.profile) if args.profile else None}
     opts.pop("handler", None)
     from engine.launch import RankFailed

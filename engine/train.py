@@ -351,7 +351,7 @@ def engine_limits(spec: Model, plan: Plan, training: Training) -> list[str]:
 
 
 def _make_optimizer(optimizer: OptimizerFactory | type | None, net: nn.Module, zero_stage: int,
-                    grid: Any, offload: bool = False) -> torch.optim.Optimizer:
+                    grid: Any, offload: bool | str | None = False) -> torch.optim.Optimizer:
     """The optimizer over `net`'s trainable parameters; ZeRO-1/2 (engine.ZeroOptimizer) and ZeRO-3
     (engine.Zero3) wrap the same factory."""
     factory: Any = optimizer
@@ -443,7 +443,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
           loss_fn: Callable[..., torch.Tensor] | None = None, record: bool = True,
           use_calibrated: bool = True, progress: bool = True, seed: int = 0,
           max_grad_norm: float | None = None, dtype: str = "fp32", init: str = "serial",
-          offload: bool = False, reduce_dtype: str = "fp32", G_ep: int | None = None) -> TrainReport:
+          offload: bool | str | None = False, reduce_dtype: str = "fp32",
+          G_ep: int | None = None) -> TrainReport:
     """Train `model` for `steps` optimizer steps with a plan the tuner picks (auto) or `plan`.
 
     `model`: a GPTConfig, a GPT, any nn.Module (e.g. a Hugging Face transformers model: its
@@ -459,8 +460,11 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
     `init="local"` draws each rank's shards of a GPTConfig's model on the device (fast, values
     differ from GPT(cfg)); the default draws GPT(cfg)'s exact values chunk by chunk.
     The plan may use zero_stage 1 or 2 (engine.ZeroOptimizer), 3 (engine.Zero3; under a pipeline
-    each stage gathers once per step) and, for the GPT, recompute="full". `offload=True` keeps ZeRO's
-    optimizer state in host memory (ZeRO stages 1-3).
+    each stage gathers once per step) and, for the GPT, recompute="full". `offload="optimizer"` keeps
+    ZeRO's optimizer shards, their gradients and state in host memory (ZeRO stages 1-3);
+    `offload="params"` also the parameter shards between uses (ZeRO-3 only); True is the most the
+    plan's stage offloads (engine.zero.offload_mode); under zero_stage=0 nothing is sharded and
+    nothing is offloaded.
     A GPTConfig with `num_moe_experts` trains MoE MLPs (engine.moe): experts over the plan's G_ep
     (or `G_ep=` where the Plan has no such field), the automatic search keeping to layouts the
     engine's MoE runs (G_intra_c = G_intra_d = 1, ZeRO stage 0). The plan's G_cp (when the Plan
@@ -497,6 +501,10 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
     chosen = decision.plan
     _refuse_what_the_engine_cannot_run(spec, chosen, training, splittable=splittable, dtype=dtype,
                                        extra=extra)
+    if chosen.zero_stage in (1, 2) and offload == "params":  # the same on every rank: all raise together
+        raise ValueError("offload='params' needs zero_stage=3 but the plan has "
+                         f"zero_stage={chosen.zero_stage} (give plan=Plan(..., zero_stage=3) or "
+                         "offload='optimizer')")
 
     import engine
 
@@ -532,11 +540,13 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
         database_url=database_url, dtype=dtype))
 
 
-def _check_arguments(*, steps: int, warmup_steps: int, dtype: str, reduce_dtype: str, offload: bool,
-                     plan: Plan | None) -> Any:
+def _check_arguments(*, steps: int, warmup_steps: int, dtype: str, reduce_dtype: str,
+                     offload: bool | str | None, plan: Plan | None) -> Any:
     """engine.train's own arguments, checked before any collective; returns the MixedPrecision policy."""
-    if not isinstance(offload, bool):
-        raise ValueError(f"offload must be True or False, got {offload!r}")
+    from engine.zero import offload_mode
+
+    # a value no stage accepts; with a plan also the stage's own limit (offload="params": ZeRO-3)
+    offload_mode(offload, zero3=True if plan is None else plan.zero_stage == 3)
     if steps <= warmup_steps:
         raise ValueError(f"steps={steps} must be larger than warmup_steps={warmup_steps}")
     if dtype not in ("fp32", "bf16", "fp16"):

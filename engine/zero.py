@@ -30,9 +30,12 @@ the gradient memory between backward and the next backward is 1/G_data of ZeRO-1
 communication is ZeRO-1's (one reduce-scatter per step after the last micro-batch, as Megatron-Core's
 distributed optimizer does; perfmodels' `Stack.zero2_grad_reduce="per_step"`, the gridtune
 stack's). ZeRO-3 (parameters sharded too) is engine.zero3.
-`offload=True` keeps the shards, their gradients and the optimizer state in host memory (the
-optimizer step runs on the CPU; only the reduced gradient shard goes down and the updated
-parameter shard comes back up), the DeepSpeed/FSDP "CPU offload" of optimizer state.
+`offload="optimizer"` (or True) keeps the shards, their gradients and the optimizer state in host
+memory (the optimizer step runs on the CPU; only the reduced gradient shard goes down and the
+updated parameter shard comes back up), DeepSpeed's `offload_optimizer`. `offload="params"`
+(parameters kept in host memory between uses, DeepSpeed's `offload_param`) needs ZeRO-3
+(engine.Zero3): ZeRO-1/2 keep every full parameter on the device for the forward, so it is refused
+(`offload_mode`).
 `state_dict()` is this rank's (its shard of the state plus the hyperparameters); engine's
 checkpoints store the unsharded per-parameter state instead, which reloads under any grid.
 """
@@ -51,17 +54,35 @@ from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, restore_
 from engine.grid import Grid, grid_of
 
 
+def offload_mode(offload: Any, *, zero3: bool) -> str | None:
+    """The offload choice as None (nothing offloaded), "optimizer" (the optimizer's shards, their
+    gradients and its state in host memory; the step runs on the CPU) or "params" ("optimizer" plus
+    the parameter shards kept in host memory between uses; ZeRO-3 only). `True` keeps its old
+    meaning, the most the stage offloads: "params" under ZeRO-3 (its parameter shards were always
+    the optimizer's), "optimizer" under ZeRO-1/2. Raises ValueError naming the argument and value;
+    no collective, so every rank raises before any."""
+    if offload is None or offload is False or offload == "none":
+        return None
+    if offload is True:
+        return "params" if zero3 else "optimizer"
+    if isinstance(offload, str) and offload in ("optimizer", "params"):
+        if offload == "params" and not zero3:
+            raise ValueError("offload='params' needs ZeRO-3 (engine.Zero3, zero_stage=3): ZeRO-1/2 keep "
+                             "the full parameters on the device; use offload='optimizer'")
+        return offload
+    raise ValueError(f"offload must be False, True, 'none', 'optimizer' or 'params', got {offload!r}")
+
+
 class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
     def __init__(self, params: nn.Module | Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *,
-                 grid: Grid | None = None, stage: int = 1, offload: bool = False,
+                 grid: Grid | None = None, stage: int = 1, offload: bool | str | None = False,
                  **optimizer_kwargs: Any) -> None:
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is engine.zero3.Zero3), got {stage!r}")
-        if not isinstance(offload, bool):
-            raise ValueError(f"offload must be True or False, got {offload!r}")
-        self.stage, self.offload = stage, offload
+        self.offload = offload_mode(offload, zero3=False)  # None or "optimizer"
+        self.stage = stage
         self.grid = grid_of(params, grid)
-        self.state_device = torch.device("cpu") if offload else self.grid.device
+        self.state_device = torch.device("cpu") if self.offload else self.grid.device
         self.group = self.grid.comm_group("data")
         if isinstance(params, nn.Module):
             params = [p for p in params.parameters() if p.requires_grad]
@@ -101,6 +122,12 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         self._reduced = False
         for p in self.params:
             setattr(p, ZERO_ATTR, weakref.ref(self))
+
+    def placement(self) -> dict[str, torch.device]:
+        """Where each kind of model state lives: "params" (the full parameters the forward reads),
+        "param_shards" (the optimizer's shards), "grad_shards" and "optimizer_state"."""
+        return {"params": self.params[0].device, "param_shards": self.shards[0].device,
+                "grad_shards": self.state_device, "optimizer_state": self.state_device}
 
     @staticmethod
     def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -158,8 +185,8 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
             del flat
         for shard, (_, a, b) in zip(self.shards, self.pieces):
             piece = mine[a - self.start:b - self.start]
-            shard.grad = piece.to(self.state_device, copy=True) if len(self.pieces) > 1 or self.offload \
-                else piece
+            shard.grad = piece.to(self.state_device, copy=True) \
+                if len(self.pieces) > 1 or self.offload is not None else piece
         if self.stage == 2:
             for p in self.params:
                 p.grad = None

@@ -9,7 +9,7 @@
 The model's parameters are grouped into units (the built-in GPT: the embeddings, each block, the
 final norm with the head; any other net: each module that owns parameters). Each unit's local
 parameters are one flat vector zero-padded to a multiple of G_data; data rank i keeps the i-th
-equal segment (in host memory with `offload=True`) and the parameters hold nothing between uses.
+equal segment and the parameters hold nothing between uses.
 Per micro-batch each unit is all-gathered over data before its forward and again before its
 backward (from a hook on its outputs' gradients), and its gradient is reduce-scattered over data as
 soon as autograd has accumulated all of it (post-accumulate-grad hooks), then freed. The optimizer
@@ -37,6 +37,16 @@ accumulate in full); after its last micro-batch each unit's gradient is depth-re
 per step and unit one all-gather and one reduce-scatter, what perfmodels.traffic counts for
 zero_stage=3 with G_inter > 1 (`_grad_sync_events`) and perfmodels.memory's full-stage peak. The
 pipeline calls `begin_pipeline_step` / `end_pipeline_step` itself (engine.pipeline.run_schedule).
+
+CPU offload (`offload=`, engine.zero.offload_mode):
+- "optimizer" (DeepSpeed's `offload_optimizer` without `offload_param`): the optimizer's fp32
+  shards, their gradients and its state live in host memory and the step runs on the CPU; each
+  unit also keeps a device copy of its parameter shard (`_Unit.local`), which the all-gathers read
+  and which the step refreshes from the host shard (one shard-sized copy down per unit and step).
+- "params" or True (DeepSpeed's `offload_param` + `offload_optimizer`, FSDP's
+  `CPUOffload(offload_params=True)`): the parameter shard *is* the host shard; each gather copies
+  it to the device first, so between uses the device holds nothing of the unit.
+`placement()` says where each kind of state lives.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from engine.grads import (
     replicated_over_depth,
 )
 from engine.grid import Grid, grid_of
+from engine.zero import offload_mode
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -82,6 +93,11 @@ class _Unit:
             flat[offset:offset + n] = p.detach().reshape(-1)
             offset += n
         self.shard = nn.Parameter(flat[start:start + self.segment].to(owner.state_device, copy=True))
+        # the parameter shard the gathers read: the optimizer's own shard, or (offload="optimizer")
+        # a device copy of it refreshed after every step
+        self.local: torch.Tensor = self.shard
+        if owner.offload == "optimizer":
+            self.local = flat[start:start + self.segment].to(owner.param_device, copy=True)
         # positions of depth-replicated parameters in the flat vector (their gradients need a depth sum)
         self.rep_index: torch.Tensor | None = None
         if owner.depth_group is not None:
@@ -103,7 +119,7 @@ class _Unit:
         if self.full is not None:
             return
         with torch.no_grad():
-            full = all_gather_flat(self.shard.detach().to(self.owner.grid.device), self.owner.group)
+            full = all_gather_flat(self.local.detach().to(self.owner.grid.device), self.owner.group)
             offset = 0
             for p, n, shape in zip(self.params, self.numels, self.shapes):
                 p.data = full[offset:offset + n].view(shape)
@@ -117,8 +133,17 @@ class _Unit:
         """After materialize(): the gathered values (possibly changed by the user, a checkpoint load
         or load_state_dict) become this rank's shard again."""
         if self.materialized and self.full is not None:
-            self.shard.data.copy_(self.full[self.start:self.start + self.segment].to(self.shard.device))
+            mine = self.full[self.start:self.start + self.segment]
+            self.shard.data.copy_(mine.to(self.shard.device))
+            if self.local is not self.shard:
+                self.local.copy_(mine.to(self.local.device))
         self.materialized = False
+
+    @torch.no_grad()
+    def refresh_local(self) -> None:
+        """offload="optimizer": the stepped host shard copied into the device shard the gathers read."""
+        if self.local is not self.shard:
+            self.local.copy_(self.shard.detach().to(self.local.device))
 
     def free(self) -> None:
         self.write_back()
@@ -204,23 +229,25 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     """
 
     def __init__(self, model: nn.Module, optimizer_class: Any = torch.optim.AdamW, *,
-                 grid: Grid | None = None, offload: bool = False, hybrid_shard: int | None = None,
+                 grid: Grid | None = None, offload: bool | str | None = False,
+                 hybrid_shard: int | None = None,
                  **optimizer_kwargs: Any) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError("model must be an nn.Module (ZeRO-3 hooks its modules), "
                              f"got {type(model).__name__}")
-        if not isinstance(offload, bool):
-            raise ValueError(f"offload must be True or False, got {offload!r}")
+        mode = offload_mode(offload, zero3=True)  # None, "optimizer" or "params"
         self.grid = grid_of(model, grid)
         # under a pipeline: gathered once per step for the whole schedule (module docstring)
         self.pipelined = self.grid.size("inter") > 1
-        self.model, self.offload = model, offload
+        self.model, self.offload = model, mode
         self.group = self.grid.comm_group("data")
         self.replica_group: Any = None
         if hybrid_shard is not None:
             self.group, self.replica_group = _hybrid_groups(self.grid, hybrid_shard)
         self.depth_group = self.grid.comm_group("depth")
-        self.state_device = torch.device("cpu") if offload else self.grid.device
+        # the optimizer's shards, gradients and state; the parameter shards the gathers read
+        self.state_device = torch.device("cpu") if mode is not None else self.grid.device
+        self.param_device = torch.device("cpu") if mode == "params" else self.grid.device
         params = [p for p in model.parameters() if p.requires_grad]
         super().__init__(params, dict(optimizer_kwargs))
         self.live: dict[int, _Unit] = {}
@@ -273,12 +300,23 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         total = 0
         for unit in self.units:
             total += _nbytes(unit.shard) + _nbytes(unit.shard.grad)
+            if unit.local is not unit.shard:
+                total += _nbytes(unit.local)
             if unit.full is not None:
                 total += _nbytes(unit.full)
             total += sum(_nbytes(p.grad) for p in unit.params)
         for state in self.inner.state.values():
             total += sum(_nbytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
         return total
+
+    def placement(self) -> dict[str, torch.device]:
+        """Where each kind of model state lives between uses: "param_shards" (what the all-gathers
+        read), "optimizer_shards" (the fp32 shards the optimizer steps), "grad_shards",
+        "optimizer_state"; and "gathered" (the all-gathered units, always the compute device)."""
+        unit = self.units[0]
+        return {"param_shards": unit.local.device, "optimizer_shards": unit.shard.device,
+                "grad_shards": self.state_device, "optimizer_state": self.state_device,
+                "gathered": self.grid.device}
 
     def note_peak(self) -> None:
         self.peak_model_state_bytes = max(self.peak_model_state_bytes, self.model_state_bytes())
@@ -419,6 +457,8 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
         hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         self.inner.param_groups[0].update(hyper)
         self.inner.step()
+        for unit in self.units:  # offload="optimizer": the device shards follow the host shards
+            unit.refresh_local()
         self.note_peak()  # the optimizer state exists from the first step on
         for p in self.param_groups[0]["params"]:  # engine.sync_gradients leaves empty placeholders
             p.grad = None

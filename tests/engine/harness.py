@@ -164,12 +164,15 @@ def train_gpt(rank: int, world: int, degrees: dict[str, int], options: dict[str,
         if not zero:
             opt.step()
         losses.append(loss)
+    placement = opt.placement() if zero else None
+    separate_local = [u.local is not u.shard for u in opt.units] if stage == 3 else None
     if stage == 3:
         opt.materialize()
     state = engine.full_state_dict(model)
     return {"coords": dict(grid.coords), "losses": losses, "bytes": rec.bytes_per_group(),
             "calls": rec.calls_per_group(), "grad_norm": norm, "table": rec.table(),
-            "state": state if rank == 0 else None, "chained": chained,
+            "state": state if rank == 0 else None, "chained": chained, "placement": placement,
+            "separate_local": separate_local, "offload": getattr(opt, "offload", None),
             "prefetch_hits": sum(m.depth_prefetch_hits for m in model.modules()
                                  if isinstance(m, engine.ShardedLinear))}
 
