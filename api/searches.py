@@ -8,8 +8,9 @@ default, GRIDTUNE_SEARCH_WORKERS). The workers are forked from a `forkserver` th
 PRELOAD once (started in the background at server start-up, with the workers); each loops: receive
 a job over its pipe, run `service.run_recommend`, send back one message ("ok", "input",
 "unavailable" or "error"), wait for the next. The first search warms a worker (numpy's and the
-model's first-call costs, about half of a cold search) and it stays warm: a GPT-3 175B search on
-1,024 GPUs costs its search time plus a pipe round trip, with no process start per request.
+model's first-call costs: a cold process's first GPT-3 175B search on 1,024 GPUs took ~150 ms where
+warm ones took 55-105 ms) and it stays warm: a search costs its own time plus a pipe round trip,
+with no process start per request.
 Processes also let two searches use two cores (threads would share one GIL).
 
 The guarantees of a process per search are kept. A worker whose search overruns

@@ -2,11 +2,11 @@
 
 What it proves, with real searches in real processes: consecutive searches are answered by the same
 warm workers (no process per search); a search that overruns its limit kills exactly its worker and a
-fresh one takes its place (503); a worker that dies mid-search is replaced (503 naming it); `stop()`
-leaves no worker alive; workers whose server is killed end by themselves (EOF when idle, their alarm
-when busy). And, with searches in threads and a stand-in search, that more waiting searches than
-`max_pending` get 503 with Retry-After. (Identical concurrent questions sharing one search:
-tests/api/test_bounds_and_cache.py.)
+fresh one takes its place (503); a worker that dies mid-search is replaced (503 naming it), and so is
+one that has run its quota of searches; `stop()` leaves no worker alive; workers whose server is
+killed end by themselves (EOF when idle, their alarm when busy). And, with searches in threads and
+a stand-in search, that more waiting searches than `max_pending` get 503 with Retry-After.
+(Identical concurrent questions sharing one search: tests/api/test_bounds_and_cache.py.)
 """
 
 from __future__ import annotations
@@ -117,6 +117,23 @@ def test_the_workers_stay_the_same_across_searches_and_stop_ends_them_all():
     finally:
         runner.stop()
     assert [p for p in pids if _alive(p)] == []
+
+
+def test_a_worker_is_replaced_after_its_quota_of_searches(monkeypatch):
+    monkeypatch.setattr(searches, "WORKER_MAX_SEARCHES", 2)
+    runner = _runner(1)
+    (first,) = runner.worker_pids()
+    try:
+        assert json.loads(asyncio.run(runner.run(_job({**TINY_REC, "top_k": 1}))))["best"]
+        assert runner.worker_pids() == [first]
+        assert json.loads(asyncio.run(runner.run(_job({**TINY_REC, "top_k": 2}))))["best"]
+        (second,) = runner.worker_pids()  # its second search was its last
+        assert second != first and not _alive(first)
+        assert json.loads(asyncio.run(runner.run(_job({**TINY_REC, "top_k": 3}))))["best"]
+        assert runner.worker_pids() == [second]
+    finally:
+        runner.stop()
+    assert not _alive(second)
 
 
 def test_an_overrunning_search_kills_and_replaces_exactly_its_worker(monkeypatch):
