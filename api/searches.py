@@ -143,11 +143,13 @@ class _Worker:
         return self.conn.recv()
 
     def end(self) -> None:
-        """Kill the process (a no-op if it ended), reap it and close the pipe."""
+        """Kill the process (a no-op if it ended), reap it and close the pipe and the process handle."""
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(10)
         self.conn.close()
+        if self.proc.exitcode is not None:
+            self.proc.close()  # its sentinel now, not whenever the garbage collector runs
 
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -268,6 +270,8 @@ class WorkerPool:
                     "and was stopped; pin more of the search or ask about fewer GPUs"
                 ) from None
             except (EOFError, OSError):
+                if self.closed:
+                    raise service.Unavailable("the service is stopping; retry later") from None
                 worker.proc.join(1)
                 raise service.Unavailable(
                     f"the search process ended without an answer (exit code {worker.proc.exitcode}) "
