@@ -9,9 +9,13 @@ store, then, per route, runs N concurrent clients (default 16) in a closed loop 
     .venv/bin/python bench/service_load.py --workers 2     # two server processes
 
 The routes: `predict` (GPT-3 175B on 1,024 A100s, Megatron's 8x16x8 layout) and `recommend` (GPT-3
-175B on 1,024 GPUs, top 10). `--distinct K` cycles the clients through K different bodies (global
-batch sizes) so a cache in the server cannot answer every request from one entry; by default every
-request is the same body, as a dashboard polling one question would send.
+175B on 1,024 GPUs, top 10). `--distinct K` cycles the clients through K different bodies so a cache
+in the server cannot answer every request from one entry: the K bodies differ in their global batch
+size, and no two share one (`distinct_batches`: the 16 sizes of `BATCHES`, then their multiples,
+skipping any size already used, so every size stays a multiple of 128 and splits over 1,024 GPUs'
+data-parallel degrees; predict's are 128, 256, ...). While fewer than K requests are sent (warm-up
+ones take bodies from the far end of the list), no measured request is answered from the response
+cache. By default every request is the same body, as a dashboard polling one question would send.
 
 The clients are asyncio tasks speaking HTTP/1.1 keep-alive over raw sockets with pre-encoded
 requests, so the client side costs little CPU and the figures are the server's (on a 2-core machine
@@ -60,15 +64,30 @@ def start_server(port: int, db_url: str, workers: int) -> subprocess.Popen:
                        env=env, cwd=ROOT, probe="/healthz")
 
 
+def distinct_batches(count: int) -> list[int]:
+    """`count` different global batch sizes: BATCHES, then 2x, 3x, ... each of them, skipping the
+    sizes already taken (1536 * 3 = 2304 * 2 appears once), so all are multiples of 128."""
+    out: list[int] = []
+    seen: set[int] = set()
+    i = 0
+    while len(out) < count:
+        size = BATCHES[i % len(BATCHES)] * (1 + i // len(BATCHES))
+        i += 1
+        if size not in seen:
+            seen.add(size)
+            out.append(size)
+    return out
+
+
 def bodies(route: str, distinct: int) -> list[bytes]:
     path, body = ROUTES[route]
+    count = max(1, min(distinct, 100_000))
+    batches = distinct_batches(count) if route == "recommend" else [128 * (i + 1) for i in range(count)]
     out = []
-    for i in range(max(1, min(distinct, 100_000))):
+    for i in range(count):
         b = json.loads(json.dumps(body))
-        if distinct > 1:
-            b["training"]["global_batch_size"] = BATCHES[i % len(BATCHES)] * (1 + i // len(BATCHES))
-            if route == "predict":  # keep the plan valid: batch must split over G_data=8, 16 stages
-                b["training"]["global_batch_size"] = 128 * (i + 1)
+        if distinct > 1:  # predict's plan stays valid: 128 * n splits over G_data=8 and 16 stages
+            b["training"]["global_batch_size"] = batches[i]
         data = json.dumps(b).encode()
         head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(data)}\r\n\r\n").encode()

@@ -63,9 +63,10 @@ async def recommend(
 ) -> Any:
     """The best layouts, ranked, with predictions and the reasons others were pruned.
 
-    The search runs in its own process under a time budget (`search.time_budget_s`, capped by the
-    server; killed with a 503 when it overruns), at most a few at a time; clusters above the
-    server's GPU bound get a 422. Repeated questions are answered from a cache.
+    The search runs in a warm worker process under a time budget (`search.time_budget_s`, capped by
+    the server; the worker is killed and replaced, and the answer is a 503, when it overruns), one per
+    server CPU at a time; clusters above the server's GPU bound get a 422. Repeated questions are
+    answered from a cache.
     """
     job = service.prepare_recommend(body, profiles, settings)
     runner: SearchRunner = request.app.state.search_runner

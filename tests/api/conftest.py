@@ -12,8 +12,9 @@ API_KEY = "test-key-123"
 
 
 def make_settings(tmp_path, **overrides) -> Settings:
+    # two search workers, not one per CPU: each app a test starts forks them at start-up
     base = {"database_url": f"sqlite:///{tmp_path / 'api.db'}", "api_key": None, "max_search_time_s": 5.0,
-            "default_search_time_s": 5.0}
+            "default_search_time_s": 5.0, "search_workers": 2}
     base.update(overrides)
     return Settings(**base)
 

@@ -4,7 +4,7 @@ queue limit and time-out (503, never a pinned server), settings from the environ
 
 Most tests replace the search by a stand-in (monkeypatched `api.service.run_recommend`, with
 searches in threads so the stand-in is seen), so they do not depend on how fast the real tuner is;
-one runs a real, hopeless search in its own process and checks that the process is killed.
+one runs a real, hopeless search in a search worker process and checks that the worker is killed.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_no_request_gets_a_server_error(case):
 @SEARCH.parametrize()
 @settings(max_examples=8, **FEW)
 def test_no_search_request_gets_a_server_error(case):
-    """Schema-valid questions run real searches (each in its own process)."""
+    """Schema-valid questions run real searches (in the service's search worker processes)."""
     case.call_and_validate(checks=CHECKS, headers=HEADERS)
 
 
