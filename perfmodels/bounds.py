@@ -60,7 +60,7 @@ from perfmodels import collectives, context, experts
 from perfmodels.compute import stage_compute
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
-from perfmodels.memory import capacity_per_rank_gib, stage_memory
+from perfmodels.memory import capacity_per_rank_gib, stage_memory, unit_parts
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
 from perfmodels.specs import Cluster, Model, Training
 from perfmodels.steptime import (
@@ -254,16 +254,24 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
     host = np.zeros((len(recomputes), n))
     optimizer = np.zeros(n)
     comm: list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]] = []
+    none = RECOMPUTE_CODE["none"]
     for j, sp in enumerate(sequence_parallel):
-        for i, rc in enumerate(recomputes):
+        # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
+        # evaluation per recomputation that repeats something (and one for "none" alone)
+        evaluated = {}
+        for rc in [r for r in recomputes if r != none] or [none]:
             rep = with_options(arrays, recompute=rc, sequence_parallel=sp)
-            comp = stage_compute(model, cluster, training, rep, relaxed)
-            avg = stage_compute(model, cluster, training, rep, average)
-            compute[i, j] = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
-            bubble[i, j] = fill * (avg.fwd_s + avg.bwd_s + avg.recompute_s) * c_compute
+            evaluated[rc] = (stage_compute(model, cluster, training, rep, relaxed),
+                             stage_compute(model, cluster, training, rep, average))
+        for i, rc in enumerate(recomputes):
+            comp, avg = evaluated.get(rc, next(iter(evaluated.values())))
+            again, again_avg = (comp.recompute_s, avg.recompute_s) if rc != none else (0.0, 0.0)
+            compute[i, j] = (comp.fwd_s + comp.bwd_s + again) * c_compute
+            bubble[i, j] = fill * (avg.fwd_s + avg.bwd_s + again_avg) * c_compute
             optimizer = comp.optimizer_s * c_compute
             if j == 0:
-                host[i] = _host_seconds_per_microbatch(model, cluster, training, rep, relaxed)
+                host[i] = _host_seconds_per_microbatch(model, cluster, training,
+                                                       with_options(arrays, recompute=rc), relaxed)
         plain = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
         comm.append(_critical_comm(model, training, plain, relaxed))
     return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, bubble_s=bubble,
@@ -409,8 +417,10 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
                             position="first")
 
     states = np.zeros((len(zero_stages), n))
+    units = unit_parts(model, training, with_options(arrays, **base), first)  # the same for every ZeRO stage
     for k, z in enumerate(zero_stages):
-        mem = memory(zero_stage=z)
+        rep = with_options(arrays, **{**base, "zero_stage": z})
+        mem = stage_memory(model, cluster, training, rep, first, m, position="first", parts=units)
         states[k] = mem.params_gib + mem.grads_gib + mem.optimizer_gib
     rest = np.zeros((len(recomputes), len(sequence_parallel), n))
     for i, rc in enumerate(recomputes):

@@ -231,6 +231,12 @@ def capacity_per_rank_gib(cluster: Cluster) -> float:
     return float(cluster.gpu.memory_gib)
 
 
+def unit_parts(model: Model, training: Training, arrays: PlanArrays, st: StageShape) -> list[UnitMemory]:
+    """Each unit's memory on the stage `st` (`_unit_memory`), the part of `stage_memory` that does not
+    depend on the ZeRO stage."""
+    return [_unit_memory(model, training, arrays, unit, st) for unit in model.units]
+
+
 def _is_zero(x: np.ndarray | float) -> bool:
     return isinstance(x, float) and x == 0.0
 
@@ -285,11 +291,15 @@ def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Uni
 
 
 def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
-                 m: np.ndarray, position: str = "first") -> StageMemory:
+                 m: np.ndarray, position: str = "first",
+                 parts: list[UnitMemory] | None = None) -> StageMemory:
+    """The memory of the stage `st`. `parts`: its units' memory (`unit_parts`) when already known
+    for plans that differ from `arrays` only in their ZeRO stage (which the units' shares ignore)."""
     blocks = st.blocks.astype(np.float64)
     stack = training.effective_stack
 
-    parts = [_unit_memory(model, training, arrays, unit, st) for unit in model.units]
+    if parts is None:
+        parts = unit_parts(model, training, arrays, st)
     zero = np.zeros(len(arrays))
     local, linear_local, gathered, per_unit, act_layer, layer_input, logits = (
         sum((getattr(p, name) for p in parts if not _is_zero(getattr(p, name))), zero)
