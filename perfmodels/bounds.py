@@ -52,7 +52,7 @@ spaces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,8 +107,7 @@ class BoundParts:
 
 def with_options(arrays: PlanArrays, **columns: np.ndarray | int | bool) -> PlanArrays:
     """`arrays` with some option columns set (a family's representative row)."""
-    n = len(arrays)
-    return replace(arrays, **{k: np.broadcast_to(np.asarray(v), (n,)).copy() for k, v in columns.items()})
+    return arrays.with_columns(**columns)
 
 
 def _relaxed_stage(model: Model, arrays: PlanArrays) -> StageShape:

@@ -91,6 +91,19 @@ class PlanArrays:
         return [(order, idx) for k, order in enumerate(self.placements)
                 for idx in [np.flatnonzero(self.placement_index == k)] if len(idx)]
 
+    def with_columns(self, **columns: np.ndarray | int | bool) -> PlanArrays:
+        """These plans with some columns replaced (scalars broadcast): `dataclasses.replace` without
+        its per-field argument handling, which the search's bounds call thousands of times."""
+        out = object.__new__(PlanArrays)
+        out.__dict__.update(self.__dict__)
+        n = len(self)
+        for name, value in columns.items():
+            if name not in _ARRAY_FIELDS:
+                raise TypeError(f"PlanArrays has no column {name!r}")
+            value = np.asarray(value)
+            out.__dict__[name] = np.full(n, value) if value.ndim == 0 else value
+        return out
+
     def one_placement(self, order: tuple[str, ...]) -> PlanArrays:
         """These plans, all under `order`."""
         return replace(self, placement=order, placements=(), placement_index=None)

@@ -469,23 +469,25 @@ def _merge_placements(best: list[tuple[float, tuple, object, int]], top_k: int) 
     predicted time (to 1e-6) is folded into the first row as an equivalent placement; a plan that
     differs from a row only in its ZeRO stage with the same predicted time and memory per GPU (to 1e-6;
     e.g. ZeRO-1 and ZeRO-2 where the stack keeps full gradients either way) is folded into it as an
-    equivalent ZeRO stage. The row shows the simpler plan (the ranking breaks exact ties toward it)."""
+    equivalent ZeRO stage. The row shows the simpler plan (the ranking breaks exact ties toward it).
+    Plans are compared by their keys (`KEY_COLUMNS`); Plan objects are made only for what is shown."""
+    zero_at = 1 + KEY_COLUMNS.index("zero_stage")
     rows: list[tuple[object, list[tuple[str, ...]], list[int]]] = []
     index: dict[tuple, int] = {}
     by_zero: dict[tuple, int] = {}
     plans = []
-    for _, _key, batch, i in best:
-        plan = batch.arrays.to_plan(i)  # type: ignore[attr-defined]
+    for _, key, batch, i in best:
         seconds = float(f"{float(batch.iteration_time_s[i]):.6g}")  # type: ignore[attr-defined]
-        key = (dataclasses.replace(plan, placement=None), seconds)
-        if key in index:
-            rows[index[key]][1].append(plan.order)
+        plan_key = (key[1:], seconds)  # the plan without its placement
+        if plan_key in index:
+            rows[index[plan_key]][1].append(batch.arrays.to_plan(i).order)  # type: ignore[attr-defined]
             continue
         gib = float(f"{float(batch.memory.total_gib[i]):.6g}")  # type: ignore[attr-defined]
-        zero_key = (dataclasses.replace(plan, placement=None, zero_stage=0), seconds, gib)
+        zero_key = (key[1:zero_at] + key[zero_at + 1:], seconds, gib)  # ... and without its ZeRO stage
         if zero_key in by_zero:
             row = by_zero[zero_key]
-            index[key] = row  # its other placements fold into the same row
+            index[plan_key] = row  # its other placements fold into the same row
+            plan = batch.arrays.to_plan(i)  # type: ignore[attr-defined]
             if plan.order == plans[row].order and plan.zero_stage not in rows[row][2]:
                 rows[row][2].append(plan.zero_stage)
             elif plan.order != plans[row].order:
@@ -493,9 +495,9 @@ def _merge_placements(best: list[tuple[float, tuple, object, int]], top_k: int) 
             continue
         if len(rows) == top_k:
             continue
-        index[key] = by_zero[zero_key] = len(rows)
+        index[plan_key] = by_zero[zero_key] = len(rows)
         rows.append(((batch, i), [], []))
-        plans.append(plan)
+        plans.append(batch.arrays.to_plan(i))  # type: ignore[attr-defined]
     return [Candidate(rank=r + 1, plan=plans[r], prediction=b.prediction(i),  # type: ignore[attr-defined]
                       equivalent_placements=tuple(dict.fromkeys(eq)),
                       equivalent_zero_stages=tuple(sorted(zs)))
