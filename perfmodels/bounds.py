@@ -160,8 +160,36 @@ def _blocks_bound_one_cp(model: Model, cluster: Cluster, training: Training, arr
         rep = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
         comp = stage_compute(model, cluster, training, rep, blocks_only)
         c = (comp.fwd_s + comp.bwd_s) * c_compute
-        best = np.minimum(best, m * np.maximum(c, host) + fill * c)
+        a2a = _all_to_all_floor_s(model, cluster, training, rep, max_virtual)
+        best = np.minimum(best, m * np.maximum(c + a2a / m, host) + fill * c)
     return best
+
+
+def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                        max_virtual: np.ndarray) -> np.ndarray:
+    """Exposed seconds per step of a mixture of experts' all-to-alls that no placement avoids: of the
+    tokens a rank sends (`experts.add_events`, forward and backward, no recomputation), the share
+    (p - q) / p that must leave the node, q <= min(G_ep, GPUs per node) peers sharing it, over the
+    rank's NIC share (`collectives.all_to_all_s`), with the load imbalance; the first gather's share
+    where the stack may overlap them (an interleaved schedule). 0 for a dense model and for the
+    node-deduplicating "flex" dispatcher. m x tokens per micro-batch is the same for every
+    micro-batch size, so this holds for a whole grid too."""
+    n = len(arrays)
+    if not model.is_moe or training.moe_token_dispatcher == "flex":
+        return np.zeros(n)
+    p = arrays.G_ep.astype(np.float64)
+    q = np.minimum(p, float(cluster.gpus_per_node_used))
+    S = arrays.G_inter.astype(np.float64)
+    m = arrays.num_microbatches(training).astype(np.float64)
+    moe_layers = model.num_layers / S * model.moe_fraction
+    tokens = experts.tokens_per_rank(model, arrays)
+    per_token = model.moe_router_topk * model.hidden_size * training.bytes_per_element
+    volume = 4.0 * moe_layers * m * tokens * per_token
+    nic = cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter * 1e9
+    seconds = experts.load_imbalance(training) * volume * (p - q) / p / nic
+    overlapped = training.effective_stack.overlap_ep_comm & (np.asarray(max_virtual) > 1) & (S > 1)
+    seconds = np.where(overlapped, seconds / np.maximum(m, 1.0) * FIRST_GATHER_SHARE, seconds)
+    return seconds * _corrections(cluster)("tp_comm")
 
 
 def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
@@ -198,7 +226,9 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
 
     for sp in sequence_parallel:
         c_low, c_high = blocks_compute(low, sp), blocks_compute(high, sp)
-        best = np.minimum(best, np.maximum(m_fewest * c_high, m_fewest * host) + fill * c_low)
+        a2a = _all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
+                                  max_virtual)
+        best = np.minimum(best, np.maximum(m_fewest * c_high + a2a, m_fewest * host) + fill * c_low)
     return best
 
 
