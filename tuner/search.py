@@ -115,13 +115,13 @@ KEY_COLUMNS = (*GRID_COLUMNS, *EXPERT_COLUMNS, "micro_batch_size", "schedule", "
                "zero_stage", "sequence_parallel")
 """Columns that, after the time and the placement, order plans of exactly equal time: the ranking does
 not depend on the order plans were scored in, so a pruned and an exhaustive search agree."""
-FIRST_GRIDS = 500
+FIRST_GRIDS = 2_000
 """Grids expanded into (grid, micro-batch size) pairs in the first round; each later round doubles."""
-FIRST_PAIRS = 1_000
+FIRST_PAIRS = 2_000
 """Pairs refined into families in the first round; each later round doubles."""
-FIRST_CHUNK_PLANS = 5_000
+FIRST_CHUNK_PLANS = 10_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
-BOUND_CHUNK_PLANS = 40_000
+BOUND_CHUNK_PLANS = 80_000
 
 
 ROW_TIME_MARGIN = 2e-5
