@@ -26,7 +26,7 @@ from perfmodels.specs import Cluster, Model, Training
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
-    first_placement_mask,
+    first_placement_masks,
     micro_batch_values,
     option_lists,
     plans_per_grid,
@@ -130,8 +130,7 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     counts = plans_per_grid(grids, sched_opts, rc_opts, zero_opts, sp_opts, model.depth, uneven)
     gi, mi = np.nonzero((per_replica[:, None] % mbs[None, :] == 0) & (counts[:, None] > 0))
     mb = mbs[mi]
-    placed = np.asarray([np.ones(len(grids), bool) if p == 0 else first_placement_mask(grids, order, orders)
-                         for p, order in enumerate(orders)]).reshape(len(orders), len(grids))
+    placed = first_placement_masks(grids, orders)
     sizes = np.bincount(gi, minlength=len(grids))
     start = np.concatenate([[0], np.cumsum(sizes)])
     runs = schedule_mask(grids[:, 1], sched_opts, model.depth, uneven)

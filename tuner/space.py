@@ -190,6 +190,16 @@ def first_placement_mask(grids: np.ndarray, placement: tuple[str, ...],
     return keep
 
 
+def first_placement_masks(grids: np.ndarray, all_placements: list[tuple[str, ...]]) -> np.ndarray:
+    """(placements, grids): `first_placement_mask` of every placement, each signature computed once."""
+    sigs = [placement_signature(grids, order) for order in all_placements]
+    out = np.ones((len(all_placements), len(grids)), dtype=bool)
+    for p in range(1, len(all_placements)):
+        for q in range(p):
+            out[p] &= sigs[q] != sigs[p]
+    return out
+
+
 def expand_options(model: Model, training: Training, grids: np.ndarray, options: SearchOptions,
                    placement: tuple[str, ...], all_placements: list[tuple[str, ...]]) -> Iterator[Expansion]:
     """Yield the option combinations of the surviving grids, chunked by micro-batch size.
