@@ -134,35 +134,7 @@ def blocks_bound_s(model: Model, cluster: Cluster, training: Training, arrays: P
     """Seconds per step no plan of each (grid, micro-batch size) row of `arrays` can beat, under any
     placement, recomputation, ZeRO stage or schedule (see the module docstring), the smallest over
     the `sequence_parallel` settings."""
-    cluster, training = apply_constants(cluster, training)
-    out = np.zeros(len(arrays))
-    for cp in np.unique(arrays.G_cp):
-        idx = np.flatnonzero(arrays.G_cp == cp)
-        model_v, training_v, part = context.view(model, training, arrays.take(idx), int(cp))
-        out[idx] = _blocks_bound_one_cp(model_v, cluster, training_v, part, max_virtual[idx],
-                                        sequence_parallel)
-    return out
-
-
-def _blocks_bound_one_cp(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                         max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
-    n = len(arrays)
-    S = arrays.G_inter.astype(np.float64)
-    blocks_only = StageShape(blocks=model.num_layers / S, has_embedding=np.zeros(n, bool),
-                             has_head=np.zeros(n, bool), is_first=S == 1, is_last=np.ones(n, bool))
-    m = arrays.num_microbatches(training).astype(np.float64)
-    host = _host_seconds_per_microbatch(model, cluster, training, with_options(
-        arrays, recompute=RECOMPUTE_CODE["none"]), _relaxed_stage(model, arrays))
-    c_compute = _corrections(cluster)("compute")
-    fill = (S - 1.0) / np.maximum(max_virtual, 1).astype(np.float64)
-    best = np.full(n, np.inf)
-    for sp in sequence_parallel:
-        rep = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
-        comp = stage_compute(model, cluster, training, rep, blocks_only)
-        c = (comp.fwd_s + comp.bwd_s) * c_compute
-        a2a = _all_to_all_floor_s(model, cluster, training, rep, max_virtual)
-        best = np.minimum(best, m * np.maximum(c + a2a / m, host) + fill * c)
-    return best
+    return grid_bound_s(model, cluster, training, arrays, arrays, max_virtual, sequence_parallel)
 
 
 def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -195,13 +167,14 @@ def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arra
 def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
                  largest: PlanArrays, max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
     """Seconds per step no plan of each grid can beat, under any micro-batch size between the
-    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring)."""
+    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring).
+    With `largest` the same object as `smallest`: the bound of that one micro-batch size."""
     cluster, training = apply_constants(cluster, training)
     out = np.zeros(len(smallest))
     for cp in np.unique(smallest.G_cp):
         idx = np.flatnonzero(smallest.G_cp == cp)
-        views = [context.view(model, training, arrays.take(idx), int(cp)) for arrays in (smallest, largest)]
-        (model_v, training_v, low), (_, _, high) = views
+        model_v, training_v, low = context.view(model, training, smallest.take(idx), int(cp))
+        high = low if largest is smallest else context.view(model, training, largest.take(idx), int(cp))[2]
         out[idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx],
                                       sequence_parallel)
     return out
@@ -225,7 +198,8 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
         return (comp.fwd_s + comp.bwd_s) * c_compute
 
     for sp in sequence_parallel:
-        c_low, c_high = blocks_compute(low, sp), blocks_compute(high, sp)
+        c_low = blocks_compute(low, sp)
+        c_high = c_low if high is low else blocks_compute(high, sp)
         a2a = _all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
                                   max_virtual)
         best = np.minimum(best, np.maximum(m_fewest * c_high + a2a, m_fewest * host) + fill * c_low)

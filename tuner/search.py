@@ -167,28 +167,40 @@ class _Best:
         self._limit = None
 
 
-def _row_times(best: list[tuple[float, tuple, object, int]], top_k: int) -> list[float]:
-    """The ranking time of the first entry of each of the first `top_k` rows `_merge_placements`
-    makes of `best`, by the same folding rules, from the entries' keys (no Plan objects)."""
+def _fold_rows(best: list[tuple[float, tuple, object, int]], top_k: int
+               ) -> tuple[list[int], list[tuple[int, int, str]]]:
+    """The rows `_merge_placements` makes of `best`, from the entries' keys (no Plan objects): the
+    entry heading each of the first `top_k` rows, and each later entry folded into a row, in order, as
+    (row, entry, "placement" | "zero"). A plan seen again with the same predicted time (to 6 digits)
+    folds into its row as another placement; one that differs from a row only in its ZeRO stage, with
+    the same time and memory per GPU, folds into it as another ZeRO stage."""
     zero_at = 1 + KEY_COLUMNS.index("zero_stage")
     index: dict[tuple, int] = {}
     by_zero: dict[tuple, int] = {}
-    times: list[float] = []
-    for t, key, batch, i in best:
+    heads: list[int] = []
+    folds: list[tuple[int, int, str]] = []
+    for e, (_, key, batch, i) in enumerate(best):
         seconds = float(f"{float(batch.iteration_time_s[i]):.6g}")  # type: ignore[attr-defined]
-        plan_key = (key[1:], seconds)
+        plan_key = (key[1:], seconds)  # the plan without its placement
         if plan_key in index:
+            folds.append((index[plan_key], e, "placement"))
             continue
         gib = float(f"{float(batch.memory.total_gib[i]):.6g}")  # type: ignore[attr-defined]
-        zero_key = (key[1:zero_at] + key[zero_at + 1:], seconds, gib)
+        zero_key = (key[1:zero_at] + key[zero_at + 1:], seconds, gib)  # ... and without its ZeRO stage
         if zero_key in by_zero:
-            index[plan_key] = by_zero[zero_key]
+            index[plan_key] = by_zero[zero_key]  # its other placements fold into the same row
+            folds.append((by_zero[zero_key], e, "zero"))
             continue
-        if len(times) == top_k:
+        if len(heads) == top_k:
             continue
-        index[plan_key] = by_zero[zero_key] = len(times)
-        times.append(t)
-    return times
+        index[plan_key] = by_zero[zero_key] = len(heads)
+        heads.append(e)
+    return heads, folds
+
+
+def _row_times(best: list[tuple[float, tuple, object, int]], top_k: int) -> list[float]:
+    """The ranking time of the first entry of each of the first `top_k` rows (`_fold_rows`)."""
+    return [best[e][0] for e in _fold_rows(best, top_k)[0]]
 
 
 def _score(model: Model, cluster: Cluster, training: Training, options: SearchOptions, cols: C.Columns,
@@ -465,43 +477,31 @@ def stack_placements(training: Training, orders: list[tuple[str, ...]], *, pinne
 
 
 def _merge_placements(best: list[tuple[float, tuple, object, int]], top_k: int) -> list[Candidate]:
-    """The `top_k` fastest distinct plans. A plan seen again under another placement with the same
-    predicted time (to 1e-6) is folded into the first row as an equivalent placement; a plan that
-    differs from a row only in its ZeRO stage with the same predicted time and memory per GPU (to 1e-6;
-    e.g. ZeRO-1 and ZeRO-2 where the stack keeps full gradients either way) is folded into it as an
-    equivalent ZeRO stage. The row shows the simpler plan (the ranking breaks exact ties toward it).
-    Plans are compared by their keys (`KEY_COLUMNS`); Plan objects are made only for what is shown."""
-    zero_at = 1 + KEY_COLUMNS.index("zero_stage")
-    rows: list[tuple[object, list[tuple[str, ...]], list[int]]] = []
-    index: dict[tuple, int] = {}
-    by_zero: dict[tuple, int] = {}
-    plans = []
-    for _, key, batch, i in best:
-        seconds = float(f"{float(batch.iteration_time_s[i]):.6g}")  # type: ignore[attr-defined]
-        plan_key = (key[1:], seconds)  # the plan without its placement
-        if plan_key in index:
-            rows[index[plan_key]][1].append(batch.arrays.to_plan(i).order)  # type: ignore[attr-defined]
-            continue
-        gib = float(f"{float(batch.memory.total_gib[i]):.6g}")  # type: ignore[attr-defined]
-        zero_key = (key[1:zero_at] + key[zero_at + 1:], seconds, gib)  # ... and without its ZeRO stage
-        if zero_key in by_zero:
-            row = by_zero[zero_key]
-            index[plan_key] = row  # its other placements fold into the same row
-            plan = batch.arrays.to_plan(i)  # type: ignore[attr-defined]
-            if plan.order == plans[row].order and plan.zero_stage not in rows[row][2]:
-                rows[row][2].append(plan.zero_stage)
-            elif plan.order != plans[row].order:
-                rows[row][1].append(plan.order)
-            continue
-        if len(rows) == top_k:
-            continue
-        index[plan_key] = by_zero[zero_key] = len(rows)
-        rows.append(((batch, i), [], []))
-        plans.append(batch.arrays.to_plan(i))  # type: ignore[attr-defined]
-    return [Candidate(rank=r + 1, plan=plans[r], prediction=b.prediction(i),  # type: ignore[attr-defined]
-                      equivalent_placements=tuple(dict.fromkeys(eq)),
-                      equivalent_zero_stages=tuple(sorted(zs)))
-            for r, ((b, i), eq, zs) in enumerate(rows)]
+    """The `top_k` fastest distinct plans, with the placements and ZeRO stages folded into each row
+    (`_fold_rows`: same predicted time, and for ZeRO stages the same memory per GPU, to 6 digits;
+    e.g. ZeRO-1 and ZeRO-2 where the stack keeps full gradients either way). The row shows the
+    simpler plan (the ranking breaks exact ties toward it). Plan objects are made only for what is
+    shown."""
+    heads, folds = _fold_rows(best, top_k)
+
+    def plan_of(e: int):
+        _, _, batch, i = best[e]
+        return batch.arrays.to_plan(i)  # type: ignore[attr-defined]
+
+    plans = [plan_of(e) for e in heads]
+    placements: list[list[tuple[str, ...]]] = [[] for _ in heads]
+    zero_stages: list[list[int]] = [[] for _ in heads]
+    for row, e, kind in folds:
+        plan = plan_of(e)
+        if kind == "zero" and plan.order == plans[row].order:
+            if plan.zero_stage not in zero_stages[row]:
+                zero_stages[row].append(plan.zero_stage)
+        else:
+            placements[row].append(plan.order)
+    return [Candidate(rank=r + 1, plan=plans[r], prediction=best[e][2].prediction(best[e][3]),  # type: ignore[attr-defined]
+                      equivalent_placements=tuple(dict.fromkeys(placements[r])),
+                      equivalent_zero_stages=tuple(sorted(zero_stages[r])))
+            for r, e in enumerate(heads)]
 
 
 def _count_rest(model: Model, training: Training, grids: np.ndarray, options: SearchOptions,
