@@ -69,6 +69,7 @@ from perfmodels.steptime import (
     _average_stage,
     _category,
     _host_seconds_per_microbatch,
+    scatter_geometry,
 )
 from perfmodels.traffic import CommEvent, StageShape, comm_events
 
@@ -350,11 +351,7 @@ def _expert_seconds(model: Model, cluster: Cluster, training: Training, parts: B
     for cp in np.unique(parts.plans.G_cp):
         idx = np.flatnonzero(parts.plans.G_cp == cp)
         view = context.view(model, training, parts.plans.take(idx), int(cp))[2].one_placement(placement)
-        for axis, fields in experts.expert_geometry(view, cluster.gpus_per_node_used, int(cp)).items():
-            dest = geo.setdefault(axis, {})
-            for key, value in fields.items():
-                value = np.asarray(value)
-                dest.setdefault(key, np.zeros(n, dtype=value.dtype))[idx] = value
+        scatter_geometry(geo, experts.expert_geometry(view, cluster.gpus_per_node_used, int(cp)), idx, n)
     secs: dict[tuple[str, str], np.ndarray] = {}
     events = []
     for (axis, op, _), (byte_calls, calls) in comm.items():

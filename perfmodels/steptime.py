@@ -409,14 +409,18 @@ def _geometry_by_placement(cluster: Cluster, arrays: PlanArrays, cp: int, real: 
     for order, idx in arrays.by_placement():
         sub = _geometry(cluster, arrays.take(idx).one_placement(order), cp,
                         None if real is None else real.take(idx).one_placement(order), model)
-        for axis, fields in sub.items():
-            dest = out.setdefault(axis, {})
-            for key, value in fields.items():
-                value = np.asarray(value)
-                if key not in dest:
-                    dest[key] = np.zeros(len(arrays), dtype=value.dtype)
-                dest[key][idx] = value
+        scatter_geometry(out, sub, idx, len(arrays))
     return out
+
+
+def scatter_geometry(out: dict[str, dict[str, np.ndarray]], part: dict[str, dict[str, np.ndarray]],
+                     idx: np.ndarray, n: int) -> None:
+    """Write the group geometry `part` of plans `idx` into `out`, the geometry of all `n` plans."""
+    for axis, fields in part.items():
+        dest = out.setdefault(axis, {})
+        for key, value in fields.items():
+            value = np.asarray(value)
+            dest.setdefault(key, np.zeros(n, dtype=value.dtype))[idx] = value
 
 
 def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, cp: int = 1,

@@ -135,14 +135,13 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     start = np.concatenate([[0], np.cumsum(sizes)])
     runs = schedule_mask(grids[:, 1], sched_opts, model.depth, uneven)
     sched = np.asarray(sched_opts, dtype=np.int64)
-    v = np.where(sched[:, 0] == SCHEDULE_CODE["interleaved-1f1b"], sched[:, 1], 1)
     bound = np.full(len(grids), np.inf)
     has = np.flatnonzero(sizes > 0)
     if len(has):
         zero = np.where(grids[has, 0] > 1, max(zero_opts), 0)
         smallest = _representatives(grids, has, mb[start[has]], zero)
         largest = _representatives(grids, has, mb[start[has + 1] - 1], zero)
-        v_max = np.max(np.where(runs[has], v[None, :], 1), axis=1)
+        v_max = _max_virtual(runs[has], sched)
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
                                   [bool(x) for x in sp_opts])
     return GridTable(bound_s=bound, counts=counts, runs=runs, placed=placed, pair_grid=gi,
@@ -182,8 +181,7 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     keep = allowed.any(axis=1)
     gi, mb, allowed, n_placed = gi[keep], mb[keep], allowed[keep], n_placed[keep]
     # the most virtual stages a pair's schedules run, its largest ZeRO stage (smallest optimizer)
-    v = np.where(sched[:, 0] == SCHEDULE_CODE["interleaved-1f1b"], sched[:, 1], 1)
-    v_max = np.max(np.where(allowed, v[None, :], 1), axis=1)
+    v_max = _max_virtual(allowed, sched)
     z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
     reps = _representatives(grids, gi, mb, z_max)
     bound = (blocks_bound_s(model, cluster, training, reps, v_max, [bool(x) for x in sp_opts]) if len(gi)
@@ -191,6 +189,13 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     return Pairs(grid=gi, micro_batch=mb, plans=per_schedule[gi] * allowed.sum(axis=1), placements=n_placed,
                  bound_s=bound, max_virtual=v_max, max_zero=z_max, schedules=allowed, placed=placed,
                  options=table.options)
+
+
+def _max_virtual(runs: np.ndarray, sched: np.ndarray) -> np.ndarray:
+    """The most virtual stages any schedule a row runs (`runs`: rows x schedule options) has; 1
+    without interleaving."""
+    v = np.where(sched[:, 0] == SCHEDULE_CODE["interleaved-1f1b"], sched[:, 1], 1)
+    return np.max(np.where(runs, v[None, :], 1), axis=1)
 
 
 def _representatives(grids: np.ndarray, gi: np.ndarray, mb: np.ndarray, zero: np.ndarray) -> PlanArrays:
