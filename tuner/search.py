@@ -338,12 +338,14 @@ class _Pool:
     def __init__(self) -> None:
         self.batches: list = []
         self.bound = np.zeros(0)
+        self.plans = np.zeros(0, dtype=np.int64)  # how many plans each item stands for
         self.done = np.zeros(0, dtype=bool)
         self.at = np.zeros((0, 2), dtype=np.int64)  # (batch, row)
 
-    def add(self, batch, bounds: np.ndarray) -> None:
+    def add(self, batch, bounds: np.ndarray, plans: np.ndarray) -> None:
         self.batches.append(batch)
         self.bound = np.concatenate([self.bound, bounds])
+        self.plans = np.concatenate([self.plans, plans])
         self.done = np.concatenate([self.done, np.zeros(len(bounds), dtype=bool)])
         rows = np.arange(len(bounds))
         which = np.full(len(rows), len(self.batches) - 1)
@@ -406,20 +408,17 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
             pr = pairs(model, cluster, training, grids, table, by_grid[expanded:upto], screen)
             expanded = upto
-            pair_pool.add(pr, pr.bound_s)
+            pair_pool.add(pr, pr.bound_s, pr.plans * pr.placements)
         elif next_pair <= next_family:
             for pr, rows in pair_pool.take(open_pairs[:pair_batch]):
                 fam = families(model, cluster, training, grids, pr, rows, orders)
                 memory_skipped += fam.out_of_memory
-                family_pool.add(fam, fam.bound_s)
+                family_pool.add(fam, fam.bound_s, fam.plans)
             pair_batch *= 2
         else:
             size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS
-            plans = np.zeros(len(open_families), dtype=np.int64)
-            for b in np.unique(family_pool.at[open_families, 0]):
-                mine = family_pool.at[open_families, 0] == b
-                plans[mine] = family_pool.batches[b].plans[family_pool.at[open_families[mine], 1]]
-            chunk = open_families[: max(1, int(np.searchsorted(np.cumsum(plans), size, side="right")))]
+            plans = np.cumsum(family_pool.plans[open_families])
+            chunk = open_families[: max(1, int(np.searchsorted(plans, size, side="right")))]
             for fam, rows in family_pool.take(chunk):
                 part = expand(fam, rows, grids, limit)
                 memory_skipped += part.skipped_memory

@@ -183,11 +183,8 @@ def placement_signature(grids: np.ndarray, placement: tuple[str, ...]) -> np.nda
 
 def first_placement_mask(grids: np.ndarray, placement: tuple[str, ...],
                          all_placements: list[tuple[str, ...]]) -> np.ndarray:
-    mine = placement_signature(grids, placement)
-    keep = np.ones(len(grids), dtype=bool)
-    for other in all_placements[: all_placements.index(placement)]:
-        keep &= placement_signature(grids, other) != mine
-    return keep
+    """Grids whose placement `placement` puts some group on other links than every earlier one."""
+    return first_placement_masks(grids, all_placements[: all_placements.index(placement) + 1])[-1]
 
 
 def first_placement_masks(grids: np.ndarray, all_placements: list[tuple[str, ...]]) -> np.ndarray:
