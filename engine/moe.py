@@ -134,6 +134,7 @@ class MoE(nn.Module):
         ep_rank = grid.coords.get("ep", 0)
         etp_rank = grid.coords.get(etp_axis, 0)
         self.first_expert = ep_rank * self.local
+        self.hidden, self.ffn, self.etp_rank = hidden, ffn, etp_rank
         f = ffn // self.G_etp
         experts = slice(self.first_expert, self.first_expert + self.local)
         cols = slice(etp_rank * f, (etp_rank + 1) * f)
@@ -198,6 +199,16 @@ class MoE(nn.Module):
         if self.shared is not None:
             out = out + self.shared(x)
         return out.reshape(shape)
+
+    def expert_boxes(self) -> dict[str, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]]:
+        """Where this rank's expert weights sit in the unsplit MoEMLP's tensors: for "fc1" and
+        "fc2", (full shape, per dim (start, stop)); what sharded checkpoints store beside each piece
+        so that any grid can find and cut the parts it needs (engine.checkpoint)."""
+        f = self.ffn // self.G_etp
+        experts = (self.first_expert, self.first_expert + self.local)
+        cols = (self.etp_rank * f, (self.etp_rank + 1) * f)
+        return {"fc1": ((self.num_experts, self.ffn, self.hidden), (experts, cols, (0, self.hidden))),
+                "fc2": ((self.num_experts, self.hidden, self.ffn), (experts, (0, self.hidden), cols))}
 
     def gather_experts(self) -> dict[str, torch.Tensor]:
         """The full fc1 / fc2 of every expert (a collective over ep and etp), for checks and export."""

@@ -266,26 +266,6 @@ def test_parallelize_turns_a_users_moe_block_into_engine_moe():
         assert diff <= 1e-5
 
 
-def _checkpoint_refused(rank: int, world: int, path: str) -> str:
-    import engine
-    from engine.models.gpt import GPT
-
-    grid = engine.init(G_data=2, G_ep=2)
-    torch.manual_seed(0)
-    model = engine.ParallelGPT.from_serial(GPT(moe_config()), grid)
-    try:
-        engine.save_checkpoint(path, model)
-    except ValueError as exc:
-        return str(exc)
-    return ""
-
-
-def test_sharded_checkpoints_refuse_split_experts(tmp_path):
-    """Not silently wrong: a sharded checkpoint of experts split over ep is refused with a message."""
-    for message in launch(_checkpoint_refused, 2, args=(str(tmp_path),), timeout_s=60):
-        assert "split over ep/etp" in message and "save_consolidated" in message
-
-
 CLIP = 0.05  # below the first steps' gradient norms (about 5): every step is clipped
 EP2D4, EP2R2 = {"data": 4, "ep": 2}, {"data": 2, "row": 2, "ep": 2}
 ZERO_CASES = [(EP2D4, 1, None), (EP2D4, 2, None), (EP2D4, 3, None), (EP2R2, 1, None), (EP2D4, 0, CLIP),
