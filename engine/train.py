@@ -567,8 +567,6 @@ def moe_limits(plan: Plan, G_ep: int | None = None) -> list[str]:
     if plan.G_intra_c != 1 or plan.G_intra_d != 1:
         problems.append(f"G_intra_c={plan.G_intra_c}, G_intra_d={plan.G_intra_d}: MoE layers need both 1")
     G_etp = getattr(plan, "G_etp", None)
-    if G_etp is not None and G_etp != plan.G_intra_r:
-        problems.append(f"G_etp={G_etp}: the engine's experts need G_etp = G_intra_r = {plan.G_intra_r}")
     ep = G_ep or getattr(plan, "G_ep", 1)
     if (plan.world_size // plan.G_inter) % (ep * (G_etp or plan.G_intra_r)):
         problems.append(f"G_ep={ep}: G_etp*G_ep does not divide the ranks of a pipeline stage")

@@ -18,7 +18,7 @@ from engine.launch import launch
 from engine.models.gpt import GPTConfig
 from tests.engine.harness import GLOBAL_BATCH, LR, STEPS, batches, isolated, make_optimizer
 
-FIELDS = {"data": "G_data", "row": "G_intra_r", "inter": "G_inter", "ep": "G_ep"}
+FIELDS = {"data": "G_data", "row": "G_intra_r", "inter": "G_inter", "ep": "G_ep", "etp": "G_etp"}
 EXPERTS, TOPK = 4, 2
 
 
@@ -137,7 +137,7 @@ CASES = [{"data": 2, "ep": 2}, {"data": 4, "ep": 4}, {"data": 2, "row": 2, "ep":
 def test_expert_parallel_gpt_trains_as_one_process(degrees):
     world = 1
     for a, v in degrees.items():
-        world *= v if a != "ep" else 1
+        world *= v if a not in ("ep", "etp") else 1
     results = launch(_train, world, args=(degrees, 2), timeout_s=180)
     _check(results, degrees)
     cfg = moe_config()
@@ -283,7 +283,7 @@ def test_moe_with_zero_trains_as_one_process(degrees, zero, clip):
     scales as in one process."""
     world = 1
     for a, v in degrees.items():
-        world *= v if a != "ep" else 1
+        world *= v if a not in ("ep", "etp") else 1
     _check(launch(_train, world, args=(degrees, 2, zero, clip), timeout_s=180), degrees, clip=clip)
 
 
@@ -355,3 +355,44 @@ def test_engine_train_runs_moe_at_every_zero_stage():
     assert len(runs[0]) == 4
     for zero in (1, 2, 3):
         assert runs[zero] == pytest.approx(runs[0], rel=1e-5), zero
+
+
+FOLDED = [({"data": 2, "row": 2, "ep": 4, "etp": 1}, 0), ({"data": 4, "ep": 2, "etp": 2}, 0),
+          ({"data": 2, "row": 2, "ep": 2, "etp": 1}, 1), ({"data": 2, "row": 2, "ep": 1, "etp": 4}, 0)]
+
+
+@pytest.mark.parametrize(("degrees", "zero"), FOLDED,
+                         ids=["r2-etp1-ep4", "d4-etp2-ep2", "r2-etp1-ep2-edp2-zero1", "r2-etp4-ep1"])
+def test_etp_other_than_row_trains_as_one_process(degrees, zero):
+    """MoE parallel folding (G_etp != G_intra_r): tokens split over row, gathered over etp; loss,
+    final parameters and the first step's gradient norm at 1e-5 against one process."""
+    world = 1
+    for a, v in degrees.items():
+        world *= v if a not in ("ep", "etp") else 1
+    _check(launch(_train, world, args=(degrees, 2, zero), timeout_s=180), degrees)
+
+
+def _folding_errors(rank: int, world: int) -> list[str]:
+    import engine
+    from engine.train import moe_limits
+    from perfmodels.specs import Plan
+
+    out = []
+    try:
+        engine.init(G_data=4, G_ep=2, G_etp=3)
+    except engine.GridError as exc:
+        out.append(str(exc))
+    grid = engine.init(G_data=4, G_ep=1, G_etp=4)
+    try:
+        engine.MoE(16, 30, num_experts=4, grid=grid)
+    except ValueError as exc:
+        out.append(str(exc))
+    out += moe_limits(Plan(G_data=2, G_intra_c=2, zero_stage=3), G_ep=2)
+    return out
+
+
+def test_folding_degrees_that_do_not_fit_are_refused_by_name():
+    out = launch(_folding_errors, 4, timeout_s=60)[0]
+    assert "G_etp*G_ep = 3*2 = 6 does not divide the ranks of one pipeline stage" in out[0]
+    assert "G_etp=4 does not divide moe_ffn_hidden_size=30" in out[1]
+    assert out[2:] == ["G_intra_c=2, G_intra_d=1: MoE layers need both 1"]  # zero_stage=3 is fine now

@@ -82,12 +82,14 @@ def saved(tmp_path_factory):
 RESUMES = [("ep2-d2", {"data": 2, "ep": 2}, 0), ("ep2-d2", {"data": 4, "ep": 4}, 0), ("ep2-d2", {}, 0),
            ("ep2-d4-zero1", {"data": 4, "ep": 2}, 1), ("ep2-d4-zero1", {"data": 2, "ep": 2}, 3),
            ("ep2-r2-d2", {"data": 2, "row": 2, "ep": 2}, 0), ("ep2-r2-d2", {}, 0),
-           ("ep2-r2-d2", {"data": 4, "ep": 2}, 2)]
+           ("ep2-r2-d2", {"data": 4, "ep": 2}, 2), ("ep2-r2-d2", {"data": 2, "row": 2, "ep": 4, "etp": 1}, 0),
+           ("ep2-d4-zero1", {"data": 4, "ep": 2, "etp": 2}, 3)]
 
 
 @pytest.mark.parametrize(("save", "degrees", "zero"), RESUMES,
                          ids=["ep2d2-same", "ep2d2-to-ep4d4", "ep2d2-to-one", "ep2d4z1-same",
-                              "ep2d4z1-to-ep2d2z3", "ep2r2d2-same", "ep2r2d2-to-one", "ep2r2d2-to-ep2d4z2"])
+                              "ep2d4z1-to-ep2d2z3", "ep2r2d2-same", "ep2r2d2-to-one", "ep2r2d2-to-ep2d4z2",
+                              "ep2r2d2-to-r2-etp1-ep4", "ep2d4z1-to-d4-etp2-ep2-z3"])
 def test_split_experts_resume_as_uninterrupted(saved, save, degrees, zero):
     path, uninterrupted = saved[save]
     resumed = launch(_run, _world(degrees), args=(degrees, path, "resume", zero), timeout_s=120)
