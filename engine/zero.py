@@ -24,7 +24,11 @@ sync_gradients and the norm functions consult.
 `step()` releases the full gradients (p.grad = None, as zero_grad(set_to_none=True) does) before
 the parameters are all-gathered, so the two never coexist; at most one full-size flat buffer (the
 reduce-scatter's input, then the all-gather's output) exists at a time.
-`stage=2` (ZeRO-2) also frees every full gradient as soon as the reduce-scatter has read it: only
+`stage=2` (ZeRO-2) also makes the gradients views of one padded flat buffer per space at
+`zero_grad()` (autograd accumulates into it; Megatron-Core's `main_grad` views of its bucket
+buffers), which the reduce-scatter consumes in place and then drops, so the step never holds the
+gradients and a flat copy of them at once (a gradient replaced since, e.g. by `model.zero_grad()`,
+falls back to the copy). It frees every full gradient as soon as the reduce-scatter has read it: only
 this rank's 1/G_data shard of the gradient lives on through clipping and the optimizer step, so
 the gradient memory between backward and the next backward is 1/G_data of ZeRO-1's. The
 communication is ZeRO-1's (one reduce-scatter per step after the last micro-batch, as Megatron-Core's
@@ -56,7 +60,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_consumed
+from engine.comm import all_gather_flat, all_gather_flat_into, group_rank, group_size, reduce_scatter_consumed
 from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, is_expert, restore_hyperparameters
 from engine.grid import Grid, grid_of
 
@@ -109,10 +113,72 @@ class _Space:
         if self.runs:
             gi, a, _ = self.runs[-1]
             self.runs[-1] = (gi, a, self.padded)
+        self.grad_buffer: torch.Tensor | None = None  # ZeRO-2: the gradients as views of one flat buffer
+        self.param_buffer: torch.Tensor | None = None  # the parameters as views of one flat buffer
+
+    def bind_params(self) -> None:
+        """Make the parameters views of one padded flat buffer (same values), which the step's
+        all-gather then writes in place: no full-size gathered copy beside the parameters
+        (Megatron-Core's distributed optimizer all-gathers into its `param_data` buffer the same way:
+        megatron/core/distributed/param_and_grad_buffer.py). Only for parameters of one dtype and
+        device (else the step gathers into a separate buffer and copies, as before)."""
+        if self.group is None or not self.params:
+            return
+        first = self.params[0]
+        if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
+            return
+        buf = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
+        offset = 0
+        with torch.no_grad():
+            for p, n in zip(self.params, self.numels):
+                view = buf[offset:offset + n].view_as(p)
+                view.copy_(p.detach())
+                p.data = view
+                offset += n
+        self.param_buffer = buf
+
+    def params_in_buffer(self) -> bool:
+        """Whether every parameter is still its view of `param_buffer` (nobody re-pointed one)."""
+        return _views_of(self.param_buffer, [p.data for p in self.params], self.numels)
+
+    def bucket_grads(self) -> None:
+        """ZeRO-2: give every parameter a zeroed gradient that is a view of one padded flat buffer,
+        so that autograd accumulates into it in place and the reduce-scatter reads it as is (no
+        full-size copy beside the gradients). Megatron-Core's distributed optimizer does the same
+        (megatron/core/distributed/param_and_grad_buffer.py: `main_grad` views of the bucket's
+        `grad_data`), as does DDP's `gradient_as_bucket_view`."""
+        if self.group is None or not self.params:
+            return
+        self.grad_buffer = buf = torch.zeros(self.padded, dtype=self.params[0].dtype,
+                                             device=self.params[0].device)
+        offset = 0
+        for p, n in zip(self.params, self.numels):
+            p.grad = buf[offset:offset + n].view_as(p)
+            offset += n
 
     @property
     def end(self) -> int:
         return self.start + self.segment
+
+    def grads_in_buffer(self) -> bool:
+        """Whether every gradient is still its view of `grad_buffer` (autograd accumulated in place;
+        nobody replaced or dropped one since `bucket_grads`)."""
+        return _views_of(self.grad_buffer, [p.grad for p in self.params], self.numels)
+
+
+def _views_of(buf: torch.Tensor | None, tensors: list[torch.Tensor | None], numels: list[int]) -> bool:
+    """Whether tensors[i] is the i-th consecutive view of `buf` (of numels[i] elements)."""
+    if buf is None:
+        return False
+    base = buf.untyped_storage().data_ptr()
+    offset = 0
+    for t, n in zip(tensors, numels):
+        if t is None or t.untyped_storage().data_ptr() != base or t.storage_offset() != offset \
+                or not t.is_contiguous():
+            return False
+        offset += n
+    return True
+
 
 
 class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
@@ -168,6 +234,8 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         self._reduced = False
         for p in self.params:
             setattr(p, ZERO_ATTR, weakref.ref(self))
+        for space in self.spaces:
+            space.bind_params()
 
     def placement(self) -> dict[str, torch.device]:
         """Where each kind of model state lives: "params" (the full parameters the forward reads),
@@ -184,7 +252,12 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         return [g["params"][0] for g in self.inner.param_groups]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad; under ZeRO-2 the gradients then become zeroed views of one flat buffer
+        per space (`_Space.bucket_grads`), which the reduce-scatter consumes in place."""
         super().zero_grad(set_to_none=set_to_none)
+        if self.stage == 2:
+            for space in self.spaces:
+                space.bucket_grads()
         self._reduced = False
 
     def _segment_of(self, space: _Space, tensors: list[torch.Tensor | None], lo: int,
@@ -212,6 +285,12 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         for space in self.spaces:
             if space.group is None:
                 mine = self._segment_of(space, [p.grad for p in space.params], space.start, space.end)
+            elif space.grads_in_buffer():  # ZeRO-2: the gradients are the buffer, reduced in place
+                flat, space.grad_buffer = space.grad_buffer, None
+                for p in space.params:
+                    p.grad = None
+                mine = reduce_scatter_consumed(flat, space.group)
+                del flat
             else:
                 flat = torch.zeros(space.padded, dtype=self.params[0].dtype, device=self.grid.device)
                 offset = 0
@@ -223,6 +302,7 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
                     offset += n
                 mine = reduce_scatter_consumed(flat, space.group)
                 del flat
+                space.grad_buffer = None  # (replaced gradients: the buffer is stale)
             for shard, (sp, _, a, b) in zip(self.shards, self.pieces):
                 if sp is space:
                     piece = mine[a - space.start:b - space.start]
@@ -275,6 +355,10 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
             for shard, (sp, _, a, b) in zip(self.shards, self.pieces):
                 if sp is space:
                     mine[a - space.start:b - space.start] = shard.detach().to(mine.device)
+            if space.group is not None and space.params_in_buffer():
+                # into the parameters themselves (they are views of the buffer): nothing full-size
+                all_gather_flat_into(space.param_buffer, mine, space.group)
+                continue
             # the gathered parameters are the one full-size temporary of the step
             full = all_gather_flat(mine, space.group)
             offset = 0
