@@ -17,6 +17,11 @@
   keeps its shard under the *current* grid, restores hyperparameters, scheduler and (same grid)
   its RNG states. Returns the saved step.
 
+engine.MoE expert weights (split over ep and etp, replicated over the expert-data group) are
+stored apart, each piece with its box in the unsplit MoEMLP tensor (`MoE.expert_boxes`) and written
+by the first member of its expert-data group; a reader cuts its own box out of the pieces that
+overlap it, so experts reload under any G_ep/G_etp (and into one process), optimizer state too.
+
 Optimizer state is matched by parameter name (the model's `named_parameters()`), so it survives
 resharding too; scalar state (AdamW's `step`) is copied as is. engine.ZeroOptimizer (ZeRO-1) state
 is gathered over data into the same per-parameter form when saving and re-segmented when loading, so
@@ -87,18 +92,64 @@ class _Materialized:
             self.zero3.release(self.before)
 
 
-def _refuse_split_experts(model: nn.Module, grid: Grid, what: str) -> None:
-    """Sharded checkpoints do not know engine.MoE's expert split yet: refuse rather than store
-    (or load) one ep rank's experts under every rank's name. full_state_dict / save_consolidated
-    gather the experts and work."""
-    from engine.grads import is_expert
+Box = tuple[tuple[int, int], ...]
+ExpertPieces = dict[str, tuple[tuple[int, ...], Box, torch.Tensor]]
 
-    split = grid.degrees.get("ep", 1) > 1 or grid.degrees.get("etp", 1) > 1 or \
-        ("etp" not in grid.degrees and grid.size("row") > 1)
-    if split and any(is_expert(p) for p in model.parameters()):
-        raise ValueError(f"engine.{what}: the model has MoE experts split over ep/etp, which sharded "
-                         "checkpoints do not handle yet; use engine.save_consolidated (every expert "
-                         "gathered) and load that state dict on a grid without expert parallelism")
+
+def _expert_boxes(model: nn.Module) -> dict[str, tuple[tuple[int, ...], Box]]:
+    """Every engine.MoE expert weight of `model` by state_dict name: (the unsplit MoEMLP's shape,
+    this rank's box in it). Experts are split over ep (whole experts) and etp (FFN columns), which
+    ShardSpec's row/col/depth layout does not describe, so checkpoints store them with explicit
+    boxes instead (as torch.distributed.checkpoint stores chunk offsets beside each shard)."""
+    from engine.moe import MoE
+
+    out = {}
+    for prefix, m in model.named_modules():
+        if isinstance(m, MoE):
+            for key, value in m.expert_boxes().items():
+                out[f"{prefix}.{key}" if prefix else key] = value
+    return out
+
+
+def _writes_experts(grid: Grid) -> bool:
+    """Whether this rank writes its expert pieces: the first member of its expert-data group (the
+    experts' only replicas), whatever its data coordinate (with G_ep > 1 the ep group is made of
+    data ranks, so "data replica 0 writes" would keep one ep rank's experts only)."""
+    edp = grid.expert_comm_group("edp")
+    return edp is None or dist.get_rank(edp) == 0
+
+
+def _box_overlap(a: Box, b: Box) -> Box | None:
+    box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
+    return box if all(lo < hi for lo, hi in box) else None
+
+
+def _assemble_box(parts: list[tuple[tuple[int, ...], Box, torch.Tensor]], shape: tuple[int, ...], box: Box,
+                  name: str, like: torch.Tensor) -> torch.Tensor | None:
+    """This rank's `box` of expert tensor `name` from the saved pieces that overlap it (never the
+    full tensor); None when no piece holds it."""
+    out: torch.Tensor | None = None
+    covered = 0
+    for saved_shape, saved_box, piece in parts:
+        if tuple(saved_shape) != tuple(shape):
+            raise ValueError(f"checkpoint holds {name} with shape {tuple(saved_shape)}, the model "
+                             f"{tuple(shape)} (a different number of experts or FFN size)")
+        inter = _box_overlap(saved_box, box)
+        if inter is None:
+            continue
+        if out is None:
+            out = torch.zeros(tuple(hi - lo for lo, hi in box), dtype=piece.dtype)
+        src = piece[tuple(slice(lo - s0, hi - s0) for (lo, hi), (s0, _) in zip(inter, saved_box))]
+        out[tuple(slice(lo - m0, hi - m0) for (lo, hi), (m0, _) in zip(inter, box))] = src
+        n = 1
+        for lo, hi in inter:
+            n *= hi - lo
+        covered += n
+    if out is None:
+        return None
+    if covered < out.numel():
+        raise ValueError(f"checkpoint lacks part of {name} (this rank's box {box} is not covered)")
+    return out.to(device=like.device, dtype=like.dtype).view_as(like)
 
 
 def _gathered_experts(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -215,7 +266,6 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Any = None, step: in
     the index; every rank returns after a barrier. `consolidated=True` also writes
     `dir/consolidated.pt` (the single-process state_dict)."""
     grid = grid_of(model, grid)
-    _refuse_split_experts(model, grid, "save_checkpoint")
     with _Materialized(_zero3_of(model, optimizer)):
         _save_pieces(path, model, optimizer, step, scheduler, grid)
     if consolidated:
@@ -229,14 +279,28 @@ def _save_pieces(path: str, model: nn.Module, optimizer: Any, step: int, schedul
     states = _optimizer_state_by_name(model, optimizer) if optimizer is not None else {}
     os.makedirs(path, exist_ok=True)
     state, specs = _named_tensors(model)
+    boxes = _expert_boxes(model)
     model_pieces: Pieces = {}
     optim: dict[str, Pieces] = {}
     scalars: dict[str, dict[str, Any]] = {}
+    experts: ExpertPieces = {}
+    optim_experts: dict[str, ExpertPieces] = {}
+    params = dict(model.named_parameters())
+    if boxes and _writes_experts(grid):  # each expert piece once: the first of its replicas
+        experts = {name: (*boxes[name], state[name].detach().cpu().clone()) for name in boxes}
+        for name in boxes:
+            for key, value in states.get(name, {}).items():
+                if isinstance(value, torch.Tensor) and value.shape == params[name].shape and value.dim() > 0:
+                    optim_experts.setdefault(key, {})[name] = (*boxes[name], value.detach().cpu().clone())
+                else:
+                    copy = value.clone() if isinstance(value, torch.Tensor) else value
+                    scalars.setdefault(name, {})[key] = copy
     if grid.coord("data") == 0:
         model_pieces = {name: (specs[name], dict(grid.coords), t.detach().cpu().clone())
-                        for name, t in state.items()}
-        params = dict(model.named_parameters())
+                        for name, t in state.items() if name not in boxes}
         for name, st in states.items():
+            if name in boxes:
+                continue
             for key, value in st.items():
                 if isinstance(value, torch.Tensor) and value.shape == params[name].shape and value.dim() > 0:
                     optim.setdefault(key, {})[name] = (spec_of(params[name]), dict(grid.coords),
@@ -245,13 +309,14 @@ def _save_pieces(path: str, model: nn.Module, optimizer: Any, step: int, schedul
                     copy = value.clone() if isinstance(value, torch.Tensor) else value
                     scalars.setdefault(name, {})[key] = copy
     payload = {"degrees": dict(grid.degrees), "coords": dict(grid.coords), "step": int(step),
-               "model": model_pieces,
+               "model": model_pieces, "experts": experts, "optim_experts": optim_experts,
                "optim": optim, "scalars": scalars, "rng": _rng_state(grid),
                "param_groups": _hyperparameters(optimizer) if optimizer is not None else None,
                "scheduler": scheduler.state_dict() if scheduler is not None else None}
     torch.save(payload, _file(path, grid.rank))
     # the index: which tensors (and specs) each file holds, so a reader opens only what it needs
-    entry = {name: spec for name, (spec, _, _) in model_pieces.items()}
+    entry = ({name: spec for name, (spec, _, _) in model_pieces.items()},
+             {name: (shape, box) for name, (shape, box, _) in experts.items()})
     entries: list[Any] = [None] * grid.world_size
     if grid.world_size > 1:
         dist.all_gather_object(entries, entry)
@@ -259,8 +324,9 @@ def _save_pieces(path: str, model: nn.Module, optimizer: Any, step: int, schedul
         entries = [entry]
     if grid.rank == 0:
         torch.save({"degrees": dict(grid.degrees), "placement": tuple(grid.placement),
-                    "world_size": grid.world_size,
-                    "step": int(step), "files": {r: e for r, e in enumerate(entries) if e}},
+                    "world_size": grid.world_size, "step": int(step),
+                    "files": {r: e[0] for r, e in enumerate(entries) if e[0]},
+                    "expert_files": {r: e[1] for r, e in enumerate(entries) if e[1]}},
                    os.path.join(path, INDEX))
 
 
@@ -285,8 +351,18 @@ def _overlaps(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) ->
     return all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a, b))
 
 
+def _needed_expert_files(index: dict[str, Any], boxes: dict[str, tuple[tuple[int, ...], Box]]) -> list[int]:
+    """Saved ranks whose expert pieces overlap this rank's expert boxes."""
+    needed = []
+    for rank, entry in sorted(index.get("expert_files", {}).items()):
+        if any(name in boxes and _box_overlap(box, boxes[name][1]) is not None
+               for name, (_, box) in entry.items()):
+            needed.append(rank)
+    return needed
+
+
 def _needed_files(index: dict[str, Any], specs: dict[str, ShardSpec | None], grid: Grid) -> list[int]:
-    """Saved ranks whose pieces overlap this rank's (conservative boxes)."""
+    """Saved ranks whose (non-expert) pieces overlap this rank's (conservative boxes)."""
     saved_degrees = index["degrees"]
     placement = tuple(index["placement"])
     if saved_degrees == grid.degrees and placement == tuple(grid.placement):  # same grid: own counterpart
@@ -340,7 +416,6 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
                     grid: Grid | None = None, restore_rng: bool = True) -> int:
     """Load pieces saved under any grid into this rank's shards; returns the saved step."""
     grid = grid_of(model, grid)
-    _refuse_split_experts(model, grid, "load_checkpoint")
     index_path = os.path.join(path, INDEX)
     if not os.path.exists(index_path):
         raise FileNotFoundError(f"no checkpoint index {index_path} (written by engine.save_checkpoint)")
@@ -351,15 +426,20 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
     if zero3 is not None:
         zero3.materialize()
     state, specs = _named_tensors(model)
-    ranks = _needed_files(index, specs, grid)
+    boxes = _expert_boxes(model)
+    dense_specs = {name: spec for name, spec in specs.items() if name not in boxes}
+    ranks = sorted(set(_needed_files(index, dense_specs, grid)) | set(_needed_expert_files(index, boxes)))
     payloads = [torch.load(_file(path, r), weights_only=False) for r in ranks]
-    available = {name for pl in payloads for name in pl["model"]}
+    available = {name for pl in payloads for name in (*pl["model"], *pl.get("experts", {}))}
     missing = sorted(set(state) - available)
     if missing:
         raise KeyError(f"checkpoint {path} lacks {missing}")
     with torch.no_grad():
         for name, t in state.items():
-            local = _local_tensors(payloads, "model", name, t, specs[name], grid)
+            if name in boxes:
+                local = _expert_local(payloads, "experts", name, t, boxes[name])
+            else:
+                local = _local_tensors(payloads, "model", name, t, specs[name], grid)
             assert local is not None
             t.copy_(local)
     own = _file(path, grid.rank)
@@ -381,16 +461,31 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Any = None, *, sched
     return int(index["step"])
 
 
+def _expert_local(payloads: list[dict[str, Any]], key: str, name: str, t: torch.Tensor,
+                  box: tuple[tuple[int, ...], Box], optim_key: str | None = None) -> torch.Tensor | None:
+    """This rank's box of expert tensor `name` (a parameter, or its optimizer state `optim_key`)."""
+    parts = []
+    for pl in payloads:
+        pieces = pl.get(key, {}) if optim_key is None else pl.get(key, {}).get(optim_key, {})
+        if name in pieces:
+            parts.append(pieces[name])
+    return _assemble_box(parts, box[0], box[1], name, t) if parts else None
+
+
 def _load_optimizer(payloads: list[dict[str, Any]], model: nn.Module, optimizer: Any, grid: Grid) -> None:
     params = dict(model.named_parameters())
-    keys = sorted({k for pl in payloads for k in pl["optim"]})
+    boxes = _expert_boxes(model)
+    keys = sorted({k for pl in payloads for k in (*pl["optim"], *pl.get("optim_experts", {}))})
     scalars: dict[str, dict[str, Any]] = {}
     for pl in payloads:
         scalars.update(pl["scalars"])
     per_param: dict[str, dict[str, Any]] = {name: {} for name in params}
     for key in keys:
         for name, p in params.items():
-            local = _local_tensors(payloads, "optim", name, p, spec_of(p), grid, optim_key=key)
+            if name in boxes:
+                local = _expert_local(payloads, "optim_experts", name, p, boxes[name], optim_key=key)
+            else:
+                local = _local_tensors(payloads, "optim", name, p, spec_of(p), grid, optim_key=key)
             if local is not None:
                 per_param[name][key] = local.clone()
     for name in params:

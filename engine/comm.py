@@ -51,6 +51,13 @@ def all_gather_flat(t: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
+def all_gather_flat_into(out: torch.Tensor, t: torch.Tensor, group: Any) -> None:
+    """`all_gather_flat` into a caller's flat buffer of group-size times `t`'s elements (ZeRO's
+    parameter buffer: the gathered values land in the parameters themselves, no full-size output
+    beside them). The group must not be None."""
+    _all_gather_flat_op(out, t.contiguous().view(-1), group=group)
+
+
 def all_gather_flat_async(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
     """`all_gather_flat` launched with async_op=True: (the output buffer, its Work; wait() before
     reading the buffer). `t` must stay alive and unchanged until then. The group must not be None."""

@@ -353,9 +353,8 @@ def sync_gradients(model: nn.Module, *, grid: Grid | None = None, bucket_bytes: 
         all_reduce_bucketed([p.grad for p in params if not is_expert(p)], grid.comm_group("data"),
                             bucket_bytes, dtype=getattr(model, "_gridtune_reduce_dtype", None))
     experts = [p.grad for p in params if is_expert(p)]
-    if experts and data:  # MoE experts: over the expert-data group (data when there are no expert groups)
-        edp = grid.comm_group("edp") if "edp" in grid.degrees else grid.comm_group("data")
-        all_reduce_bucketed(experts, edp, bucket_bytes)
+    if experts and reduce_data:  # MoE experts: over the expert-data group (ZeRO: its own reduce-scatter)
+        all_reduce_bucketed(experts, grid.expert_comm_group("edp"), bucket_bytes)
     scale = 1.0 / grid.grad_shards
     if scale != 1.0:
         for p in params:
@@ -386,16 +385,42 @@ def replica_copies(p: torch.Tensor, grid: Grid) -> int:
     return copies
 
 
-def reduce_norm_over_model(total: torch.Tensor, model: nn.Module | None, grid: Grid) -> None:
-    """All-reduce a per-rank sum of |g|^p over the tensor axes, and over pipeline stages only when
+def reduce_norm_over_model(total: torch.Tensor, model: nn.Module | None, grid: Grid,
+                           extra: torch.Tensor | None = None) -> torch.Tensor:
+    """All-reduce a per-rank sum of |g|^p over the tensor axes, add `extra` (a sum already complete
+    over the stage: the MoE experts, `expert_power_sum`), then sum over pipeline stages only when
     the model is split into stages (otherwise every stage holds the same parameters; no model:
-    not split)."""
-    split = model is not None and is_stage_split(model)
-    axes = ("depth", "row", "col", "inter") if split else ("depth", "row", "col")
-    for axis in axes:
+    not split). Returns the total (in place where possible)."""
+    for axis in ("depth", "row", "col"):
         group = grid.comm_group(axis)
         if group is not None:
             dist.all_reduce(total, group=group)
+    if extra is not None:
+        total = total + extra
+    inter = grid.comm_group("inter")
+    if model is not None and is_stage_split(model) and inter is not None:
+        dist.all_reduce(total, group=inter)
+    return total
+
+
+def expert_power_sum(grads: list[torch.Tensor], norm_type: float, grid: Grid, *,
+                     shard_group: Any = None) -> torch.Tensor:
+    """sum |g|^p over every MoE expert weight of this pipeline stage, each counted once, on every
+    rank of the stage.
+
+    An expert shard lives on one (etp, ep) position of the folded expert grid and is replicated over
+    the expert-data group (engine.grid.expert_groups): summing this rank's experts over etp and ep
+    covers every shard once, whichever edp member computes it, so the result is complete and equal
+    on every rank of the stage and must not be summed over row/col/depth again (etp may differ
+    from row: `reduce_norm_over_model` adds it after those axes). Under ZeRO the expert-data
+    replicas hold different 1/G_edp shards of the reduced gradient (`shard_group`), summed first.
+    Megatron-Core takes the same per-group sums (megatron/core/optimizer/clip_grads.py
+    `get_grad_norm_fp32` with the expert model-parallel group for expert parameters)."""
+    total = sum_of_powers(grads, [1.0] * len(grads), norm_type, grid.device)
+    for group in (shard_group, grid.expert_comm_group("etp"), grid.expert_comm_group("ep")):
+        if group is not None:
+            dist.all_reduce(total, group=group)
+    return total
 
 
 def sum_of_powers(grads: list[torch.Tensor], weights: list[float], norm_type: float,
@@ -425,11 +450,8 @@ def grad_norm(model: nn.Module, *, grid: Grid | None = None, norm_type: float = 
         return zero.grad_norm(norm_type=norm_type, model=model)
     params = [p for p in model.parameters() if p.grad is not None and not is_expert(p)]
     experts = [p.grad.detach() for p in model.parameters() if p.grad is not None and is_expert(p)]
-    extra = None
-    if experts:  # MoE experts: distinct over etp (summed with row) and over ep, alike over edp
-        extra = sum_of_powers(experts, [1.0] * len(experts), norm_type, grid.device)
-        if grid.degrees.get("ep", 1) > 1:
-            dist.all_reduce(extra, group=grid.comm_group("ep"))
+    # MoE experts: distinct over etp and ep, alike over edp (expert_power_sum)
+    extra = expert_power_sum(experts, norm_type, grid) if experts else None
     return global_norm([p.grad.detach() for p in params], [1.0 / replica_copies(p, grid) for p in params],
                        norm_type, grid, model, extra=extra)
 
@@ -461,16 +483,17 @@ def global_norm(grads: list[torch.Tensor], weights: list[float], norm_type: floa
     the data-reduced gradient (ZeRO 1-3), so the sum runs over data too; otherwise the data replicas
     hold the same gradient and summing over them would count it G_data times. Pipeline stages are
     summed only for a `model` split into stages (`reduce_norm_over_model`). The one norm that
-    `grad_norm`, `ZeroOptimizer.grad_norm` and `Zero3.grad_norm` all take.
+    `grad_norm`, `ZeroOptimizer.grad_norm` and `Zero3.grad_norm` all take. `extra`: a sum of
+    powers already complete over the stage (the MoE experts: `expert_power_sum`), added after the
+    tensor axes.
     """
     total = sum_of_powers(grads, weights, norm_type, grid.device)
-    if extra is not None:  # a part already summed where it differs (MoE experts over ep)
-        total = total + extra
     # the group the shards are spread over (ZeRO's; a HybridShard Zero3's shard group)
     data = (data_group if data_group is not None else grid.comm_group("data")) if data_sharded else None
     if data is not None:
         dist.all_reduce(total, group=data)
-    reduce_norm_over_model(total, model, grid)
+    # `extra`: a part already complete over the stage (MoE experts, expert_power_sum)
+    total = reduce_norm_over_model(total, model, grid, extra)
     return total.pow(1.0 / norm_type)
 
 
@@ -482,8 +505,9 @@ def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
 class ShardedGradNorm:
     """`grad_norm` and `clip_grad_norm_` of an optimizer whose gradient lives in data-reduced shards
     (engine.ZeroOptimizer, engine.Zero3). The optimizer supplies `grid`, `reduce_gradients()`,
-    `_weighted_pieces()` (its shard's gradient cut at parameter boundaries, see flat_slice_pieces)
-    and `_grad_shards()` (the tensors whose gradients clipping scales)."""
+    `_weighted_pieces()` (its dense shard's gradient cut at parameter boundaries, see
+    flat_slice_pieces), `_expert_pieces()` (its MoE expert shards' gradients, sharded over the
+    expert-data group) and `_grad_shards()` (the tensors whose gradients clipping scales)."""
 
     grid: Grid
 
@@ -496,8 +520,21 @@ class ShardedGradNorm:
         """Norm of the full data-reduced gradient (collective over data and the tensor axes)."""
         self.reduce_gradients()  # type: ignore[attr-defined]
         pieces, weights = self._weighted_pieces()  # type: ignore[attr-defined]
+        experts = self._expert_pieces()
+        extra = None
+        if experts is not None:  # MoE experts: their shards over the expert-data group, then etp x ep
+            extra = expert_power_sum(experts, norm_type, self.grid, shard_group=self._expert_shard_group())
         return global_norm(pieces, weights, norm_type, self.grid, self._norm_model(model), data_sharded=True,
-                           data_group=getattr(self, "group", None))
+                           data_group=getattr(self, "group", None), extra=extra)
+
+    def _expert_pieces(self) -> list[torch.Tensor] | None:
+        """This rank's reduced gradient shards of MoE expert weights; None when the model has none
+        (the same answer on every rank of a stage, so the collectives match)."""
+        return None
+
+    def _expert_shard_group(self) -> Any:
+        """The group the expert shards are spread over (the expert-data group)."""
+        return self.grid.expert_comm_group("edp")
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, *, norm_type: float = 2.0,
@@ -550,11 +587,7 @@ def _clip_parameters(parameters: Any, max_norm: float, norm_type: float, grid: G
     with_grads = [p for p in params if p.grad is not None]
     dense = [p for p in with_grads if not is_expert(p)]
     experts = [p.grad for p in with_grads if is_expert(p)]
-    extra = None
-    if experts:
-        extra = sum_of_powers(experts, [1.0] * len(experts), norm_type, grid.device)
-        if grid.degrees.get("ep", 1) > 1:
-            dist.all_reduce(extra, group=grid.comm_group("ep"))
+    extra = expert_power_sum(experts, norm_type, grid) if experts else None
     split = any(getattr(p, _STAGE_PARAM_ATTR, False) for p in params)
     norm = global_norm([p.grad for p in dense], [1.0 / replica_copies(p, grid) for p in dense], norm_type,
                        grid, _StageSplit() if split else None, extra=extra)

@@ -146,6 +146,18 @@ class Grid:
             return self.groups[axis] if self.degrees["data"] * self.degrees.get("cp", 1) > 1 else None
         return self.groups[axis] if self.degrees[axis] > 1 else None
 
+    def expert_comm_group(self, kind: str) -> Any:
+        """The group engine.moe's expert weights use for `kind` ("etp", "ep" or "edp"); None where
+        that group has one rank. With expert groups built (engine.init with G_ep > 1 or a G_etp other
+        than G_intra_r) they are the folded groups of `expert_groups`; without them the experts are
+        split over the row group and replicated over data (x cp), Megatron-Core's defaults
+        (expert_tensor_parallel_size = tensor_model_parallel_size, expert-data = data parallel)."""
+        if kind not in ("etp", "ep", "edp"):
+            raise ValueError(f"kind must be 'etp', 'ep' or 'edp', got {kind!r}")
+        if kind in self.degrees:
+            return self.comm_group(kind)
+        return {"etp": self.comm_group("row"), "ep": None, "edp": self.comm_group("data")}[kind]
+
     @property
     def grad_shards(self) -> int:
         """How many ranks saw different tokens of one replicated parameter's gradient

@@ -33,9 +33,21 @@ sizes themselves (G_ep integers) and the destination expert of every row travel 
 metadata all-to-alls that the communication recorder does not count (engine.recorder.uncounted):
 the contract and perfmodels.traffic count payload only.
 
-Limits (GridError before any collective): G_etp must equal G_intra_r (the expert FFN takes the
-row-replicated activations of ParallelGPT), G_intra_c = G_intra_d = 1 for MoE layers. AxoNN's own
-MoE shards experts over its depth group; here the expert axes are Megatron-Core's instead.
+G_etp other than G_intra_r (Megatron-Core's "MoE parallel folding": the stage's ranks re-divided
+into etp x ep x edp independently of the attention's row group): the engine's activations are
+replicated over row, so each rank first keeps its 1/G_intra_r of the tokens (with their gates and
+experts; the routing is computed before the split, on values every row rank holds), as Megatron's
+sequence parallelism gives every rank its own tokens; each etp group then all-gathers its members'
+tokens and runs the path above on their union (the etp all-reduces included); afterwards each rank
+keeps its own tokens' outputs and the row group all-gathers them back. These splits and gathers
+are counted under "row" and "etp" by the recorder; perfmodels.experts counts Megatron's order
+instead (all-gather over etp after the dispatch), so the recorded bytes of folded layouts are not
+the contract's.
+
+Limits (GridError before any collective): G_intra_c = G_intra_d = 1 for MoE layers, G_etp divides
+moe_ffn_hidden_size, G_ep divides the number of experts (engine.init: G_etp*G_ep divides the ranks of
+a pipeline stage). AxoNN's own MoE shards experts over its depth group; here the expert axes are
+Megatron-Core's instead.
 """
 
 from __future__ import annotations
@@ -60,14 +72,60 @@ def moe_problems(grid: Grid, num_experts: int, ffn: int) -> list[str]:
     out = []
     if num_experts % G_ep:
         out.append(f"G_ep={G_ep} does not divide num_moe_experts={num_experts}")
-    if G_etp != d["row"]:
-        out.append(f"G_etp={G_etp} must equal G_intra_r={d['row']} in the engine (the experts take the "
-                   "row-replicated activations)")
     if d["col"] != 1 or d["depth"] != 1:
         out.append(f"MoE layers need G_intra_c=1 and G_intra_d=1, got {d['col']} and {d['depth']}")
     if ffn % G_etp:
         out.append(f"G_etp={G_etp} does not divide moe_ffn_hidden_size={ffn}")
     return out
+
+
+def _row_sizes(n: int, parts: int) -> list[int]:
+    """torch.tensor_split's chunk sizes: n rows over `parts` members, the first n % parts one longer."""
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def _gather_rows(x: torch.Tensor, sizes: list[int], group: Any) -> torch.Tensor:
+    """Concatenate every member's rows (member i holds sizes[i]) in group-rank order: one
+    all_gather_into_tensor of rows padded to the longest member's."""
+    m = max(sizes)
+    if x.shape[0] < m:
+        x = torch.cat([x, x.new_zeros((m - x.shape[0], *x.shape[1:]))])
+    out = x.new_empty((m * len(sizes), *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return torch.cat([out[i * m:i * m + n] for i, n in enumerate(sizes)])
+
+
+class _SplitRows(torch.autograd.Function):
+    """Forward keeps this member's chunk of the rows (a tensor every member holds alike); backward
+    all-gathers the chunks' gradients, so the input's gradient is whole and alike again (Megatron's
+    scatter_to_sequence_parallel_region over dim 0)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        sizes = _row_sizes(x.shape[0], dist.get_world_size(group))
+        r = dist.get_rank(group)
+        ctx.sizes, ctx.group = sizes, group
+        start = sum(sizes[:r])
+        return x[start:start + sizes[r]].clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _gather_rows(g.contiguous(), ctx.sizes, ctx.group), None
+
+
+class _GatherRows(torch.autograd.Function):
+    """Forward concatenates every member's rows (`sizes`); backward keeps this member's rows of the
+    gradient (which every member holds whole: Megatron's gather_from_sequence_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        r = dist.get_rank(group)
+        ctx.start, ctx.n = sum(sizes[:r]), sizes[r]
+        return _gather_rows(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return g[ctx.start:ctx.start + ctx.n].contiguous(), None, None
 
 
 class _AllToAll(torch.autograd.Function):
@@ -130,10 +188,20 @@ class MoE(nn.Module):
         etp_axis = "etp" if "etp" in d else "row"
         self.ep_group = grid.comm_group("ep") if self.G_ep > 1 else None
         self.etp_group = grid.comm_group(etp_axis) if self.G_etp > 1 else None
+        # MoE parallel folding with an etp group other than the row group: the row-replicated
+        # tokens are split over row (every rank of the stage then holds its own, as under Megatron's
+        # sequence parallelism) and each etp group works on the union of its members' tokens
+        row = grid.comm_group("row")
+        members = (sorted(dist.get_process_group_ranks(g)) if g is not None else [grid.rank]
+                   for g in (self.etp_group, row))
+        folded = next(members) != next(members)
+        self.split_group = row if folded else None
+        self.union_group = self.etp_group if folded else None
         self.local = num_experts // self.G_ep
         ep_rank = grid.coords.get("ep", 0)
         etp_rank = grid.coords.get(etp_axis, 0)
         self.first_expert = ep_rank * self.local
+        self.hidden, self.ffn, self.etp_rank = hidden, ffn, etp_rank
         f = ffn // self.G_etp
         experts = slice(self.first_expert, self.first_expert + self.local)
         cols = slice(etp_rank * f, (etp_rank + 1) * f)
@@ -159,10 +227,11 @@ class MoE(nn.Module):
         from engine.recorder import uncounted
 
         shape = x.shape
-        x = x.reshape(-1, shape[-1])
+        full = x = x.reshape(-1, shape[-1])
         probs = torch.softmax(self.router(x), dim=-1)
         top, idx = probs.topk(self.top_k, dim=-1)
         w = top / top.sum(-1, keepdim=True)
+        x, w, idx = self._fold_tokens(x, w, idx)
         flat_expert = idx.reshape(-1)  # row r = token r // k, slot r % k
         order = torch.argsort(flat_expert, stable=True)  # rows sorted by expert, hence by ep rank
         tokens = order // self.top_k
@@ -195,9 +264,51 @@ class MoE(nn.Module):
         y = reduce_from(y, self.etp_group)  # partial sums of the etp slices: all-reduce [T*k, h]
         weights = w.reshape(-1)[order]
         out = torch.zeros_like(x).index_add(0, tokens, y * weights[:, None])
+        if self.union_group is not None:  # back to this rank's own tokens
+            out = _SplitRows.apply(out, self.union_group)
+        if self.split_group is not None:  # and to the row-replicated layout
+            out = _GatherRows.apply(out, self.split_group, _row_sizes(full.shape[0], self.split_group.size()))
         if self.shared is not None:
-            out = out + self.shared(x)
+            out = out + self.shared(full)
         return out.reshape(shape)
+
+    def _fold_tokens(self, x: torch.Tensor, w: torch.Tensor,
+                     idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tokens (with their gates and experts) this rank's etp group routes: with the etp group
+        the row group, all of them (replicated over etp, as Megatron's experts without sequence
+        parallelism); otherwise this rank's 1/G_intra_r of them (`_SplitRows`: the gates' backward
+        gathers, so the replicated router's gradient stays whole on every row rank), all-gathered
+        over etp (`_GatherRows`: each member's gates get their own rows' gradient back, so the
+        router's gradient counts each token once over the data group). Routing is computed before
+        the split, on the same values every row rank holds."""
+        if self.split_group is not None:
+            n = x.shape[0]
+            x, w = _SplitRows.apply(x, self.split_group), _SplitRows.apply(w, self.split_group)
+            r = dist.get_rank(self.split_group)
+            sizes = _row_sizes(n, self.split_group.size())
+            idx = idx[sum(sizes[:r]):sum(sizes[:r]) + sizes[r]]
+        if self.union_group is not None:
+            from engine.recorder import uncounted
+
+            with uncounted():  # each member's row count (metadata)
+                counts = torch.zeros(self.union_group.size(), dtype=torch.int64, device=x.device)
+                dist.all_gather_into_tensor(counts, torch.tensor([x.shape[0]], device=x.device),
+                                            group=self.union_group)
+            sizes = counts.tolist()
+            x = _GatherRows.apply(x, self.union_group, sizes)
+            w = _GatherRows.apply(w, self.union_group, sizes)
+            idx = _gather_rows(idx, sizes, self.union_group)
+        return x, w, idx
+
+    def expert_boxes(self) -> dict[str, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]]:
+        """Where this rank's expert weights sit in the unsplit MoEMLP's tensors: for "fc1" and
+        "fc2", (full shape, per dim (start, stop)); what sharded checkpoints store beside each piece
+        so that any grid can find and cut the parts it needs (engine.checkpoint)."""
+        f = self.ffn // self.G_etp
+        experts = (self.first_expert, self.first_expert + self.local)
+        cols = (self.etp_rank * f, (self.etp_rank + 1) * f)
+        return {"fc1": ((self.num_experts, self.ffn, self.hidden), (experts, cols, (0, self.hidden))),
+                "fc2": ((self.num_experts, self.hidden, self.ffn), (experts, (0, self.hidden), cols))}
 
     def gather_experts(self) -> dict[str, torch.Tensor]:
         """The full fc1 / fc2 of every expert (a collective over ep and etp), for checks and export."""

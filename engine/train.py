@@ -467,7 +467,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
     nothing is offloaded.
     A GPTConfig with `num_moe_experts` trains MoE MLPs (engine.moe): experts over the plan's G_ep
     (or `G_ep=` where the Plan has no such field), the automatic search keeping to layouts the
-    engine's MoE runs (G_intra_c = G_intra_d = 1, ZeRO stage 0). The plan's G_cp (when the Plan
+    engine's MoE runs (G_intra_c = G_intra_d = 1; every ZeRO stage: experts sharded over the
+    expert-data group). The plan's G_cp (when the Plan
     has it) splits the sequence (engine.context).
     Defaults: `global_batch_size` two samples per rank (default_global_batch_size), `steps`
     warmup_steps + DEFAULT_TIMED_STEPS, so `engine.train(model, dataset, auto=True)` runs as is.
@@ -565,11 +566,7 @@ def moe_limits(plan: Plan, G_ep: int | None = None) -> list[str]:
     problems = []
     if plan.G_intra_c != 1 or plan.G_intra_d != 1:
         problems.append(f"G_intra_c={plan.G_intra_c}, G_intra_d={plan.G_intra_d}: MoE layers need both 1")
-    if plan.zero_stage:
-        problems.append(f"zero_stage={plan.zero_stage}: MoE layers train with ZeRO stage 0 in the engine")
     G_etp = getattr(plan, "G_etp", None)
-    if G_etp is not None and G_etp != plan.G_intra_r:
-        problems.append(f"G_etp={G_etp}: the engine's experts need G_etp = G_intra_r = {plan.G_intra_r}")
     ep = G_ep or getattr(plan, "G_ep", 1)
     if (plan.world_size // plan.G_inter) % (ep * (G_etp or plan.G_intra_r)):
         problems.append(f"G_ep={ep}: G_etp*G_ep does not divide the ranks of a pipeline stage")

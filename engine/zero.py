@@ -24,7 +24,11 @@ sync_gradients and the norm functions consult.
 `step()` releases the full gradients (p.grad = None, as zero_grad(set_to_none=True) does) before
 the parameters are all-gathered, so the two never coexist; at most one full-size flat buffer (the
 reduce-scatter's input, then the all-gather's output) exists at a time.
-`stage=2` (ZeRO-2) also frees every full gradient as soon as the reduce-scatter has read it: only
+`stage=2` (ZeRO-2) also makes the gradients views of one padded flat buffer per space at
+`zero_grad()` (autograd accumulates into it; Megatron-Core's `main_grad` views of its bucket
+buffers), which the reduce-scatter consumes in place and then drops, so the step never holds the
+gradients and a flat copy of them at once (a gradient replaced since, e.g. by `model.zero_grad()`,
+falls back to the copy). It frees every full gradient as soon as the reduce-scatter has read it: only
 this rank's 1/G_data shard of the gradient lives on through clipping and the optimizer step, so
 the gradient memory between backward and the next backward is 1/G_data of ZeRO-1's. The
 communication is ZeRO-1's (one reduce-scatter per step after the last micro-batch, as Megatron-Core's
@@ -36,6 +40,13 @@ updated parameter shard comes back up), DeepSpeed's `offload_optimizer`. `offloa
 (parameters kept in host memory between uses, DeepSpeed's `offload_param`) needs ZeRO-3
 (engine.Zero3): ZeRO-1/2 keep every full parameter on the device for the forward, so it is refused
 (`offload_mode`).
+MoE expert weights (engine.moe; `engine.grads.is_expert`) are split over ep/etp and replicated
+only over the expert-data group, so they form a second flat space sharded over "edp" (the data
+group when the grid has no expert groups), as Megatron-Core's distributed optimizer keeps its
+expert buffers over the expert-data-parallel group (megatron/core/distributed/
+distributed_data_parallel.py, `expert_parallel_buffers`); each space gets its own reduce-scatter
+and all-gather per step, and the global norm counts each expert shard once
+(engine.grads.expert_power_sum).
 `state_dict()` is this rank's (its shard of the state plus the hyperparameters); engine's
 checkpoints store the unsharded per-parameter state instead, which reloads under any grid.
 """
@@ -49,8 +60,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.comm import all_gather_flat, group_rank, group_size, reduce_scatter_consumed
-from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, restore_hyperparameters
+from engine.comm import all_gather_flat, all_gather_flat_into, group_rank, group_size, reduce_scatter_consumed
+from engine.grads import ZERO_ATTR, ShardedGradNorm, flat_slice_pieces, is_expert, restore_hyperparameters
 from engine.grid import Grid, grid_of
 
 
@@ -73,7 +84,107 @@ def offload_mode(offload: Any, *, zero3: bool) -> str | None:
     raise ValueError(f"offload must be False, True, 'none', 'optimizer' or 'params', got {offload!r}")
 
 
+class _Space:
+    """One sharding domain of a ZeroOptimizer: some of its parameters (in parameter-group order)
+    viewed as one flat vector zero-padded to a multiple of the size of `group`, whose member i owns
+    the i-th equal segment. The dense parameters form one space over the data group; MoE expert
+    weights (engine.grads.is_expert) another over the expert-data group, because they are split
+    over ep/etp and replicated only there (Megatron-Core's distributed optimizer keeps one buffer
+    per group the same way: megatron/core/distributed/distributed_data_parallel.py builds
+    `expert_parallel_buffers` over the expert-data-parallel group beside the dense `buffers`)."""
+
+    def __init__(self, params: list[torch.Tensor], group_index: list[int], group: Any, *, expert: bool,
+                 num_groups: int) -> None:
+        self.params, self.group, self.expert = params, group, expert
+        self.numels = [p.numel() for p in params]
+        total = sum(self.numels)
+        world = group_size(group)
+        self.padded = -(-total // world) * world
+        self.segment = self.padded // world
+        self.start = group_rank(group) * self.segment
+        # (parameter group, flat start, flat end) of each group's run; the padding goes to the last run
+        self.runs: list[tuple[int, int, int]] = []
+        offset = 0
+        for gi in range(num_groups):
+            n = sum(m for m, g in zip(self.numels, group_index) if g == gi)
+            if n:
+                self.runs.append((gi, offset, offset + n))
+            offset += n
+        if self.runs:
+            gi, a, _ = self.runs[-1]
+            self.runs[-1] = (gi, a, self.padded)
+        self.grad_buffer: torch.Tensor | None = None  # ZeRO-2: the gradients as views of one flat buffer
+        self.param_buffer: torch.Tensor | None = None  # the parameters as views of one flat buffer
+
+    def bind_params(self) -> None:
+        """Make the parameters views of one padded flat buffer (same values), which the step's
+        all-gather then writes in place: no full-size gathered copy beside the parameters
+        (Megatron-Core's distributed optimizer all-gathers into its `param_data` buffer the same way:
+        megatron/core/distributed/param_and_grad_buffer.py). Only for parameters of one dtype and
+        device (else the step gathers into a separate buffer and copies, as before)."""
+        if self.group is None or not self.params:
+            return
+        first = self.params[0]
+        if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
+            return
+        buf = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
+        offset = 0
+        with torch.no_grad():
+            for p, n in zip(self.params, self.numels):
+                view = buf[offset:offset + n].view_as(p)
+                view.copy_(p.detach())
+                p.data = view
+                offset += n
+        self.param_buffer = buf
+
+    def params_in_buffer(self) -> bool:
+        """Whether every parameter is still its view of `param_buffer` (nobody re-pointed one)."""
+        return _views_of(self.param_buffer, [p.data for p in self.params], self.numels)
+
+    def bucket_grads(self) -> None:
+        """ZeRO-2: give every parameter a zeroed gradient that is a view of one padded flat buffer,
+        so that autograd accumulates into it in place and the reduce-scatter reads it as is (no
+        full-size copy beside the gradients). Megatron-Core's distributed optimizer does the same
+        (megatron/core/distributed/param_and_grad_buffer.py: `main_grad` views of the bucket's
+        `grad_data`), as does DDP's `gradient_as_bucket_view`."""
+        if self.group is None or not self.params:
+            return
+        self.grad_buffer = buf = torch.zeros(self.padded, dtype=self.params[0].dtype,
+                                             device=self.params[0].device)
+        offset = 0
+        for p, n in zip(self.params, self.numels):
+            p.grad = buf[offset:offset + n].view_as(p)
+            offset += n
+
+    @property
+    def end(self) -> int:
+        return self.start + self.segment
+
+    def grads_in_buffer(self) -> bool:
+        """Whether every gradient is still its view of `grad_buffer` (autograd accumulated in place;
+        nobody replaced or dropped one since `bucket_grads`)."""
+        return _views_of(self.grad_buffer, [p.grad for p in self.params], self.numels)
+
+
+def _views_of(buf: torch.Tensor | None, tensors: list[torch.Tensor | None], numels: list[int]) -> bool:
+    """Whether tensors[i] is the i-th consecutive view of `buf` (of numels[i] elements)."""
+    if buf is None:
+        return False
+    base = buf.untyped_storage().data_ptr()
+    offset = 0
+    for t, n in zip(tensors, numels):
+        if t is None or t.untyped_storage().data_ptr() != base or t.storage_offset() != offset \
+                or not t.is_contiguous():
+            return False
+        offset += n
+    return True
+
+
+
 class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
+    """ZeRO-1/2 (module docstring). MoE expert weights are sharded over the expert-data group, the
+    other parameters over the data group (`_Space`)."""
+
     def __init__(self, params: nn.Module | Iterable[Any], optimizer_class: Any = torch.optim.AdamW, *,
                  grid: Grid | None = None, stage: int = 1, offload: bool | str | None = False,
                  **optimizer_kwargs: Any) -> None:
@@ -88,28 +199,29 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
             params = [p for p in params.parameters() if p.requires_grad]
         super().__init__(params, dict(optimizer_kwargs))
         self.params = [p for g in self.param_groups for p in g["params"]]
-        total = sum(p.numel() for p in self.params)
-        world = group_size(self.group)
-        self.padded = -(-total // world) * world
-        self.segment = self.padded // world
-        self.start = group_rank(self.group) * self.segment
-        end = self.start + self.segment
-        # one shard tensor per parameter group, covering the part of this rank's segment in it
-        self.pieces: list[tuple[int, int, int]] = []  # (group index, flat start, flat end)
+        group_index = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
+        self.spaces: list[_Space] = []
+        for expert, group in ((False, self.group), (True, self.grid.expert_comm_group("edp"))):
+            members = [i for i, p in enumerate(self.params) if is_expert(p) == expert]
+            if members or not expert:
+                self.spaces.append(_Space([self.params[i] for i in members],
+                                          [group_index[i] for i in members], group, expert=expert,
+                                          num_groups=len(self.param_groups)))
+        # one shard tensor per (space, parameter group) run that overlaps this rank's segment
+        self.pieces: list[tuple[_Space, int, int, int]] = []  # (space, group index, flat start, flat end)
         inner_groups = []
-        offset = 0
-        for gi, g in enumerate(self.param_groups):
-            n = sum(p.numel() for p in g["params"])
-            g_end = offset + n + (self.padded - total if gi == len(self.param_groups) - 1 else 0)
-            a, b = max(offset, self.start), min(g_end, end)
-            if a < b:
-                shard = nn.Parameter(self._segment_of(list(self.params), a, b).to(self.state_device))
-                self.pieces.append((gi, a, b))
-                inner_groups.append({**self._hyper(g), "params": [shard]})
-            offset += n
+        for space in self.spaces:
+            for gi, g_start, g_end in space.runs:
+                a, b = max(g_start, space.start), min(g_end, space.end)
+                if a < b:
+                    values = self._segment_of(space, list(space.params), a, b)
+                    shard = nn.Parameter(values.to(self.state_device))
+                    self.pieces.append((space, gi, a, b))
+                    inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [shard]})
         if not inner_groups:  # a rank whose whole segment is padding still needs an optimizer
             gi = len(self.param_groups) - 1
-            self.pieces.append((gi, end, end))
+            space = self.spaces[0]
+            self.pieces.append((space, gi, space.end, space.end))
             empty = nn.Parameter(torch.zeros(0, dtype=self.params[0].dtype, device=self.state_device))
             inner_groups.append({**self._hyper(self.param_groups[gi]), "params": [empty]})
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
@@ -122,6 +234,8 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
         self._reduced = False
         for p in self.params:
             setattr(p, ZERO_ATTR, weakref.ref(self))
+        for space in self.spaces:
+            space.bind_params()
 
     def placement(self) -> dict[str, torch.device]:
         """Where each kind of model state lives: "params" (the full parameters the forward reads),
@@ -137,23 +251,22 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
     def shards(self) -> list[torch.Tensor]:
         return [g["params"][0] for g in self.inner.param_groups]
 
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        if flat.numel() < self.padded:
-            flat = torch.cat([flat, flat.new_zeros(self.padded - flat.numel())])
-        return flat
-
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad; under ZeRO-2 the gradients then become zeroed views of one flat buffer
+        per space (`_Space.bucket_grads`), which the reduce-scatter consumes in place."""
         super().zero_grad(set_to_none=set_to_none)
+        if self.stage == 2:
+            for space in self.spaces:
+                space.bucket_grads()
         self._reduced = False
 
-    def _segment_of(self, tensors: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
-        """Elements [lo, hi) of the padded flat concatenation of `tensors` (None reads as zeros),
-        built from the overlapping slices only: no full-size flat copy."""
+    def _segment_of(self, space: _Space, tensors: list[torch.Tensor | None], lo: int,
+                    hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of `space`'s padded flat concatenation of `tensors` (None reads as
+        zeros), built from the overlapping slices only: no full-size flat copy."""
         out = torch.zeros(hi - lo, dtype=self.params[0].dtype, device=self.grid.device)
         offset = 0
-        for p, t in zip(self.params, tensors):
-            n = p.numel()
+        for n, t in zip(space.numels, tensors):
             a, b = max(lo, offset), min(hi, offset + n)
             if a < b and t is not None:
                 out[a - lo:b - lo] = t.detach().reshape(-1)[a - offset:b - offset]
@@ -162,47 +275,60 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
-        """Reduce-scatter the flat gradient over data into the shards (once per step).
+        """Reduce-scatter each space's flat gradient over its group into the shards (once per step).
 
         Memory: one padded flat buffer is the reduce-scatter's input (a collective needs it
         contiguous); each gradient is copied in and, under ZeRO-2, freed right away, so the buffer
         replaces the gradients instead of doubling them. Nothing else full-size is allocated."""
         if self._reduced:
             return
-        if self.group is None:
-            mine = self._segment_of([p.grad for p in self.params], self.start, self.start + self.segment)
-        else:
-            flat = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.grid.device)
-            offset = 0
-            for p in self.params:
-                n = p.numel()
-                if p.grad is not None:
-                    flat[offset:offset + n] = p.grad.reshape(-1)
-                    if self.stage == 2:  # ZeRO-2: only the shard of the gradient lives on
-                        p.grad = None
-                offset += n
-            mine = reduce_scatter_consumed(flat, self.group)
-            del flat
-        for shard, (_, a, b) in zip(self.shards, self.pieces):
-            piece = mine[a - self.start:b - self.start]
-            shard.grad = piece.to(self.state_device, copy=True) \
-                if len(self.pieces) > 1 or self.offload is not None else piece
+        for space in self.spaces:
+            if space.group is None:
+                mine = self._segment_of(space, [p.grad for p in space.params], space.start, space.end)
+            elif space.grads_in_buffer():  # ZeRO-2: the gradients are the buffer, reduced in place
+                flat, space.grad_buffer = space.grad_buffer, None
+                for p in space.params:
+                    p.grad = None
+                mine = reduce_scatter_consumed(flat, space.group)
+                del flat
+            else:
+                flat = torch.zeros(space.padded, dtype=self.params[0].dtype, device=self.grid.device)
+                offset = 0
+                for p, n in zip(space.params, space.numels):
+                    if p.grad is not None:
+                        flat[offset:offset + n] = p.grad.reshape(-1)
+                        if self.stage == 2:  # ZeRO-2: only the shard of the gradient lives on
+                            p.grad = None
+                    offset += n
+                mine = reduce_scatter_consumed(flat, space.group)
+                del flat
+                space.grad_buffer = None  # (replaced gradients: the buffer is stale)
+            for shard, (sp, _, a, b) in zip(self.shards, self.pieces):
+                if sp is space:
+                    piece = mine[a - space.start:b - space.start]
+                    shard.grad = piece.to(self.state_device, copy=True) \
+                        if len(self.pieces) > 1 or self.offload is not None else piece
         if self.stage == 2:
             for p in self.params:
                 p.grad = None
         self._reduced = True
 
     def _weighted_pieces(self) -> tuple[list[torch.Tensor], list[float]]:
-        """This rank's reduced gradient cut at parameter boundaries, each with 1 / (tensor-parallel
-        ranks holding the same values)."""
+        """This rank's reduced dense gradient cut at parameter boundaries, each with 1 /
+        (tensor-parallel ranks holding the same values)."""
         pieces, weights = [], []
-        numels = [p.numel() for p in self.params]
-        for shard, (_, a, b) in zip(self.shards, self.pieces):
-            if b > a:
-                more, w = flat_slice_pieces(shard.grad, a, b, self.params, numels, self.grid)
+        for shard, (space, _, a, b) in zip(self.shards, self.pieces):
+            if b > a and not space.expert:
+                more, w = flat_slice_pieces(shard.grad, a, b, space.params, space.numels, self.grid)
                 pieces += more
                 weights += w
         return pieces, weights
+
+    def _expert_pieces(self) -> list[torch.Tensor] | None:
+        if not any(space.expert for space in self.spaces):
+            return None
+        return [shard.grad for shard, (space, _, a, b) in zip(self.shards, self.pieces)
+                if space.expert and b > a and shard.grad is not None]
 
     def _grad_shards(self) -> list[torch.Tensor]:
         return self.shards
@@ -213,83 +339,98 @@ class ZeroOptimizer(ShardedGradNorm, torch.optim.Optimizer):
             raise ValueError("ZeroOptimizer.step does not take a closure (got one)")
         # the parameters are the truth (a checkpoint load or user code may have changed them);
         # only this rank's segment is read (no full-size flat copy of the parameters)
-        for shard, (_, a, b) in zip(self.shards, self.pieces):
+        for shard, (space, _, a, b) in zip(self.shards, self.pieces):
             if b > a:
-                shard.copy_(self._segment_of(list(self.params), a, b))
+                shard.copy_(self._segment_of(space, list(space.params), a, b))
         self.reduce_gradients()
-        for inner, (gi, _, _) in zip(self.inner.param_groups, self.pieces):
+        for inner, (_, gi, _, _) in zip(self.inner.param_groups, self.pieces):
             inner.update(self._hyper(self.param_groups[gi]))  # LR schedulers write to self.param_groups
         self.inner.step()
         # the full gradients are read (reduced into the shards): released now, as
         # zero_grad(set_to_none=True) would, so they do not sit beside the gathered parameters
         for p in self.params:
             p.grad = None
-        mine = torch.zeros(self.segment, dtype=self.params[0].dtype, device=self.grid.device)
-        for shard, (_, a, b) in zip(self.shards, self.pieces):
-            mine[a - self.start:b - self.start] = shard.detach().to(mine.device)
-        # the gathered parameters are the one full-size temporary of the step
-        full = all_gather_flat(mine, self.group)
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.copy_(full[offset:offset + n].view_as(p))
-            offset += n
-        del full
+        for space in self.spaces:
+            mine = torch.zeros(space.segment, dtype=self.params[0].dtype, device=self.grid.device)
+            for shard, (sp, _, a, b) in zip(self.shards, self.pieces):
+                if sp is space:
+                    mine[a - space.start:b - space.start] = shard.detach().to(mine.device)
+            if space.group is not None and space.params_in_buffer():
+                # into the parameters themselves (they are views of the buffer): nothing full-size
+                all_gather_flat_into(space.param_buffer, mine, space.group)
+                continue
+            # the gathered parameters are the one full-size temporary of the step
+            full = all_gather_flat(mine, space.group)
+            offset = 0
+            for p, n in zip(space.params, space.numels):
+                p.copy_(full[offset:offset + n].view_as(p))
+                offset += n
+            del full
         self._reduced = False
         return None
 
     # ---- state -------------------------------------------------------------------------------
 
+    def _layout(self) -> list[dict[str, int]]:
+        return [{"start": sp.start, "segment": sp.segment, "padded": sp.padded} for sp in self.spaces]
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's shard of the inner optimizer's state, plus every group's hyperparameters."""
         return {"inner": self.inner.state_dict(), "param_groups": [self._hyper(g) for g in self.param_groups],
-                "zero": {"start": self.start, "segment": self.segment, "padded": self.padded}}
+                "zero": self._layout()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        zero = state_dict.get("zero", {})
-        mine = (self.start, self.segment, self.padded)
-        if zero and (zero["start"], zero["segment"], zero["padded"]) != mine:
-            raise ValueError(f"state_dict holds the ZeRO-1 segment {zero} but this rank owns "
-                             f"start={self.start}, segment={self.segment}, padded={self.padded}; use "
-                             "engine.load_checkpoint to reshard")
+        zero = state_dict.get("zero", [])
+        saved = [zero] if isinstance(zero, dict) else zero  # one dict: written before expert spaces
+        if saved and saved != self._layout():
+            raise ValueError(f"state_dict holds the ZeRO segments {saved} but this rank owns "
+                             f"{self._layout()}; use engine.load_checkpoint to reshard")
         restore_hyperparameters(self.param_groups, state_dict["param_groups"], "state_dict")
         self.inner.load_state_dict(state_dict["inner"])
 
     def per_parameter_state(self) -> list[dict[str, Any]]:
         """The unsharded optimizer state, one dict per parameter (in `self.params` order), shaped like
-        the parameter: what a plain optimizer would hold. A collective over the data group."""
+        the parameter: what a plain optimizer would hold. A collective over each space's group."""
         keys: dict[str, Any] = {}
         for shard in self.shards:
             for key, value in self.inner.state.get(shard, {}).items():
                 keys.setdefault(key, value)
-        out: list[dict[str, Any]] = [{} for _ in self.params]
+        out: dict[int, dict[str, Any]] = {id(p): {} for p in self.params}
         for key, sample in keys.items():
             if isinstance(sample, torch.Tensor) and sample.dim() > 0:
-                mine = torch.zeros(self.segment, dtype=sample.dtype, device=self.grid.device)
-                for shard, (_, a, b) in zip(self.shards, self.pieces):
-                    value = self.inner.state.get(shard, {}).get(key)
-                    if value is not None and b > a:
-                        mine[a - self.start:b - self.start] = value.detach().to(mine.device)
-                full = all_gather_flat(mine, self.group)
-                offset = 0
-                for i, p in enumerate(self.params):
-                    out[i][key] = full[offset:offset + p.numel()].view_as(p).clone()
-                    offset += p.numel()
+                for space in self.spaces:
+                    mine = torch.zeros(space.segment, dtype=sample.dtype, device=self.grid.device)
+                    for shard, (sp, _, a, b) in zip(self.shards, self.pieces):
+                        value = self.inner.state.get(shard, {}).get(key)
+                        if sp is space and value is not None and b > a:
+                            mine[a - space.start:b - space.start] = value.detach().to(mine.device)
+                    full = all_gather_flat(mine, space.group)
+                    offset = 0
+                    for p, n in zip(space.params, space.numels):
+                        out[id(p)][key] = full[offset:offset + n].view_as(p).clone()
+                        offset += n
             else:
-                for entry in out:
+                for entry in out.values():
                     entry[key] = sample.clone() if isinstance(sample, torch.Tensor) else sample
-        return out
+        return [out[id(p)] for p in self.params]
 
     def load_per_parameter_state(self, states: list[dict[str, Any]]) -> None:
         """Inverse of `per_parameter_state`: keep this rank's segment of each per-parameter tensor."""
+        by_id = {id(p): entry for p, entry in zip(self.params, states)}
         keys = {k for entry in states for k in entry}
         target: list[dict[str, Any]] = [{} for _ in self.shards]
         for key in keys:
             values = [entry.get(key) for entry in states]
             if all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, self.params)):
-                flat = self._flat([v.to(self.shards[0].dtype) for v in values])
-                for entry, (_, a, b) in zip(target, self.pieces):
-                    entry[key] = flat[a:b].to(self.state_device, copy=True)
+                for space in self.spaces:
+                    flat = torch.zeros(space.padded, dtype=self.shards[0].dtype, device=self.grid.device)
+                    offset = 0
+                    for p, n in zip(space.params, space.numels):
+                        flat[offset:offset + n] = by_id[id(p)][key].reshape(-1).to(flat)
+                        offset += n
+                    for entry, (sp, _, a, b) in zip(target, self.pieces):
+                        if sp is space:
+                            entry[key] = flat[a:b].to(self.state_device, copy=True)
             else:
                 value = next(v for v in values if v is not None)
                 for entry in target:

@@ -38,6 +38,12 @@ per step and unit one all-gather and one reduce-scatter, what perfmodels.traffic
 zero_stage=3 with G_inter > 1 (`_grad_sync_events`) and perfmodels.memory's full-stage peak. The
 pipeline calls `begin_pipeline_step` / `end_pipeline_step` itself (engine.pipeline.run_schedule).
 
+MoE expert weights (engine.moe) are sharded over the expert-data group instead of data: a module
+holding both (a block with an engine.MoE MLP) gets two units, one per group, gathered and freed
+together (Megatron-Core's distributed optimizer shards expert parameters over the
+expert-data-parallel group the same way). `hybrid_shard` cuts its groups from the data group and
+is refused with experts (ValueError before any collective).
+
 CPU offload (`offload=`, engine.zero.offload_mode):
 - "optimizer" (DeepSpeed's `offload_optimizer` without `offload_param`): the optimizer's fp32
   shards, their gradients and its state live in host memory and the step runs on the CPU; each
@@ -64,6 +70,7 @@ from engine.grads import (
     ZERO_ATTR,
     ShardedGradNorm,
     flat_slice_pieces,
+    is_expert,
     replicated_over_depth,
 )
 from engine.grid import Grid, grid_of
@@ -75,18 +82,22 @@ def _nbytes(t: torch.Tensor | None) -> int:
 
 
 class _Unit:
-    """One gather unit: its modules, its parameters as one padded flat vector, this rank's shard."""
+    """One gather unit: its modules, its parameters as one padded flat vector, this rank's shard of
+    it over `group` (the data group; for MoE expert weights, `expert=True`, the expert-data group:
+    a module holding both gets two units)."""
 
-    def __init__(self, owner: Zero3, modules: list[nn.Module], params: list[nn.Parameter]) -> None:
+    def __init__(self, owner: Zero3, modules: list[nn.Module], params: list[nn.Parameter], *,
+                 group: Any, expert: bool = False) -> None:
         self.owner = owner
         self.modules, self.params = modules, params
+        self.group, self.expert = group, expert
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
         total = sum(self.numels)
-        world = group_size(owner.group)
+        world = group_size(group)
         self.padded = -(-total // world) * world
         self.segment = self.padded // world
-        start = self.start = group_rank(owner.group) * self.segment
+        start = self.start = group_rank(group) * self.segment
         flat = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
         offset = 0
         for p, n in zip(params, self.numels):
@@ -119,7 +130,7 @@ class _Unit:
         if self.full is not None:
             return
         with torch.no_grad():
-            full = all_gather_flat(self.local.detach().to(self.owner.grid.device), self.owner.group)
+            full = all_gather_flat(self.local.detach().to(self.owner.grid.device), self.group)
             offset = 0
             for p, n, shape in zip(self.params, self.numels, self.shapes):
                 p.data = full[offset:offset + n].view(shape)
@@ -167,8 +178,8 @@ class _Unit:
             rep = flat[self.rep_index]
             dist.all_reduce(rep, group=self.owner.depth_group)
             flat[self.rep_index] = rep
-        mine = reduce_scatter_consumed(flat, self.owner.group)
-        if self.owner.replica_group is not None:  # HybridShard: the shard groups' sums added up
+        mine = reduce_scatter_consumed(flat, self.group)
+        if self.owner.replica_group is not None and not self.expert:  # HybridShard: the shard groups' sums
             dist.all_reduce(mine, group=self.owner.replica_group)
         mine = mine.to(self.owner.state_device)
         if self.shard.grad is None:
@@ -237,6 +248,11 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
                              f"got {type(model).__name__}")
         mode = offload_mode(offload, zero3=True)  # None, "optimizer" or "params"
         self.grid = grid_of(model, grid)
+        has_experts = any(is_expert(p) for p in model.parameters() if p.requires_grad)
+        if hybrid_shard is not None and has_experts:  # before _hybrid_groups' collectives
+            raise ValueError(f"hybrid_shard={hybrid_shard!r}: HybridShard groups are cut from the data "
+                             "group, but MoE expert weights are sharded over the expert-data group; "
+                             "use hybrid_shard=None with engine.MoE")
         # under a pipeline: gathered once per step for the whole schedule (module docstring)
         self.pipelined = self.grid.size("inter") > 1
         self.model, self.offload = model, mode
@@ -261,11 +277,15 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
                     if p.requires_grad and id(p) not in seen:
                         seen.add(id(p))
                         mine.append(p)
-            if mine:
-                unit = _Unit(self, modules, mine)
-                self.units.append(unit)
-                for p in mine:
-                    self.unit_of[id(p)] = unit
+            # dense parameters sharded over data, MoE experts over the expert-data group (as
+            # Megatron-Core's distributed optimizer shards its expert buffers)
+            for expert, group in ((False, self.group), (True, self.grid.expert_comm_group("edp"))):
+                part = [p for p in mine if is_expert(p) == expert]
+                if part:
+                    unit = _Unit(self, modules, part, group=group, expert=expert)
+                    self.units.append(unit)
+                    for p in part:
+                        self.unit_of[id(p)] = unit
         # modules using a parameter another unit owns (tied weights: GPT-2's head is the token
         # embedding's weight) gather that unit for their own forward and free it after
         self.borrowers: list[tuple[nn.Module, list[_Unit]]] = []
@@ -434,12 +454,19 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
     def _weighted_pieces(self) -> tuple[list[torch.Tensor], list[float]]:
         pieces, weights = [], []
         for unit in self.units:
-            start = group_rank(self.group) * unit.segment
-            more, w = flat_slice_pieces(unit.shard.grad, start, start + unit.segment, unit.params,
+            if unit.expert:
+                continue
+            more, w = flat_slice_pieces(unit.shard.grad, unit.start, unit.start + unit.segment, unit.params,
                                         unit.numels, self.grid)
             pieces += more
             weights += w
         return pieces, weights
+
+    def _expert_pieces(self) -> list[torch.Tensor] | None:
+        experts = [unit for unit in self.units if unit.expert]
+        if not experts:
+            return None
+        return [unit.shard.grad for unit in experts if unit.shard.grad is not None]
 
     def _norm_model(self, model: nn.Module | None) -> nn.Module | None:
         return model if model is not None else self.model
@@ -496,7 +523,7 @@ class Zero3(ShardedGradNorm, torch.optim.Optimizer):
             entries: list[dict[str, Any]] = [{} for _ in unit.params]
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    full = all_gather_flat(value.detach().to(self.grid.device), self.group)
+                    full = all_gather_flat(value.detach().to(self.grid.device), unit.group)
                     offset = 0
                     for entry, n, shape in zip(entries, unit.numels, unit.shapes):
                         entry[key] = full[offset:offset + n].view(shape).clone()

@@ -16,9 +16,9 @@ import torch
 
 from engine.launch import launch
 from engine.models.gpt import GPTConfig
-from tests.engine.harness import GLOBAL_BATCH, STEPS, batches, isolated, make_optimizer
+from tests.engine.harness import GLOBAL_BATCH, LR, STEPS, batches, isolated, make_optimizer
 
-FIELDS = {"data": "G_data", "row": "G_intra_r", "inter": "G_inter", "ep": "G_ep"}
+FIELDS = {"data": "G_data", "row": "G_intra_r", "inter": "G_inter", "ep": "G_ep", "etp": "G_etp"}
 EXPERTS, TOPK = 4, 2
 
 
@@ -28,7 +28,10 @@ def moe_config(num_layers: int = 2) -> GPTConfig:
                      moe_shared_expert_intermediate_size=16)
 
 
-def _reference(num_layers: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+Reference = tuple[list[float], dict[str, torch.Tensor], float]
+
+
+def _reference(num_layers: int, clip: float | None = None) -> Reference:
     from engine.models.gpt import GPT
 
     torch.set_num_threads(1)
@@ -45,17 +48,31 @@ def _reference(num_layers: int) -> tuple[list[float], dict[str, torch.Tensor]]:
         loss.backward()
         if s == 0:
             norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         losses.append(float(loss))
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, norm
 
 
-@functools.lru_cache(maxsize=2)
-def reference(num_layers: int = 2) -> tuple[list[float], dict[str, torch.Tensor], float]:
-    return isolated(_reference, num_layers)
+@functools.lru_cache(maxsize=4)
+def reference(num_layers: int = 2, clip: float | None = None) -> Reference:
+    return isolated(_reference, num_layers, clip)
 
 
-def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> dict[str, Any]:
+def _optimizer(model: torch.nn.Module, zero: int) -> torch.optim.Optimizer:
+    import engine
+
+    kwargs = {"lr": LR, "eps": 1e-5, "weight_decay": 0.01}
+    if zero == 3:
+        return engine.Zero3(model, torch.optim.AdamW, **kwargs)
+    if zero:
+        return engine.ZeroOptimizer(model, torch.optim.AdamW, stage=zero, **kwargs)
+    return make_optimizer(model.parameters())
+
+
+def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int, zero: int = 0,
+           clip: float | None = None) -> dict[str, Any]:
     from torch.utils.data import TensorDataset
 
     import engine
@@ -65,7 +82,7 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> d
     cfg = moe_config(num_layers)
     torch.manual_seed(0)
     model = engine.ParallelGPT.from_serial(GPT(cfg), grid)
-    opt = make_optimizer(model.parameters())
+    opt = _optimizer(model, zero)
     loader = engine.create_dataloader(TensorDataset(*batches(cfg)), GLOBAL_BATCH)
     local = GLOBAL_BATCH // grid.batch_shards
     pipe = None
@@ -83,6 +100,8 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> d
             rec.__exit__(None, None, None)
         if s == 0:
             norm = float(engine.grad_norm(model))  # experts summed over ep and etp
+        if clip is not None:  # the global norm: each expert shard counted once
+            engine.clip_grad_norm_(model, clip)
         opt.step()
         losses.append(loss)
     state = engine.full_state_dict(model)
@@ -94,8 +113,9 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int) -> d
             "table": rec.table(), "local": local, "mb": 1 if pipe is not None else local}
 
 
-def _check(results: list[dict[str, Any]], degrees: dict[str, int], num_layers: int = 2) -> None:
-    ref_losses, ref_state, ref_norm = reference(num_layers)
+def _check(results: list[dict[str, Any]], degrees: dict[str, int], num_layers: int = 2,
+           clip: float | None = None) -> None:
+    ref_losses, ref_state, ref_norm = reference(num_layers, clip)
     for r in results:
         assert r["norm"] == pytest.approx(ref_norm, rel=1e-5)
     last = [r for r in results
@@ -117,7 +137,7 @@ CASES = [{"data": 2, "ep": 2}, {"data": 4, "ep": 4}, {"data": 2, "row": 2, "ep":
 def test_expert_parallel_gpt_trains_as_one_process(degrees):
     world = 1
     for a, v in degrees.items():
-        world *= v if a != "ep" else 1
+        world *= v if a not in ("ep", "etp") else 1
     results = launch(_train, world, args=(degrees, 2), timeout_s=180)
     _check(results, degrees)
     cfg = moe_config()
@@ -246,21 +266,133 @@ def test_parallelize_turns_a_users_moe_block_into_engine_moe():
         assert diff <= 1e-5
 
 
-def _checkpoint_refused(rank: int, world: int, path: str) -> str:
+CLIP = 0.05  # below the first steps' gradient norms (about 5): every step is clipped
+EP2D4, EP2R2 = {"data": 4, "ep": 2}, {"data": 2, "row": 2, "ep": 2}
+ZERO_CASES = [(EP2D4, 1, None), (EP2D4, 2, None), (EP2D4, 3, None), (EP2R2, 1, None), (EP2D4, 0, CLIP),
+              (EP2D4, 2, CLIP), (EP2D4, 3, CLIP), (EP2R2, 1, CLIP)]
+
+
+@pytest.mark.parametrize(("degrees", "zero", "clip"), ZERO_CASES,
+                         ids=["ep2xd4-zero1", "ep2xd4-zero2", "ep2xd4-zero3", "ep2xr2xd2-zero1",
+                              "ep2xd4-clip",
+                              "ep2xd4-zero2-clip", "ep2xd4-zero3-clip",
+                              "ep2xr2xd2-zero1-clip"])
+def test_moe_with_zero_trains_as_one_process(degrees, zero, clip):
+    """ZeRO-1/2/3 shard the experts over the expert-data group (edp2 here; edp1 on r2: unsharded)
+    and the dense parameters over data; the global norm counts each expert shard once, so clipping
+    scales as in one process."""
+    world = 1
+    for a, v in degrees.items():
+        world *= v if a not in ("ep", "etp") else 1
+    _check(launch(_train, world, args=(degrees, 2, zero, clip), timeout_s=180), degrees, clip=clip)
+
+
+def _expert_shards(rank: int, world: int, stage: int) -> dict[str, Any]:
+    """How a ZeRO optimizer splits a MoE GPT on ep2 x data4: each expert shard's size against the
+    rank's expert weights (sharded over the 2 expert-data ranks), the dense shard against the dense
+    parameters (over the 4 data ranks)."""
+    import engine
+    from engine.grads import is_expert
+    from engine.models.gpt import GPT
+
+    grid = engine.init(G_data=4, G_ep=2)
+    torch.manual_seed(0)
+    model = engine.ParallelGPT.from_serial(GPT(moe_config()), grid)
+    expert = sum(p.numel() for p in model.parameters() if is_expert(p))
+    dense = sum(p.numel() for p in model.parameters() if not is_expert(p))
+    opt = _optimizer(model, stage)  # (Zero3 empties the parameters)
+    if stage == 3:
+        mine_e = sum(u.segment for u in opt.units if u.expert)
+        mine_d = sum(u.segment for u in opt.units if not u.expert)
+    else:
+        mine_e = sum(sp.segment for sp in opt.spaces if sp.expert)
+        mine_d = sum(sp.segment for sp in opt.spaces if not sp.expert)
+    return {"expert": expert, "dense": dense, "mine_e": mine_e, "mine_d": mine_d}
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_shards_experts_over_the_expert_data_group(stage):
+    for r in launch(_expert_shards, 4, args=(stage,), timeout_s=120):
+        assert r["expert"] / 2 <= r["mine_e"] < r["expert"] / 2 + 64, r  # padded to a multiple of 2 per unit
+        assert r["dense"] / 4 <= r["mine_d"] < r["dense"] / 4 + 64, r
+
+
+def _hybrid_refused(rank: int, world: int) -> str:
     import engine
     from engine.models.gpt import GPT
 
-    grid = engine.init(G_data=2, G_ep=2)
+    grid = engine.init(G_data=4, G_ep=2)
     torch.manual_seed(0)
     model = engine.ParallelGPT.from_serial(GPT(moe_config()), grid)
     try:
-        engine.save_checkpoint(path, model)
+        engine.Zero3(model, torch.optim.AdamW, hybrid_shard=2)
     except ValueError as exc:
         return str(exc)
     return ""
 
 
-def test_sharded_checkpoints_refuse_split_experts(tmp_path):
-    """Not silently wrong: a sharded checkpoint of experts split over ep is refused with a message."""
-    for message in launch(_checkpoint_refused, 2, args=(str(tmp_path),), timeout_s=60):
-        assert "split over ep/etp" in message and "save_consolidated" in message
+def test_zero3_hybrid_shard_with_experts_is_refused_before_any_collective():
+    for message in launch(_hybrid_refused, 4, timeout_s=60):
+        assert message.startswith("hybrid_shard=2:"), message
+
+
+def _engine_train(rank: int, world: int, zero: int) -> list[float]:
+    from torch.utils.data import TensorDataset
+
+    import engine
+    from perfmodels.specs import Plan
+
+    cfg = moe_config()
+    report = engine.train(cfg, TensorDataset(*batches(cfg, steps=4)), GLOBAL_BATCH, 4, warmup_steps=1,
+                          plan=Plan(G_data=4, zero_stage=zero, micro_batch_size=2), G_ep=2, record=False,
+                          progress=False)
+    return list(report.losses) if report is not None else []
+
+
+def test_engine_train_runs_moe_at_every_zero_stage():
+    """engine.train(zero_stage=1/2/3) with MoE MLPs (ep2 x data4): the same losses as ZeRO-0."""
+    runs = {zero: launch(_engine_train, 4, args=(zero,), timeout_s=180)[0] for zero in (0, 1, 2, 3)}
+    assert len(runs[0]) == 4
+    for zero in (1, 2, 3):
+        assert runs[zero] == pytest.approx(runs[0], rel=1e-5), zero
+
+
+FOLDED = [({"data": 2, "row": 2, "ep": 4, "etp": 1}, 0), ({"data": 4, "ep": 2, "etp": 2}, 0),
+          ({"data": 2, "row": 2, "ep": 2, "etp": 1}, 1), ({"data": 2, "row": 2, "ep": 1, "etp": 4}, 0)]
+
+
+@pytest.mark.parametrize(("degrees", "zero"), FOLDED,
+                         ids=["r2-etp1-ep4", "d4-etp2-ep2", "r2-etp1-ep2-edp2-zero1", "r2-etp4-ep1"])
+def test_etp_other_than_row_trains_as_one_process(degrees, zero):
+    """MoE parallel folding (G_etp != G_intra_r): tokens split over row, gathered over etp; loss,
+    final parameters and the first step's gradient norm at 1e-5 against one process."""
+    world = 1
+    for a, v in degrees.items():
+        world *= v if a not in ("ep", "etp") else 1
+    _check(launch(_train, world, args=(degrees, 2, zero), timeout_s=180), degrees)
+
+
+def _folding_errors(rank: int, world: int) -> list[str]:
+    import engine
+    from engine.train import moe_limits
+    from perfmodels.specs import Plan
+
+    out = []
+    try:
+        engine.init(G_data=4, G_ep=2, G_etp=3)
+    except engine.GridError as exc:
+        out.append(str(exc))
+    grid = engine.init(G_data=4, G_ep=1, G_etp=4)
+    try:
+        engine.MoE(16, 30, num_experts=4, grid=grid)
+    except ValueError as exc:
+        out.append(str(exc))
+    out += moe_limits(Plan(G_data=2, G_intra_c=2, zero_stage=3), G_ep=2)
+    return out
+
+
+def test_folding_degrees_that_do_not_fit_are_refused_by_name():
+    out = launch(_folding_errors, 4, timeout_s=60)[0]
+    assert "G_etp*G_ep = 3*2 = 6 does not divide the ranks of one pipeline stage" in out[0]
+    assert "G_etp=4 does not divide moe_ffn_hidden_size=30" in out[1]
+    assert out[2:] == ["G_intra_c=2, G_intra_d=1: MoE layers need both 1"]  # zero_stage=3 is fine now
