@@ -2,8 +2,9 @@
 
 A mixture-of-experts layer runs each rank's local experts as one grouped GEMM per projection at
 m = tokens per expert (`perfmodels/experts.py`, `layer_compute`). The model prices it as L calls of
-the dense GEMM curve at (m, n, k) less L - 1 launch overheads. Whether small per-expert token counts
-lose more efficiency than that curve says is what this script measures, for the expert shapes of
+the dense GEMM curve at (m, n, k) less L - 1 launch overheads, never faster than reading the weights
+(`perfmodels.experts.grouped_gemm_s`). How small per-expert token counts lose efficiency is what
+this script measures, for the expert shapes of
 published MoE models (hidden, expert FFN width, gated), at several local expert counts L and
 tokens per expert m:
 
@@ -73,7 +74,7 @@ def grouped_fn(L: int, m: int, k: int, n: int):
         try:
             torch._grouped_mm(x, w, offs=offs)
             return (lambda: torch._grouped_mm(x, w, offs=offs)), "_grouped_mm"
-        except Exception as exc:  # noqa: BLE001 - any failure: fall back, and say so in the row
+        except Exception as exc:  # any failure: fall back, and say so
             print(f"torch._grouped_mm unavailable here ({type(exc).__name__}: {exc}); using bmm")
     xb = x.view(L, m, k)
     wb = torch.randn(L, k, n, device="cuda", dtype=torch.bfloat16)
@@ -91,18 +92,18 @@ def loop_fn(L: int, m: int, k: int, n: int):
 
 
 def predicted_s(L: int, m: int, k: int, n: int, gpu_name: str) -> float:
-    """`perfmodels.experts.layer_compute`'s grouped GEMM price for one projection."""
+    """`perfmodels.experts.grouped_gemm_s`, the price `layer_compute` puts on one projection."""
     import dataclasses
 
     from perfmodels import presets
-    from perfmodels.compute import gemm_curve, gemm_time_s
+    from perfmodels.compute import gemm_curve, hbm_rate
+    from perfmodels.experts import grouped_gemm_s
     from perfmodels.specs import Training
 
     base = presets.cluster("eos")
     cluster = dataclasses.replace(base, gpu=presets.gpu(gpu_name))
     curve = gemm_curve(cluster, Training(global_batch_size=1, dtype="bf16"))
-    one = float(gemm_time_s(m, n, k, curve))
-    return L * (one - curve.overhead_s) + curve.overhead_s
+    return float(grouped_gemm_s(m, n, k, L, curve, hbm_rate(cluster), 2.0, 2.0))
 
 
 def main() -> None:
@@ -118,7 +119,8 @@ def main() -> None:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     timed(lambda: a @ a, 2.0)
     rows = []
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  bf16 peak {peak:.0f} TFLOP/s ({args.gpu})")
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"bf16 peak {peak:.0f} TFLOP/s ({args.gpu})")
     print(f"{'model':16} {'proj':4} {'L':>3} {'m':>5}  {'grouped TF/s':>12} {'frac':>5} {'meas/pred':>9}"
           f"  {'loop TF/s':>9} {'frac':>5}")
     for name, h, f, gated in SHAPES:

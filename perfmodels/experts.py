@@ -219,8 +219,9 @@ def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: o
     m_e, local = _expert_tokens(model, arrays)
     ovh = curve.overhead_s  # type: ignore[attr-defined]
     # one grouped GEMM per projection: each local expert's share, one launch
-    grouped = (local * (gemm_time_s(m_e, up / etp, h, curve) - ovh) + ovh
-               + local * (gemm_time_s(m_e, h, f / etp, curve) - ovh) + ovh)
+    w = 1.0 if training.dtype == "fp8" else float(e)
+    grouped = (grouped_gemm_s(m_e, up / etp, h, local, curve, hbm_rate, w, e)
+               + grouped_gemm_s(m_e, h, f / etp, local, curve, hbm_rate, w, e))
     router = gemm_time_s(T, E, h, curve)
     imbalance = load_imbalance(training)
     gemm = router + imbalance * grouped
@@ -237,11 +238,37 @@ def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: o
     return gemm, mem / hbm_rate + 3.0 * ovh
 
 
+def grouped_gemm_s(m: np.ndarray, n: np.ndarray | float, k: np.ndarray | float, groups: np.ndarray | float,
+                   curve: object, hbm_rate: float, weight_bytes: float, act_bytes: float) -> np.ndarray:
+    """Seconds of one grouped GEMM: `groups` experts, each [m, k] x [k, n], in one launch.
+
+    The dense GEMM curve (`compute.gemm_time_s`) per expert, one launch overhead for all; and never
+    faster than reading every expert's weights (and the tokens in and out) from memory once. At the
+    few tokens per expert of a layout with many experts and little expert parallelism (m below the
+    ~200 FLOPs per byte where a Hopper GPU turns compute-bound), the weights' bytes, not the FLOPs,
+    set the time. Measured with `bench/moe_grouped_gemm.py` (torch._grouped_mm, bf16, H200,
+    2026-11-28): at 32 tokens per expert the DeepSeek-V3 and Qwen3 expert GEMMs ran at 6-10% of
+    the bf16 peak, 2.2-2.8x the curve's time (1.4-1.7x this floor's); from 256 tokens up at
+    0.8-1.1x the curve's."""
+    from perfmodels.compute import gemm_time_s
+
+    ovh = curve.overhead_s  # type: ignore[attr-defined]
+    flops_s = groups * (gemm_time_s(m, n, k, curve) - ovh)
+    bytes_s = groups * (n * k * weight_bytes + m * (n + k) * act_bytes) / hbm_rate
+    return np.maximum(flops_s, bytes_s) + ovh
+
+
 def activation_bytes(model: Model, training: Training, arrays: PlanArrays) -> np.ndarray:
     """Bytes one MoE layer's router and routed experts keep for backward per micro-batch: the
     dispatched inputs (k copies of each token), the fc1 outputs and activation outputs of the local
     experts (split over G_etp), the expert outputs the combine weights, and the fp32 router
-    probabilities."""
+    probabilities.
+
+    In FP8 on a stack whose linears save their FP8-cast input (`Stack.fp8_saves_fp8_inputs`), the
+    experts' grouped linears do so too: Transformer Engine's `_GroupedLinear.forward` saves the
+    quantized `inputmats` for the weight-gradient GEMM, not the bf16 input
+    (transformer_engine/pytorch/module/grouped_linear.py at NVIDIA/TransformerEngine 3ea13561), so
+    fc1's input (the dispatched tokens) and fc2's (the activation output) are kept at 1 byte."""
     e = training.bytes_per_element
     h, f = model.hidden_size, float(model.moe_ffn_hidden_size)
     up = (2.0 if model.gated_mlp else 1.0) * f
@@ -249,8 +276,10 @@ def activation_bytes(model: Model, training: Training, arrays: PlanArrays) -> np
     m_e, local = _expert_tokens(model, arrays)
     pairs = T * model.moe_router_topk
     gathered_pairs = m_e * local
-    return (e * (2.0 * pairs * h + gathered_pairs * (up + f) / arrays.expert_tp)
-            + 4.0 * T * float(model.num_moe_experts))
+    kept = e * (2.0 * pairs * h + gathered_pairs * (up + f) / arrays.expert_tp)
+    if training.dtype == "fp8" and training.effective_stack.fp8_saves_fp8_inputs:
+        kept = kept - (e - 1.0) * (pairs * h + gathered_pairs * f / arrays.expert_tp)
+    return kept + 4.0 * T * float(model.num_moe_experts)
 
 
 def node_dedup(model: Model, p: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -60,6 +60,23 @@ def test_expert_memory_hand_derived():
     assert states1.optimizer[0] == local * 8 / 2
 
 
+def test_fp8_grouped_linears_keep_their_inputs_in_one_byte():
+    # Transformer Engine's grouped linears save their FP8-cast inputs for backward: fc1's input (the
+    # T*k dispatched tokens of h) and fc2's (the activation output, T*k of f) at 1 byte, the rest as
+    # in bf16 (the expert outputs for the combine, fc1's output, the fp32 router probabilities)
+    arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
+    T, k, h, f = 32, 2, 64, 32
+    megatron = dict(global_batch_size=4, stack="megatron-core")
+    bf16 = experts.activation_bytes(TINY_MOE, Training(**megatron, dtype="bf16"), arrays)[0]
+    fp8 = experts.activation_bytes(TINY_MOE, Training(**megatron, dtype="fp8"), arrays)[0]
+    assert bf16 == 2 * (2 * T * k * h + T * k * 3 * f) + 4 * T * 4
+    assert fp8 == (1 + 2) * T * k * h + (2 * 2 * f + 1 * f) * T * k + 4 * T * 4
+    # a stack that re-quantizes from the saved bf16 input (torchtitan's Float8Linear) keeps 2 bytes
+    titan = dict(global_batch_size=4, stack="torchtitan")
+    assert (experts.activation_bytes(TINY_MOE, Training(**titan, dtype="fp8"), arrays)[0]
+            == experts.activation_bytes(TINY_MOE, Training(**titan, dtype="bf16"), arrays)[0])
+
+
 def test_ring_attention_step_bytes():
     # G_cp=2: T_c = 32 tokens, K and V of 2 groups x 16 = 32 features each, 2 bytes: 4096 bytes a hop;
     # per layer forward 1 send + 1 receive, backward 1 + 2 of each (dK, dV return to their owner)
@@ -246,3 +263,19 @@ def test_expert_group_geometry_matches_the_listed_groups(order):
             per_node = [sum(1 for x in members if x // 8 == node) for node in {x // 8 for x in members}]
             assert bool(geo[kind]["intra"][0]) == (len(per_node) == 1), (kind, deg, ep, etp)
             assert int(geo[kind]["members_per_node"][0]) == max(per_node), (kind, deg, ep, etp)
+
+
+def test_grouped_gemm_never_beats_reading_its_weights():
+    # 8 experts of DeepSeek-V3's fc1 (7168 -> 2 x 2048), bf16, on a GEMM curve of 700 TFLOP/s and a
+    # memory read at 3 TB/s: at 32 tokens per expert the 8 x 7168 x 4096 x 2 bytes of weights (470 MB,
+    # 157 us) dwarf the 2 x 8 x 32 x 7168 x 4096 FLOPs (21.5 us at the curve's best); at 4096 tokens the
+    # FLOPs (2.7 ms) dwarf the bytes (0.26 ms)
+    from perfmodels.compute import GemmCurve, gemm_time_s
+
+    curve = GemmCurve(tflops_max=700.0, half_size=56.0, overhead_s=4e-6)
+    rate = 3e12
+    small = experts.grouped_gemm_s(32, 4096, 7168, 8, curve, rate, 2.0, 2.0)
+    weights = 8 * 7168 * 4096 * 2 + 8 * 32 * (4096 + 7168) * 2
+    assert small == pytest.approx(weights / rate + 4e-6)
+    large = experts.grouped_gemm_s(4096, 4096, 7168, 8, curve, rate, 2.0, 2.0)
+    assert large == pytest.approx(8 * (gemm_time_s(4096, 4096, 7168, curve) - 4e-6) + 4e-6)
