@@ -17,7 +17,9 @@ The rank receives T*k pairs spread evenly over its experts (G_ep ranks each send
 no all-to-all is run, its time is the collectives' model), so m = T k G_ep / E tokens per expert.
 Prints, per case, measured forward + backward milliseconds, the model's (`layer_compute` with a load
 imbalance of 1, times 3), their ratio, and the measured split into router / permute / experts /
-combine (forward only, CUDA events). Writes OUT/moe_layer.json.
+combine (forward only, CUDA events); then the same layer with the combine done as a fused
+unpermute does it (each token gathers its k outputs: no atomic scatter-add). Writes
+OUT/moe_layer.json.
 
     python bench/moe_layer.py [--out DIR] [--gpu H200]
 
@@ -27,6 +29,7 @@ Needs torch with CUDA and numpy; run it on the GPU machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -101,8 +104,15 @@ class Layer:
         weights = top.reshape(-1)[: self.pairs].to(out.dtype)
         return torch.zeros_like(self.x).index_add(0, self.token_of_pair[: self.pairs], out * weights[:, None])
 
-    def step(self) -> None:
-        y = self.combine(self.experts(self.permute()), self.router())
+    def combine_gather(self, out: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+        """The combine as a fused unpermute does it: each token reads its k expert outputs and writes
+        their weighted sum once (pairs are stored k-major here: pair j*T + t is token t's j-th)."""
+        T = self.x.shape[0]
+        return (out.view(self.k, T, -1) * top.t().to(out.dtype)[:, :, None]).sum(0)
+
+    def step(self, gather: bool = False) -> None:
+        combine = self.combine_gather if gather else self.combine
+        y = combine(self.experts(self.permute()), self.router())
         y.float().square().mean().backward()
 
     def forward_parts(self) -> dict[str, float]:
@@ -112,7 +122,8 @@ class Layer:
             out = self.experts(tokens)
             return {"router": timed(self.router), "permute": timed(self.permute),
                     "experts": timed(lambda: self.experts(tokens)),
-                    "combine": timed(lambda: self.combine(out, top))}
+                    "combine": timed(lambda: self.combine(out, top)),
+                    "combine_gather": timed(lambda: self.combine_gather(out, top))}
 
 
 def predicted_s(preset: str, ep: int, mb: int, gpu_name: str) -> tuple[float, float]:
@@ -150,18 +161,22 @@ def main() -> None:
         layer = Layer(model.hidden_size, model.moe_ffn_hidden_size, model.num_moe_experts,
                       model.moe_router_topk, ep, tokens)
         measured = timed(layer.step)
+        gathered = timed(functools.partial(layer.step, gather=True))
         parts = layer.forward_parts()
         gemm, mem = predicted_s(preset, ep, mb, args.gpu)
         model_s = 3.0 * (gemm + mem)
         m_e = layer.pairs // layer.local
         row = dict(preset=preset, G_ep=ep, micro_batch=mb, tokens=tokens, tokens_per_expert=m_e,
-                   measured_fwd_bwd_s=measured, model_fwd_bwd_s=model_s, model_fwd_gemm_s=gemm,
+                   measured_fwd_bwd_s=measured, measured_gather_combine_fwd_bwd_s=gathered,
+                   model_fwd_bwd_s=model_s, model_fwd_gemm_s=gemm,
                    model_fwd_memory_s=mem, forward_parts_s=parts)
         rows.append(row)
         print(f"{preset + f' ep{ep} mb{mb}':28} {m_e:8d} {measured * 1e3:8.2f} {model_s * 1e3:8.2f} "
               f"{measured / model_s:6.2f}   {parts['router'] * 1e3:6.2f} {parts['permute'] * 1e3:7.2f} "
               f"{parts['experts'] * 1e3:7.2f} {parts['combine'] * 1e3:7.2f} | "
-              f"{gemm * 1e3:6.2f} {mem * 1e3:6.2f}")
+              f"{gemm * 1e3:6.2f} {mem * 1e3:6.2f} | gather combine: "
+              f"fwd {parts['combine_gather'] * 1e3:.2f}, "
+              f"fwd+bwd {gathered * 1e3:.2f} ({gathered / model_s:.2f} of the model)")
         del layer
         torch.cuda.empty_cache()
     Path(args.out).mkdir(parents=True, exist_ok=True)
