@@ -17,10 +17,11 @@ Per MoE layer and micro-batch, with T local tokens, k = top_k and h = hidden:
   go back through a second all-to-all (combine, input = the rows it received); backward: the same
   two again, with their gradients. Summed over the ep group both carry T*k*h elements per rank on
   average (the contract's figure); a rank's combine input is what the routing sent it.
-- G_etp > 1: fc1 split by output features, fc2 by input features over "etp" (Megatron TP); the
-  partial expert outputs are combined and then all-reduced over "etp" as [T*k, h] rows, and the
+- G_etp > 1: fc1 split by output features, fc2 by input features over "etp" (Megatron TP). With
+  the etp group the row group (G_etp = G_intra_r) its members hold the same tokens: the partial
+  expert outputs are combined and then all-reduced over "etp" as [T*k, h] rows, and the
   dispatched input's gradient is all-reduced over "etp" before the dispatch's backward (again
-  [T*k, h]): the contract's etp traffic.
+  [T*k, h]). Otherwise see folding below. Either way the contract's etp traffic.
 - expert gradients are all-reduced over "edp" by engine.sync_gradients (they are not replicated
   over data: `engine.grads.is_expert`), the router over data like any replicated parameter; the
   shared expert is split over row x col like the dense MLP (its output all-reduced over row).
@@ -34,15 +35,25 @@ metadata all-to-alls that the communication recorder does not count (engine.reco
 the contract and perfmodels.traffic count payload only.
 
 G_etp other than G_intra_r (Megatron-Core's "MoE parallel folding": the stage's ranks re-divided
-into etp x ep x edp independently of the attention's row group): the engine's activations are
-replicated over row, so each rank first keeps its 1/G_intra_r of the tokens (with their gates and
-experts; the routing is computed before the split, on values every row rank holds), as Megatron's
-sequence parallelism gives every rank its own tokens; each etp group then all-gathers its members'
-tokens and runs the path above on their union (the etp all-reduces included); afterwards each rank
-keeps its own tokens' outputs and the row group all-gathers them back. These splits and gathers
-are counted under "row" and "etp" by the recorder; perfmodels.experts counts Megatron's order
-instead (all-gather over etp after the dispatch), so the recorded bytes of folded layouts are not
-the contract's.
+into etp x ep x edp independently of the attention's row group), in Megatron-Core's order
+(`MoEAlltoAllTokenDispatcher` in megatron/core/transformer/moe/token_dispatcher.py at
+NVIDIA/Megatron-LM d98e8a64, and the region functions of megatron/core/tensor_parallel/mappings.py):
+- the engine's activations are replicated over row, so each rank first keeps its 1/G_intra_r of the
+  tokens (with their gates and experts; the routing is computed before the split, on values every
+  row rank holds), as Megatron's sequence parallelism gives every rank its own tokens; backward
+  all-gathers the input's and the gates' gradients over row;
+- the T/G_intra_r tokens' rows are dispatched over "ep" as above;
+- the etp group all-gathers the rows its members received (`dispatch_postprocess`:
+  gather_from_sequence_parallel_region over the expert tensor-parallel group; backward
+  reduce-scatter) and each member runs its fc1 columns and fc2 rows on all of them;
+- the partial outputs are reduce-scattered back to the member that received each row
+  (`combine_preprocess`: reduce_scatter_to_sequence_parallel_region; backward all-gather), combined
+  over "ep", weighted by the gates, and the row group all-gathers the tokens back.
+The row counts of an etp group's members differ (routing): the gathers and reduce-scatters move
+exactly the rows (list all_gather / reduce_scatter with split sizes, as Megatron's
+`output_split_sizes`; gloo refuses uneven all-gather lists, so there one all-reduce of the same
+rows at their offsets stands in). The recorder's bytes are perfmodels.experts' for the gridtune
+stack's plan (`sequence_split`, `emulated_split`; tests/engine/test_contract_moe_cp.py).
 
 Limits (GridError before any collective): G_intra_c = G_intra_d = 1 for MoE layers, G_etp divides
 moe_ffn_hidden_size, G_ep divides the number of experts (engine.init: G_etp*G_ep divides the ranks of
@@ -85,14 +96,43 @@ def _row_sizes(n: int, parts: int) -> list[int]:
 
 
 def _gather_rows(x: torch.Tensor, sizes: list[int], group: Any) -> torch.Tensor:
-    """Concatenate every member's rows (member i holds sizes[i]) in group-rank order: one
-    all_gather_into_tensor of rows padded to the longest member's."""
-    m = max(sizes)
-    if x.shape[0] < m:
-        x = torch.cat([x, x.new_zeros((m - x.shape[0], *x.shape[1:]))])
-    out = x.new_empty((m * len(sizes), *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-    return torch.cat([out[i * m:i * m + n] for i, n in enumerate(sizes)])
+    """Concatenate every member's rows (member i holds sizes[i]) in group-rank order: one all-gather
+    whose output is exactly the sum(sizes) rows (the contract's payload, no padding).
+
+    Equal sizes: all_gather_into_tensor. Uneven ones: a list all_gather into views of the output,
+    as Megatron-Core's `_gather_along_first_dim(output_split_sizes=...)` does
+    (megatron/core/tensor_parallel/mappings.py at NVIDIA/Megatron-LM d98e8a64); gloo refuses uneven
+    lists ("ProcessGroupGloo::allgather: invalid tensor size"), so there each member's rows go into
+    a zeroed output at their offset and one all-reduce sums them: the same output, one call of the
+    same size on the same group (on the wire an all-reduce, as `engine.comm.reduce_scatter_consumed`
+    trades gloo's missing reduce-scatter)."""
+    r, total = dist.get_rank(group), sum(sizes)
+    x = x.contiguous()
+    out = x.new_empty((total, *x.shape[1:]))
+    if len(set(sizes)) == 1:
+        dist.all_gather_into_tensor(out, x, group=group)
+    elif dist.get_backend(group) == "gloo":
+        out.zero_()
+        start = sum(sizes[:r])
+        out[start:start + sizes[r]] = x
+        dist.all_reduce(out, group=group)
+    else:
+        dist.all_gather(list(out.split(sizes)), x, group=group)
+    return out
+
+
+def _reduce_scatter_rows(x: torch.Tensor, sizes: list[int], group: Any) -> torch.Tensor:
+    """Sum `x` (sum(sizes) rows, every member's) over the group and keep this member's sizes[r] rows:
+    reduce_scatter_tensor for equal sizes, a list reduce_scatter for uneven ones (Megatron-Core's
+    `_reduce_scatter_along_first_dim(input_split_sizes=...)`; gloo implements the uneven list)."""
+    r = dist.get_rank(group)
+    x = x.contiguous()
+    out = x.new_empty((sizes[r], *x.shape[1:]))
+    if len(set(sizes)) == 1:
+        dist.reduce_scatter_tensor(out, x, group=group)
+    else:
+        dist.reduce_scatter(out, list(x.split(sizes)), group=group)
+    return out
 
 
 class _SplitRows(torch.autograd.Function):
@@ -110,12 +150,13 @@ class _SplitRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _gather_rows(g.contiguous(), ctx.sizes, ctx.group), None
+        return _gather_rows(g, ctx.sizes, ctx.group), None
 
 
 class _GatherRows(torch.autograd.Function):
     """Forward concatenates every member's rows (`sizes`); backward keeps this member's rows of the
-    gradient (which every member holds whole: Megatron's gather_from_sequence_parallel_region)."""
+    gradient (which every member holds whole: Megatron's gather_from_sequence_parallel_region with
+    tensor_parallel_output_grad=False)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
@@ -126,6 +167,38 @@ class _GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return g[ctx.start:ctx.start + ctx.n].contiguous(), None, None
+
+
+class _GatherForExperts(torch.autograd.Function):
+    """The etp group's received rows, all-gathered for its experts' column slices; backward
+    reduce-scatters the partial input gradients the slices give (Megatron-Core's
+    gather_from_sequence_parallel_region with output_split_sizes, which `dispatch_postprocess` of
+    `MoEAlltoAllTokenDispatcher` applies over the expert tensor-parallel group)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        return _gather_rows(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _reduce_scatter_rows(g, ctx.sizes, ctx.group), None, None
+
+
+class _ScatterFromExperts(torch.autograd.Function):
+    """The partial expert outputs of every row the etp group gathered, summed over its row slices
+    and scattered back to the member that received each row; backward all-gathers the gradients
+    (Megatron-Core's reduce_scatter_to_sequence_parallel_region, which `combine_preprocess` applies
+    over the expert tensor-parallel group)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        return _reduce_scatter_rows(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _gather_rows(g, ctx.sizes, ctx.group), None, None
 
 
 class _AllToAll(torch.autograd.Function):
@@ -190,13 +263,13 @@ class MoE(nn.Module):
         self.etp_group = grid.comm_group(etp_axis) if self.G_etp > 1 else None
         # MoE parallel folding with an etp group other than the row group: the row-replicated
         # tokens are split over row (every rank of the stage then holds its own, as under Megatron's
-        # sequence parallelism) and each etp group works on the union of its members' tokens
+        # sequence parallelism) and each etp group gathers the rows its members received in the
+        # dispatch (`forward`)
         row = grid.comm_group("row")
         members = (sorted(dist.get_process_group_ranks(g)) if g is not None else [grid.rank]
                    for g in (self.etp_group, row))
-        folded = next(members) != next(members)
-        self.split_group = row if folded else None
-        self.union_group = self.etp_group if folded else None
+        self.folded = next(members) != next(members)
+        self.split_group = row if self.folded else None
         self.local = num_experts // self.G_ep
         ep_rank = grid.coords.get("ep", 0)
         etp_rank = grid.coords.get(etp_axis, 0)
@@ -224,14 +297,20 @@ class MoE(nn.Module):
         return cls(hidden, ffn, serial.fc1.shape[0], serial.top_k, shared, grid=grid, _serial=serial)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Route, dispatch over ep, run the local experts, combine, in Megatron-Core's order (module
+        docstring): etp all-reduces where the etp group's tokens are alike (it is the row group),
+        else the etp group all-gathers the rows its members received after the dispatch and
+        reduce-scatters the experts' outputs before the combine."""
         from engine.recorder import uncounted
 
         shape = x.shape
-        full = x = x.reshape(-1, shape[-1])
-        probs = torch.softmax(self.router(x), dim=-1)
+        full = x.reshape(-1, shape[-1])
+        # fp32 gates, as Megatron-Core's router (moe_utils.topk_softmax_with_capacity:
+        # torch.softmax(logits, dim=-1, dtype=torch.float32)); MoEMLP.route likewise
+        probs = torch.softmax(self.router(full), dim=-1, dtype=torch.float32)
         top, idx = probs.topk(self.top_k, dim=-1)
         w = top / top.sum(-1, keepdim=True)
-        x, w, idx = self._fold_tokens(x, w, idx)
+        x, w, idx = self._split_tokens(full, w, idx)
         flat_expert = idx.reshape(-1)  # row r = token r // k, slot r % k
         order = torch.argsort(flat_expert, stable=True)  # rows sorted by expert, hence by ep rank
         tokens = order // self.top_k
@@ -247,9 +326,20 @@ class MoE(nn.Module):
             else:
                 send_l = recv_l = send.tolist()
                 recv_expert = expert_sorted
-        rows = copy_to(x[tokens], self.etp_group)  # backward: all-reduce [T*k, h] over etp
+        rows = x[tokens]
+        if not self.folded:  # tokens alike over etp: backward all-reduces [T*k, h] over etp
+            rows = copy_to(rows, self.etp_group)
         if self.ep_group is not None:
             rows = _AllToAll.apply(rows, send_l, recv_l, self.ep_group)  # dispatch
+        gathered = self.folded and self.etp_group is not None
+        if gathered:  # the rows every etp member received, for this rank's slice of their experts
+            with uncounted():  # each member's row count and its rows' experts (metadata)
+                counts = torch.zeros(self.G_etp, dtype=torch.int64, device=rows.device)
+                dist.all_gather_into_tensor(counts, torch.tensor([rows.shape[0]], device=rows.device),
+                                            group=self.etp_group)
+                etp_sizes = counts.tolist()
+                recv_expert = _gather_rows(recv_expert, etp_sizes, self.etp_group)
+            rows = _GatherForExperts.apply(rows, self.etp_group, etp_sizes)
         local_expert = recv_expert - self.first_expert
         # `rows * 0`, not zeros_like: the combine's output must depend on the dispatch's even when
         # this rank received no rows, so that every rank runs both all-to-alls' backward (a rank
@@ -259,45 +349,35 @@ class MoE(nn.Module):
             sel = (local_expert == e).nonzero(as_tuple=True)[0]
             if sel.numel():
                 y = y.index_add(0, sel, F.gelu(rows[sel] @ self.fc1[e].t()) @ self.fc2[e].t())
+        if gathered:  # partial sums of the etp slices, back to the member that received each row
+            y = _ScatterFromExperts.apply(y, self.etp_group, etp_sizes)
         if self.ep_group is not None:
             y = _AllToAll.apply(y, recv_l, send_l, self.ep_group)  # combine
-        y = reduce_from(y, self.etp_group)  # partial sums of the etp slices: all-reduce [T*k, h]
+        if not self.folded:  # partial sums of the etp slices: all-reduce [T*k, h]
+            y = reduce_from(y, self.etp_group)
         weights = w.reshape(-1)[order]
-        out = torch.zeros_like(x).index_add(0, tokens, y * weights[:, None])
-        if self.union_group is not None:  # back to this rank's own tokens
-            out = _SplitRows.apply(out, self.union_group)
-        if self.split_group is not None:  # and to the row-replicated layout
+        out = torch.zeros_like(x).index_add(0, tokens, (y * weights[:, None]).to(x.dtype))
+        if self.split_group is not None:  # back to the row-replicated layout
             out = _GatherRows.apply(out, self.split_group, _row_sizes(full.shape[0], self.split_group.size()))
         if self.shared is not None:
             out = out + self.shared(full)
         return out.reshape(shape)
 
-    def _fold_tokens(self, x: torch.Tensor, w: torch.Tensor,
-                     idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tokens (with their gates and experts) this rank's etp group routes: with the etp group
-        the row group, all of them (replicated over etp, as Megatron's experts without sequence
-        parallelism); otherwise this rank's 1/G_intra_r of them (`_SplitRows`: the gates' backward
-        gathers, so the replicated router's gradient stays whole on every row rank), all-gathered
-        over etp (`_GatherRows`: each member's gates get their own rows' gradient back, so the
-        router's gradient counts each token once over the data group). Routing is computed before
-        the split, on the same values every row rank holds."""
+    def _split_tokens(self, x: torch.Tensor, w: torch.Tensor,
+                      idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tokens (with their gates and experts) this rank dispatches: with the etp group the row
+        group, all of them (replicated over etp, as Megatron's experts without sequence
+        parallelism); otherwise this rank's 1/G_intra_r of them, as Megatron's sequence parallelism
+        holds them (`_SplitRows`: the backward all-gathers their gradients and the gates', so the
+        replicated router's gradient stays whole on every row rank: perfmodels.experts counts
+        these gathers as `emulated_split`). Routing is computed before the split, on the same
+        values every row rank holds."""
         if self.split_group is not None:
             n = x.shape[0]
             x, w = _SplitRows.apply(x, self.split_group), _SplitRows.apply(w, self.split_group)
             r = dist.get_rank(self.split_group)
             sizes = _row_sizes(n, self.split_group.size())
             idx = idx[sum(sizes[:r]):sum(sizes[:r]) + sizes[r]]
-        if self.union_group is not None:
-            from engine.recorder import uncounted
-
-            with uncounted():  # each member's row count (metadata)
-                counts = torch.zeros(self.union_group.size(), dtype=torch.int64, device=x.device)
-                dist.all_gather_into_tensor(counts, torch.tensor([x.shape[0]], device=x.device),
-                                            group=self.union_group)
-            sizes = counts.tolist()
-            x = _GatherRows.apply(x, self.union_group, sizes)
-            w = _GatherRows.apply(w, self.union_group, sizes)
-            idx = _gather_rows(idx, sizes, self.union_group)
         return x, w, idx
 
     def expert_boxes(self) -> dict[str, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]]:

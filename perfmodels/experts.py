@@ -13,14 +13,24 @@ docs/architecture.md): the world / G_inter ranks of one pipeline stage are re-di
 ranks like a Megatron tensor-parallel MLP (fc1 by columns, fc2 by rows).
 
 Per MoE layer and micro-batch, with T tokens on this rank (micro_batch_size x seq / G_cp, divided
-by G_intra_r under sequence parallelism, which Megatron-Core requires for MoE with TP > 1),
-h = hidden size, e = bytes per element (the byte contract of `perfmodels.traffic`):
+by G_intra_r where the layer's tokens are split over the row ranks: `sequence_split`), h = hidden
+size, e = bytes per element (the byte contract of `perfmodels.traffic`):
   fwd  all-to-all over "ep"   dispatch  T*k*h*e   (every (token, expert) pair, the rank's own included)
   fwd  all-to-all over "ep"   combine   T*k*h*e
   bwd  the same two again (their gradients)
-  fwd  all-reduce over "etp" of the expert output [T*k, h] (x G_etp tokens under sequence parallelism,
-       where Megatron all-gathers them before the experts: the same bytes as an all-gather plus a
-       reduce-scatter); bwd  all-reduce over "etp" of the input gradient
+  "etp", tokens split over the row ranks (Megatron-Core's order, `MoEAlltoAllTokenDispatcher` in
+       megatron/core/transformer/moe/token_dispatcher.py at NVIDIA/Megatron-LM d98e8a64: after the
+       all-to-all `dispatch_postprocess` all-gathers the received rows over the expert
+       tensor-parallel group, `combine_preprocess` reduce-scatters the experts' partial outputs
+       before the combine; `gather_from_sequence_parallel_region`'s backward is a reduce-scatter,
+       `reduce_scatter_to_sequence_parallel_region`'s an all-gather, tensor_parallel/mappings.py):
+       fwd  all-gather of the G_etp members' rows [G_etp*T*k, h] + reduce-scatter of as many;
+       bwd  reduce-scatter + all-gather of the same, each G_etp*T*k*h*e
+  "etp", tokens replicated over the etp group (the row group, without sequence parallelism):
+       fwd  all-reduce of the expert output [T*k, h]; bwd  all-reduce of the input gradient
+  "row", tokens split by the stack around the layer (G_etp != G_intra_r without sequence
+       parallelism, `emulated_split`): fwd  all-gather of the output [b*seq, h] back to every row
+       rank; bwd  all-gather of the input gradient [b*seq, h] and of the gates' [b*seq, k] (fp32)
   full recomputation repeats the dispatch (the experts' inputs must be rebuilt) but not the combine
   (its output only feeds the residual add, where non-reentrant checkpointing stops)
   step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
@@ -28,10 +38,10 @@ h = hidden size, e = bytes per element (the byte contract of `perfmodels.traffic
 
 Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GEMM (TE
 `GroupedLinear` / `grouped_gemm`: one kernel launch for all local experts) at the per-expert token
-count m = G_etp x T x k x G_ep / E, and the token permutation / unpermutation (`PERMUTE_PASSES`
-passes over the T x k x h dispatched activations). Expert compute and the all-to-all wait for the
-most loaded rank: `EXPERT_LOAD_IMBALANCE` (or `Training.expert_load_imbalance`) scales their time,
-never the bytes.
+count m = G_etp x T x k x G_ep / E (T x k x G_ep / E where the etp group's tokens are alike), and
+the token permutation / unpermutation (`PERMUTE_PASSES` passes over the T x k x h dispatched
+activations). Expert compute and the all-to-all wait for the most loaded rank:
+`EXPERT_LOAD_IMBALANCE` (or `Training.expert_load_imbalance`) scales their time, never the bytes.
 """
 
 from __future__ import annotations
@@ -152,18 +162,50 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     return out
 
 
+GATE_BYTES = 4
+"""Bytes per gate (a token's weight for one of its k experts): the router's probabilities are fp32
+(Megatron-Core `moe_utils.topk_softmax_with_capacity`: `torch.softmax(logits, dim=-1,
+dtype=torch.float32)`; engine.moe likewise)."""
+
+
+def sequence_split(arrays: PlanArrays) -> np.ndarray:
+    """Whether each plan's MoE layers hold the row group's tokens split over its ranks (T / G_intra_r
+    each) rather than replicated on every one, so that an etp group's members hold different tokens
+    and all-gather them after the dispatch.
+
+    Under sequence parallelism the layer's input is already split (Megatron-Core trains MoE layers
+    with TP > 1 only so: `MoELayer.forward` raises "performance may degrade if MoE and tensor
+    parallelism are enabled without also enabling sequence parallelism", moe_layer.py at
+    NVIDIA/Megatron-LM d98e8a64). A layout whose etp group is not its row group (G_etp != G_intra_r,
+    "MoE parallel folding") must split the tokens too: with row-replicated tokens the ranks of an ep
+    group inside one row group would dispatch the same tokens twice (and their experts count each
+    twice), so a stack without sequence parallelism splits them itself (`emulated_split`). Only the
+    etp group being the row group, without sequence parallelism, keeps them replicated (each etp
+    member then holds the same tokens and the partial outputs are all-reduced)."""
+    return arrays.sequence_parallel | (arrays.expert_tp != arrays.G_intra_r)
+
+
+def emulated_split(arrays: PlanArrays) -> np.ndarray:
+    """Plans whose MoE layers split row-replicated tokens themselves: G_etp != G_intra_r > 1 without
+    sequence parallelism (a stack without it, the gridtune engine: engine.moe keeps each row rank's
+    1/G_intra_r of the tokens before the dispatch and all-gathers the layer's output over row
+    after the combine). Megatron-Core never runs these (`sequence_split`); under sequence parallelism
+    the split comes free with the layer's input and the gather is the next layer's."""
+    return ~arrays.sequence_parallel & (arrays.expert_tp != arrays.G_intra_r) & (arrays.G_intra_r > 1)
+
+
 def tokens_per_rank(model: Model, arrays: PlanArrays) -> np.ndarray:
     """T: tokens this rank holds when a micro-batch reaches an MoE layer (the sample's sequence, or
-    its context-parallel chunk, split over the row ranks under sequence parallelism)."""
+    its context-parallel chunk, split over the row ranks where `sequence_split`)."""
     b = arrays.micro_batch_size.astype(np.float64)
-    return b * model.seq_length / np.where(arrays.sequence_parallel, arrays.G_intra_r, 1)
+    return b * model.seq_length / np.where(sequence_split(arrays), arrays.G_intra_r, 1)
 
 
 def _expert_tokens(model: Model, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
     """(tokens one expert GEMM runs over, this rank's local experts)."""
     T = tokens_per_rank(model, arrays)
     etp = arrays.expert_tp.astype(np.float64)
-    gathered = np.where(arrays.sequence_parallel, etp, 1.0)  # Megatron all-gathers over etp first
+    gathered = np.where(sequence_split(arrays), etp, 1.0)  # Megatron all-gathers over etp first
     E = float(model.num_moe_experts)
     local = E / arrays.G_ep
     return gathered * T * model.moe_router_topk / local, local
@@ -179,7 +221,12 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
     """Add one stage's expert communication to `ev` (a `traffic._Events`, whose degrees must hold
     the expert groups) for `moe_layers` MoE layers on the stage; returns the local expert parameters
     (their gradients go over "edp", not "data"). Selective recomputation of the MoE layers
-    (`recomputes_experts`) repeats both all-to-alls."""
+    (`recomputes_experts`) repeats both all-to-alls.
+
+    The etp traffic of split tokens is the all-gather and reduce-scatter Megatron-Core issues (the
+    module docstring), each counted at its gathered size as the engine's recorder counts it: in
+    ring bytes the pair moves what one all-reduce of that size does (2 (p-1)/p of it), so its time
+    is an all-reduce's, but it is two calls of the full buffer each, not one."""
     from perfmodels.plans import RECOMPUTE_CODE
 
     e = training.bytes_per_element
@@ -191,9 +238,20 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
     for phase, calls in (("fwd", 2.0 * moe_layers * m), ("bwd", 2.0 * moe_layers * m),
                          ("recompute", moe_layers * m * (full_rc + 2.0 * sel))):
         ev.add("ep", "all_to_all", phase, "ep_a2a", a2a, calls)  # type: ignore[attr-defined]
-    gathered = np.where(arrays.sequence_parallel, arrays.expert_tp, 1)
-    ev.add("etp", "all_reduce", "fwd", "tp_fwd", a2a * gathered, moe_layers * m)  # type: ignore[attr-defined]
-    ev.add("etp", "all_reduce", "bwd", "tp_bwd", a2a * gathered, moe_layers * m)  # type: ignore[attr-defined]
+    split = sequence_split(arrays)
+    gathered = a2a * arrays.expert_tp  # the etp group's received rows
+    for phase, tag in (("fwd", "tp_fwd"), ("bwd", "tp_bwd")):
+        calls = moe_layers * m
+        ev.add("etp", "all_reduce", phase, tag, a2a, calls * ~split)  # type: ignore[attr-defined]
+        ev.add("etp", "all_gather", phase, tag, gathered, calls * split)  # type: ignore[attr-defined]
+        ev.add("etp", "reduce_scatter", phase, tag, gathered, calls * split)  # type: ignore[attr-defined]
+    # a stack without sequence parallelism gathers the layer's output back over row, and in
+    # backward its input's and its gates' gradients (each row rank routes every token)
+    emulated = moe_layers * m * emulated_split(arrays)
+    rows = arrays.micro_batch_size * model.seq_length
+    ev.add("row", "all_gather", "fwd", "tp_fwd", rows * h * e, emulated)  # type: ignore[attr-defined]
+    ev.add("row", "all_gather", "bwd", "tp_bwd", rows * h * e, emulated)  # type: ignore[attr-defined]
+    ev.add("row", "all_gather", "bwd", "tp_bwd", rows * k * GATE_BYTES, emulated)  # type: ignore[attr-defined]
     local = moe_layers * local_expert_params(model, arrays)
     z = arrays.zero_stage
     edp = expert_degrees(arrays)["edp"]

@@ -119,8 +119,9 @@ class MoEMLP(nn.Module):
                                         nn.Linear(shared_ffn, hidden))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[N, hidden] -> (expert index [N, k], weight [N, k])."""
-        probs = torch.softmax(self.router(x), dim=-1)
+        """[N, hidden] -> (expert index [N, k], weight [N, k]). The probabilities are fp32 whatever
+        the compute dtype, as Megatron-Core's router computes them (moe_utils.topk_softmax_with_capacity)."""
+        probs = torch.softmax(self.router(x), dim=-1, dtype=torch.float32)
         top, idx = probs.topk(self.top_k, dim=-1)
         return idx, top / top.sum(-1, keepdim=True)
 
@@ -132,7 +133,7 @@ class MoEMLP(nn.Module):
         for e in range(self.fc1.shape[0]):
             tok, slot = (idx == e).nonzero(as_tuple=True)
             y = F.gelu(x[tok] @ self.fc1[e].t()) @ self.fc2[e].t()
-            out = out.index_add(0, tok, y * w[tok, slot, None])
+            out = out.index_add(0, tok, (y * w[tok, slot, None]).to(out.dtype))
         if self.shared is not None:
             out = out + self.shared(x)
         return out.reshape(shape)

@@ -3,7 +3,9 @@ communication recorder's bytes per group in a steady-state step of the engine's 
 over "cp"; MoE dispatch and combine over "ep", expert tensor parallelism over "etp", expert
 gradients over "edp"; everything else as before) equal `perfmodels.predict(...).bytes_per_group`
 for the same model, plan and the gridtune stack, on every rank (docs/architecture.md, the byte
-contract of perfmodels.traffic and perfmodels.context).
+contract of perfmodels.traffic and perfmodels.context). MoE layouts include MoE parallel folding
+(G_etp != G_intra_r), whose row split, etp gather after the dispatch and row gather back are
+counted by `perfmodels.experts` (`sequence_split`, `emulated_split`).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/engine/test_contract_moe_cp.py -q
 """
@@ -19,27 +21,30 @@ from tests.engine import test_context, test_moe
 from tests.engine.harness import GLOBAL_BATCH, config
 
 
-def _recorded(table: list) -> dict[str, float]:
+def _recorded(table: list, column: int = 3) -> dict[str, float]:
+    """Per group: the recorder's bytes (column 3) or calls (column 2) summed over its ops."""
     out: dict[str, float] = defaultdict(float)
-    for axis, _op, _calls, nbytes in table:
-        out[axis] += float(nbytes)
+    for row in table:
+        out[row[0]] += float(row[column])
     return {k: v for k, v in out.items() if v}
 
 
-def _predicted(spec, degrees: dict[str, int], micro_batch_size: int) -> dict[str, float]:
+def _predicted(spec, degrees: dict[str, int], micro_batch_size: int, calls: bool = False) -> dict[str, float]:
     import perfmodels
     from perfmodels import presets
     from perfmodels.specs import Plan, Training
 
-    fields = {"data": "G_data", "row": "G_intra_r", "cp": "G_cp", "ep": "G_ep", "inter": "G_inter"}
+    fields = {"data": "G_data", "row": "G_intra_r", "cp": "G_cp", "ep": "G_ep", "etp": "G_etp",
+              "inter": "G_inter"}
     world = 1
     for axis, value in degrees.items():
-        if axis != "ep":
+        if axis not in ("ep", "etp"):
             world *= value
     plan = Plan(**{fields[a]: v for a, v in degrees.items()}, micro_batch_size=micro_batch_size)
     training = Training(global_batch_size=GLOBAL_BATCH, dtype="fp32", stack="gridtune")
     pred = perfmodels.predict(spec, presets.cluster("local-cpu").with_gpus(world), training, plan)
-    return {k: float(v) for k, v in pred.bytes_per_group.items() if v}
+    per_group = pred.calls_per_group if calls else pred.bytes_per_group
+    return {k: float(v) for k, v in per_group.items() if v}
 
 
 @pytest.mark.parametrize("degrees", [{"cp": 2, "row": 2}, {"cp": 2, "data": 2}], ids=["cp2xr2", "cp2xd2"])
@@ -53,21 +58,36 @@ def test_context_parallel_bytes_equal_the_model(degrees):
         assert _recorded(r["table"]) == pytest.approx(want, rel=1e-12), (r["coords"], r["table"])
 
 
-EP_CASES = [{"data": 4, "ep": 2}, {"data": 2, "row": 2, "ep": 2}]
+EP_CASES = [{"data": 4, "ep": 2}, {"data": 2, "row": 2, "ep": 2},
+            {"data": 2, "row": 2, "ep": 4, "etp": 1}, {"data": 4, "ep": 2, "etp": 2},
+            {"data": 2, "row": 2, "ep": 2, "etp": 1}, {"data": 2, "row": 2, "ep": 1, "etp": 4}]
+ROUTED = ("ep", "etp")
 
 
-@pytest.mark.parametrize("degrees", EP_CASES, ids=["ep2xd4", "ep2xr2"])
+@pytest.mark.parametrize("degrees", EP_CASES, ids=["ep2xd4", "ep2xr2", "r2-etp1-ep4", "d4-etp2-ep2",
+                                                   "r2-etp1-ep2", "r2-etp4-ep1"])
 def test_expert_parallel_bytes_equal_the_model(degrees):
-    """Every group per rank, but "ep" summed over the ranks: a rank's combine (and the dispatch's
-    backward) moves the rows its experts received, which depends on the routing; over the ep group
-    they add up to the contract's T*k*h*e per rank and call, what the model counts."""
-    world = degrees.get("data", 1) * degrees.get("row", 1)
+    """Calls of every group on every rank; bytes of every group on every rank but "ep" and "etp",
+    which are summed over the ranks: a rank's combine (and the dispatch's backward) moves the rows
+    its experts received, and a folded etp group gathers the rows its members received, both
+    routing-dependent; over the ranks they add up to the contract's T*k*h*e (x G_etp gathered) per
+    rank and call, what the model counts. The folded layouts (the last four) are compared with the
+    gridtune stack's plan (no sequence parallelism): their MoE layers split the tokens over row
+    and gather the output back, which the model counts under "row"."""
+    world = 1
+    for axis, value in degrees.items():
+        world *= value if axis not in ROUTED else 1
     results = launch(test_moe._train, world, args=(degrees, 2), timeout_s=180)
-    ep_total = 0.0
+    spec = test_moe.moe_config(2).to_spec()
+    routed = dict.fromkeys(ROUTED, 0.0)
     for r in results:
-        want = _predicted(test_moe.moe_config(2).to_spec(), degrees, r["mb"])
+        want = _predicted(spec, degrees, r["mb"])
+        assert _recorded(r["table"], column=2) == pytest.approx(
+            _predicted(spec, degrees, r["mb"], calls=True), rel=1e-12), (r["coords"], r["table"])
         got = _recorded(r["table"])
-        ep_total += got.pop("ep")
-        assert got == pytest.approx({k: v for k, v in want.items() if k != "ep"}, rel=1e-12), (
+        for axis in ROUTED:
+            routed[axis] += got.pop(axis, 0.0)
+        assert got == pytest.approx({k: v for k, v in want.items() if k not in ROUTED}, rel=1e-12), (
             r["coords"], r["table"])
-    assert ep_total == pytest.approx(want["ep"] * len(results), rel=1e-12)
+    for axis in ROUTED:
+        assert routed[axis] == pytest.approx(want.get(axis, 0.0) * len(results), rel=1e-12), axis

@@ -206,11 +206,11 @@ def test_gridtune_train_example_moe(capsys):
     assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
 
 
-def _skewed(rank: int, world: int) -> dict[str, float]:
+def _skewed(rank: int, world: int, layout: dict[str, int]) -> dict[str, float]:
     import engine
     from engine.models.gpt import MoEMLP
 
-    grid = engine.init(G_data=2, G_ep=2)
+    grid = engine.init(**layout)
     torch.manual_seed(0)
     serial = MoEMLP(8, 16, 4, top_k=2)
     with torch.no_grad():  # positive inputs, experts 0 and 1 (ep rank 0) always chosen
@@ -218,8 +218,11 @@ def _skewed(rank: int, world: int) -> dict[str, float]:
         serial.router.weight[:2] = 1.0
     moe = engine.MoE.from_serial(serial, grid)
     out = {}
+    seed = grid.coords["data"] * 10  # the row ranks of a data replica hold the same tokens
     for step in range(2):
-        x = (torch.rand(3, 8, generator=torch.Generator().manual_seed(rank * 10 + step)) + 1).requires_grad_()
+        x = (torch.rand(3, 8, generator=torch.Generator().manual_seed(seed + step)) + 1).requires_grad_()
+        moe.router.weight.grad = None
+        serial.zero_grad()
         y = moe(x)
         y.square().sum().backward()
         xs = x.detach().clone().requires_grad_()
@@ -227,14 +230,25 @@ def _skewed(rank: int, world: int) -> dict[str, float]:
         ys.square().sum().backward()
         out[f"y{step}"] = (y - ys).abs().max().item()
         out[f"dx{step}"] = (x.grad - xs.grad).abs().max().item()
+        # the replicated router sees every token of the replica: its gradient is whole on each rank
+        out[f"router{step}"] = (moe.router.weight.grad - serial.router.weight.grad).abs().max().item()
     return out
 
 
-def test_a_rank_that_receives_no_tokens_still_runs_every_all_to_all():
+SKEWED = [{"G_data": 2, "G_ep": 2}, {"G_data": 4, "G_ep": 2, "G_etp": 2},
+          {"G_data": 2, "G_intra_r": 2, "G_ep": 2, "G_etp": 1},
+          {"G_data": 2, "G_intra_r": 2, "G_ep": 1, "G_etp": 4}]
+
+
+@pytest.mark.parametrize("layout", SKEWED, ids=["ep2", "d4-etp2-ep2", "r2-etp1-ep2", "r2-etp4-ep1"])
+def test_a_rank_that_receives_no_tokens_still_runs_every_all_to_all(layout):
     """Routing that sends every token to ep rank 0's experts: ep rank 1 computes nothing, yet it must
     run the combine's and the dispatch's backward all-to-all (else gloo pairs mismatched buffers:
-    'Received data size doesn't match expected size')."""
-    for r in launch(_skewed, 2, timeout_s=60):
+    'Received data size doesn't match expected size'), and under folding its etp group gathers and
+    reduce-scatters empty rows. Three tokens over two row ranks split unevenly (2 + 1): the row and
+    etp gathers of uneven members. Output, input gradient and router gradient as one process."""
+    world = layout["G_data"] * layout.get("G_intra_r", 1)
+    for r in launch(_skewed, world, args=(layout,), timeout_s=60):
         assert max(r.values()) <= 1e-5, r
 
 

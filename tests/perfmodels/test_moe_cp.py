@@ -41,6 +41,44 @@ def test_all_to_all_bytes_hand_derived():
     assert bytes_per_group(TINY_MOE, BF16, etp)["etp"][0] == 2 * 2 * 2 * per_call
 
 
+def test_split_tokens_gather_over_etp_after_the_dispatch_hand_derived():
+    # T = 32 tokens per sample, k=2, h=64, e=2 bytes, 2 MoE layers; the batch of 4 over 2 data ranks:
+    # 2 micro-batches of one sample (over 4 data ranks: 1)
+    T, k, h, e = 32, 2, 64, 2
+    # Megatron-Core with sequence parallelism (etp = row = 2): T/2 tokens per rank, dispatched; the
+    # etp group all-gathers its members' received rows after the dispatch and reduce-scatters the
+    # outputs before the combine, backward the reverse: 4 calls of G_etp x (T/2)*k*h*e
+    sp = from_plans([Plan(G_data=2, G_intra_r=2, G_ep=2, sequence_parallel=True)])
+    assert bytes_per_group(TINY_MOE, BF16, sp)["ep"][0] == 2 * 2 * 4 * (T // 2) * k * h * e
+    assert bytes_per_group(TINY_MOE, BF16, sp)["etp"][0] == 2 * 2 * 4 * 2 * (T // 2) * k * h * e
+    assert calls_per_group(TINY_MOE, BF16, sp)["etp"][0] == 2 * 2 * 4
+    # etp over 2 data ranks, no row parallelism: the members hold different tokens, so the same order
+    d4 = from_plans([Plan(G_data=4, G_ep=2, G_etp=2)])
+    assert bytes_per_group(TINY_MOE, BF16, d4)["etp"][0] == 2 * 1 * 4 * 2 * T * k * h * e
+    assert calls_per_group(TINY_MOE, BF16, d4)["etp"][0] == 2 * 1 * 4
+    # folded on row 2 without sequence parallelism (the gridtune stack): the row-replicated tokens
+    # split over row (T/2 dispatched), the output all-gathered back over row, and in backward the
+    # input's gradient [T, h] and the fp32 gates' [T, k]: 3 row all-gathers per layer and
+    # micro-batch beyond the dense layers' (those of etp = row, whose MoE sends nothing over row)
+    folded = from_plans([Plan(G_data=2, G_intra_r=2, G_ep=4, G_etp=1)])
+    plain = from_plans([Plan(G_data=2, G_intra_r=2, G_ep=2)])
+    assert bytes_per_group(TINY_MOE, BF16, folded)["ep"][0] == 2 * 2 * 4 * (T // 2) * k * h * e
+    extra = (bytes_per_group(TINY_MOE, BF16, folded)["row"][0]
+             - bytes_per_group(TINY_MOE, BF16, plain)["row"][0])
+    assert extra == 2 * 2 * (2 * T * h * e + T * k * 4)
+    extra_calls = (calls_per_group(TINY_MOE, BF16, folded)["row"][0]
+                   - calls_per_group(TINY_MOE, BF16, plain)["row"][0])
+    assert extra_calls == 2 * 2 * 3
+    assert "etp" not in bytes_per_group(TINY_MOE, BF16, folded)
+    # the same folding under sequence parallelism (Megatron-Core) splits nothing itself
+    folded_sp = from_plans([Plan(G_data=2, G_intra_r=2, G_ep=4, G_etp=1, sequence_parallel=True),
+                            Plan(G_data=2, G_intra_r=2, G_ep=2, sequence_parallel=True)])
+    row = bytes_per_group(TINY_MOE, BF16, folded_sp)["row"]
+    assert row[0] == row[1]
+    assert list(experts.emulated_split(folded_sp)) == [False, False]
+    assert list(experts.emulated_split(folded)) == [True]
+
+
 def test_expert_memory_hand_derived():
     # ZeRO-0: E/G_ep = 2 experts of 3 x 64 x 32 per layer, 2 layers, 16 bytes each (gridtune stack)
     arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
