@@ -139,6 +139,7 @@ def handle(args: argparse.Namespace) -> int:
             "ranks_per_core": report.ranks_per_core,
             "memory": [{**dataclasses.asdict(m), "peak_bytes": m.peak_bytes,
                         "training_rss_bytes": m.training_rss_bytes} for m in report.memory],
+            "peak_memory_by_stage_gib": {str(k): v for k, v in report.peak_memory_by_stage_gib.items()},
         }
         if calibration is not None:
             out["calibration"] = {**dataclasses.asdict(calibration), "profile": None}

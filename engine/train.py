@@ -62,6 +62,8 @@ class MemoryStats:
 
     rank: int
     device: str
+    stage: int = 0
+    """The rank's pipeline stage (its coordinate along "inter")."""
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
     peak_rss_bytes: int = 0
@@ -97,13 +99,13 @@ def peak_rss_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def memory_stats(rank: int, device: torch.device, baseline_rss_bytes: int = 0) -> MemoryStats:
+def memory_stats(rank: int, device: torch.device, baseline_rss_bytes: int = 0, stage: int = 0) -> MemoryStats:
     if device.type == "cuda":
-        return MemoryStats(rank=rank, device=str(device),
+        return MemoryStats(rank=rank, device=str(device), stage=stage,
                            peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                            peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
                            peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=baseline_rss_bytes)
-    return MemoryStats(rank=rank, device=str(device), peak_rss_bytes=peak_rss_bytes(),
+    return MemoryStats(rank=rank, device=str(device), stage=stage, peak_rss_bytes=peak_rss_bytes(),
                        baseline_rss_bytes=baseline_rss_bytes)
 
 
@@ -142,6 +144,17 @@ class TrainReport:
         """The largest per-rank peak (allocated on GPU, RSS on CPU), GiB."""
         return max((m.peak_bytes for m in self.memory), default=0) / 2**30
 
+    @property
+    def peak_memory_by_stage_gib(self) -> dict[int, float]:
+        """Each pipeline stage's largest per-rank peak, GiB: a pipeline's stages hold different
+        layers, embedding and head, and the first keeps the most micro-batches in flight, so the
+        stage that runs out of memory first is the one to look at (and to compare with
+        `perfmodels.memory`'s first stage)."""
+        out: dict[int, float] = {}
+        for m in self.memory:
+            out[m.stage] = max(out.get(m.stage, 0.0), m.peak_bytes / 2**30)
+        return dict(sorted(out.items()))
+
     def summary(self) -> str:
         pred = f"{self.predicted_step_time_s:.4g} s" if self.predicted_step_time_s else "-"
         err = f" ({self.relative_error:+.0%})" if self.relative_error is not None else ""
@@ -151,6 +164,9 @@ class TrainReport:
                 f"{self.median_step_time_s:.4g} s measured vs {pred}{band} predicted{err} "
                 f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s, "
                 f"peak memory {self.peak_memory_gib:.2f} GiB/rank"
+                + (" (by pipeline stage: " + ", ".join(f"{s}: {g:.2f}" for s, g in
+                                                       self.peak_memory_by_stage_gib.items()) + ")"
+                   if len(self.peak_memory_by_stage_gib) > 1 else "")
                 + (f"; {self.ranks_per_core:.1f} ranks per CPU core" if self.ranks_per_core > 1 else ""))
 
 
@@ -534,7 +550,8 @@ def train(model: ModelLike, dataset: Dataset, global_batch_size: int | None = No
             bar.stop()
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (samples, losses, memory_stats(rank, grid.device, baseline_rss)))
+    dist.all_gather_object(gathered, (samples, losses, memory_stats(rank, grid.device, baseline_rss,
+                                                                    stage=grid.coord("inter"))))
     return _on_rank_zero(rank, lambda: _report(
         gathered, decision=decision, steps=steps, warmup_steps=warmup_steps,
         tokens_per_step=global_batch_size * tokens_per_sample, record=record, url=url,

@@ -210,3 +210,26 @@ def test_cli_train_json_carries_per_rank_memory(capsys):
     for m in out["memory"]:
         assert m["device"] == "cpu" and m["peak_bytes"] == m["peak_rss_bytes"] > 0
         assert 0 < m["baseline_rss_bytes"] <= m["peak_rss_bytes"]
+
+
+def test_cli_train_json_carries_memory_per_pipeline_stage(capsys):
+    """Issue 23: pipeline memory stats. Each rank says which stage it is, and the report gives each
+    stage's largest peak (4 ranks: 2 stages x 2 data replicas, in the default rank order)."""
+    import json
+
+    from cli import main
+
+    assert main(["train", "--nproc", "4", "--steps", "3", "--warmup", "1", "--layers", "2", "--hidden", "16",
+                 "--heads", "2", "--seq", "8", "--global-batch-size", "8", "--plan", "G_data=2,G_inter=2",
+                 "--no-store", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    stages = {m["rank"]: m["stage"] for m in out["memory"]}
+    from perfmodels.layout import rank_coords
+    from perfmodels.specs import AXES
+
+    degrees = {"col": 1, "row": 1, "cp": 1, "depth": 1, "inter": 2, "data": 2}
+    assert stages == {r: rank_coords(r, degrees, AXES)["inter"] for r in range(4)}
+    assert sorted(stages.values()) == [0, 0, 1, 1]
+    for stage in (0, 1):
+        peaks = [m["peak_bytes"] for m in out["memory"] if m["stage"] == stage]
+        assert out["peak_memory_by_stage_gib"][str(stage)] == pytest.approx(max(peaks) / 2**30)
