@@ -389,6 +389,7 @@ class StackIn(_In):
     loss_parallel_bytes_per_logit: BytesPerParam | None = None
     sp_saves_gathered_inputs: bool | None = None
     torch_compile: TorchCompile | None = None
+    full_recompute_repeats_layer: bool | None = None
 
     @field_validator("name", mode="before")
     @classmethod
@@ -416,6 +417,7 @@ class TrainingIn(_In):
     host_exposed_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
     torch_compile: TorchCompile | None = None
     flash_kernel: FlashKernel | None = None
+    full_recompute_repeats_layer: bool | None = None
     expert_load_imbalance: Annotated[float, Field(ge=1, le=64)] | None = None
     moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
 

@@ -236,8 +236,8 @@ class UnitCompute:
     """Per-micro-batch seconds of one copy of a unit on this rank (arrays over plans).
 
     Backward runs the GEMMs twice (input grad and weight grad; `gemm` is the weight-grad half),
-    `attention_bwd` and `memory_bwd`; full recomputation repeats the forward of `recomputed` units,
-    selective recomputation `selective`."""
+    `attention_bwd` and `memory_bwd`; full recomputation repeats the forward of `recomputed` units
+    but `skipped` (`early_stop_skipped_s`), selective recomputation `selective`."""
 
     gemm: np.ndarray
     attention: np.ndarray | float
@@ -246,6 +246,7 @@ class UnitCompute:
     memory_bwd: np.ndarray
     selective: np.ndarray | float
     recomputed: bool
+    skipped: np.ndarray | float = 0.0
 
     @property
     def fwd(self) -> np.ndarray:
@@ -271,6 +272,37 @@ def linear_gemm_s(lin: Linear, rows: np.ndarray, rank: Rank) -> np.ndarray:
     # as this model always has; traffic swaps them for a transposed one)
     G_r, G_c, G_d = rank.arrays.G_intra_r, rank.arrays.G_intra_c, rank.arrays.G_intra_d
     return np.where(lin.divides(G_r, G_c, G_d), gemm_time_s(rows, n / G_r, k / G_c, rank.curve), replicated)
+
+
+def early_stop_skipped_s(unit: Unit, rank: Rank) -> np.ndarray | float:
+    """Forward seconds of one block that full recomputation does not repeat where it stops at the
+    block's last saved tensor (`Stack.full_recompute_repeats_layer` False): the dense MLP's fc2 GEMM.
+
+    PyTorch's non-reentrant checkpoint stops when the recomputation has saved as many tensors as the
+    forward did, and an ATen linear (`addmm`/`mm`, under autocast, on FSDP's flat-parameter views
+    and on DTensor shards alike) saves its inputs before it multiplies, so fc2's GEMM is never run
+    again: checked with torch 2.13 (`torch.utils._python_dispatch` op logs of the backward of a
+    checkpointed LayerNorm-Linear-GELU-Linear block under bf16 autocast, plain (tests/engine/
+    test_recompute.py `test_non_reentrant_recomputation_stops_before_the_last_gemm`), and in
+    one-off runs on two gloo ranks under FSDP1 with `checkpoint_wrapper` and under DTensor
+    ColwiseParallel/RowwiseParallel: the last `addmm`/`mm`, and its all-reduce, are missing from
+    the non-reentrant recomputation, present in the reentrant one and with early_stop=False).
+    Not skipped: a Linear that is a custom autograd Function, whose tensors are packed only after its
+    forward returns (even where it calls `save_for_backward` first), so it multiplies before the
+    stop: FP8 linears (Transformer Engine's; torchao's Float8Linear, `matmul_with_hp_or_float8_args`;
+    Composer's FP8 checkpoint is Transformer Engine's, which recomputes everything anyway) and the
+    engine's depth-sharded Linear (G_intra_d > 1). The shared experts of MoE layers stay counted:
+    torchtitan's `MoE.forward` runs them before the `scatter_add` that saves its index, so they are
+    recomputed there (the engine runs them last and skips its fc2 GEMM: a small overcount for it)."""
+    training = rank.training
+    if (not unit.attention or training.effective_stack.full_recompute_repeats_layer
+            or training.dtype == "fp8"):
+        return 0.0
+    skipped: np.ndarray | float = 0.0
+    for lin in unit.linears:
+        if lin.name == "fc2":
+            skipped = skipped + linear_gemm_s(lin, rank.b * lin.rows_per_sample, rank) * lin.share
+    return skipped * (rank.G_d == 1)
 
 
 def _block_core(model: Model, rank: Rank, gemm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -335,7 +367,8 @@ def unit_compute(model: Model, unit: Unit, rank: Rank) -> UnitCompute:
     if unit.attention:
         attn, attn_bwd, core_mem, core_mem_bwd, selective = _block_core(model, rank, gemm)
         return UnitCompute(gemm=gemm, attention=attn, attention_bwd=attn_bwd, memory=mem + core_mem,
-                           memory_bwd=2.0 * mem + core_mem_bwd, selective=selective, recomputed=True)
+                           memory_bwd=2.0 * mem + core_mem_bwd, selective=selective, recomputed=True,
+                           skipped=early_stop_skipped_s(unit, rank))
     if unit.loss:
         mem = mem + (b * model.seq_length) * rank.V / rank.G_r * 4.0 * 3.0 / rate  # fp32 logits: softmax + CE
         # the loss's backward passes over the logits once; the head is not recomputed
@@ -393,7 +426,8 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         fwd = fwd + count * u_fwd
         bwd = bwd + count * u.bwd
         if u.recomputed:
-            recompute = recompute + count * np.where(full, u_fwd, np.where(selective, u.selective, 0.0))
+            repeated = np.where(full, u_fwd - u.skipped, np.where(selective, u.selective, 0.0))
+            recompute = recompute + count * repeated
         if unit.loss:
             head_fwd = head_fwd + count * u_fwd
     local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)

@@ -31,8 +31,19 @@ size, e = bytes per element (the byte contract of `perfmodels.traffic`):
   "row", tokens split by the stack around the layer (G_etp != G_intra_r without sequence
        parallelism, `emulated_split`): fwd  all-gather of the output [b*seq, h] back to every row
        rank; bwd  all-gather of the input gradient [b*seq, h] and of the gates' [b*seq, k] (fp32)
-  full recomputation repeats the dispatch (the experts' inputs must be rebuilt) but not the combine
-  (its output only feeds the residual add, where non-reentrant checkpointing stops)
+  full recomputation repeats the dispatch, the combine and the etp collectives around the experts
+       in every stack: a reentrant one reruns the whole layer, and one whose recomputation stops at
+       the layer's last saved tensor (`Stack.full_recompute_repeats_layer` False: PyTorch's
+       non-reentrant checkpoint with early stopping) still reaches past the combine, because the
+       ops after it save tensors: the gate weighting saves the combine's output (engine.moe
+       `y * weights`; Megatron-Core's unpermute with probs; torchtitan's
+       `routed_output * top_scores` when scores are applied after the experts) and the unpermute
+       saves its index (`index_add` in engine.moe, `scatter_add` in torchtitan's `MoE.forward`,
+       torchtitan/models/moe.py at pytorch/torchtitan a481c26). The row gather back
+       (`emulated_split`) follows the unpermute: it is repeated by a reentrant stack, and by one
+       that stops early only where a shared expert runs after it (engine.moe adds the shared
+       expert's output last, and its Linears save tensors; that expert's own last all-reduce is
+       the layer's last and is not repeated: `perfmodels.traffic`)
   step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
        as Megatron's distributed optimizer shards expert parameters over the expert-data group.
 
@@ -220,8 +231,8 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
                m: np.ndarray, full_rc: np.ndarray) -> np.ndarray:
     """Add one stage's expert communication to `ev` (a `traffic._Events`, whose degrees must hold
     the expert groups) for `moe_layers` MoE layers on the stage; returns the local expert parameters
-    (their gradients go over "edp", not "data"). Selective recomputation of the MoE layers
-    (`recomputes_experts`) repeats both all-to-alls.
+    (their gradients go over "edp", not "data"). Full recomputation, and selective recomputation
+    of the MoE layers (`recomputes_experts`), repeat both all-to-alls and the etp collectives.
 
     The etp traffic of split tokens is the all-gather and reduce-scatter Megatron-Core issues (the
     module docstring), each counted at its gathered size as the engine's recorder counts it: in
@@ -233,15 +244,18 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
     h, k = model.hidden_size, model.moe_router_topk
     T = tokens_per_rank(model, arrays)
     a2a = T * k * h * e
+    stack = training.effective_stack
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
-    sel = selective * recomputes_experts(model, training.effective_stack)
+    sel = selective * recomputes_experts(model, stack)
+    # a recomputed MoE layer runs its forward up to the combine and past it (module docstring)
+    again = moe_layers * m * (full_rc + sel)
     for phase, calls in (("fwd", 2.0 * moe_layers * m), ("bwd", 2.0 * moe_layers * m),
-                         ("recompute", moe_layers * m * (full_rc + 2.0 * sel))):
+                         ("recompute", 2.0 * again)):
         ev.add("ep", "all_to_all", phase, "ep_a2a", a2a, calls)  # type: ignore[attr-defined]
     split = sequence_split(arrays)
     gathered = a2a * arrays.expert_tp  # the etp group's received rows
-    for phase, tag in (("fwd", "tp_fwd"), ("bwd", "tp_bwd")):
-        calls = moe_layers * m
+    for phase, tag, calls in (("fwd", "tp_fwd", moe_layers * m), ("bwd", "tp_bwd", moe_layers * m),
+                              ("recompute", "tp_fwd", again)):
         ev.add("etp", "all_reduce", phase, tag, a2a, calls * ~split)  # type: ignore[attr-defined]
         ev.add("etp", "all_gather", phase, tag, gathered, calls * split)  # type: ignore[attr-defined]
         ev.add("etp", "reduce_scatter", phase, tag, gathered, calls * split)  # type: ignore[attr-defined]
@@ -250,6 +264,10 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
     emulated = moe_layers * m * emulated_split(arrays)
     rows = arrays.micro_batch_size * model.seq_length
     ev.add("row", "all_gather", "fwd", "tp_fwd", rows * h * e, emulated)  # type: ignore[attr-defined]
+    # recomputed where something after it saves a tensor (module docstring)
+    gather_again = stack.full_recompute_repeats_layer or bool(model.shared_expert_size)
+    ev.add("row", "all_gather", "recompute", "tp_fwd", rows * h * e,  # type: ignore[attr-defined]
+           emulated * full_rc * gather_again)
     ev.add("row", "all_gather", "bwd", "tp_bwd", rows * h * e, emulated)  # type: ignore[attr-defined]
     ev.add("row", "all_gather", "bwd", "tp_bwd", rows * k * GATE_BYTES, emulated)  # type: ignore[attr-defined]
     local = moe_layers * local_expert_params(model, arrays)

@@ -647,6 +647,10 @@ class Training:
     host_exposed_fraction: float | None = None
     torch_compile: stacks.TorchCompile | None = None
     flash_kernel: stacks.FlashKernel | None = None
+    full_recompute_repeats_layer: bool | None = None
+    """Whether `recompute="full"` reruns each layer whole (`Stack.full_recompute_repeats_layer`): say
+    True for a torchtitan from 2025-08-29 on (full AC with early_stop=False) or a run on torch 2.0
+    or older (no early stop), None for what the stack does."""
     moe_token_dispatcher: Literal["alltoall", "flex"] = "alltoall"
     """How MoE layers move tokens: "alltoall" (Megatron-Core's `alltoall` dispatcher, the engine's:
     every (token, expert) pair travels), or "flex" (`--moe-token-dispatcher-type flex` with the
@@ -723,7 +727,7 @@ class Training:
 
 _STACK_OVERRIDES = ("overlap_grad_reduce", "overlap_tp_comm", "overlap_param_gather", "overlap_depth_comm",
                     "flash_attention", "p2p_scatter_gather", "zero3_gather", "host_us_per_block",
-                    "host_exposed_fraction", "torch_compile", "flash_kernel")
+                    "host_exposed_fraction", "torch_compile", "flash_kernel", "full_recompute_repeats_layer")
 """Training fields that, when set, override the stack's behaviour of the same name."""
 _NON_BOOL_OVERRIDES = ("zero3_gather", "host_us_per_block", "host_exposed_fraction", "torch_compile",
                        "flash_kernel")

@@ -106,6 +106,60 @@ class Stack:
       recompute the softmax/dropout over the scores; nothing to do once attention is fused) or
       "per-op" (torchtitan's op-level policy: keep matmul and attention outputs, recompute the
       element-wise ops).
+    - `full_recompute_repeats_layer`: what `recompute="full"` repeats in backward. True: the whole
+      checkpointed layer, its last GEMM and last collective included (reentrant checkpointing reruns
+      the checkpointed function and backpropagates through what it recomputed; non-reentrant
+      checkpointing with early stopping off reruns the function to its end too). False: PyTorch's
+      non-reentrant `torch.utils.checkpoint` with early stopping (its default: `checkpoint(...,
+      early_stop=True)`, "Rule 5" and `_recomputation_hook.pack_hook` raising
+      `_StopRecomputationError` once as many tensors are saved as in the forward; torch/utils/
+      checkpoint.py at pytorch/pytorch 0008d771, torch 2.13): recomputation stops at the last tensor
+      the layer saved for backward. An ATen linear saves its inputs before it multiplies, so a dense
+      block's fc2 GEMM and the collective after it (its output all-reduce, or reduce-scatter under
+      sequence parallelism; the shared expert's fc2 in an MoE layer) are not repeated, but an MoE
+      layer's combine all-to-all is: the gate weighting and the unpermute after it save tensors
+      (`perfmodels.experts.add_events`). By stack:
+      - megatron-core, nemo: True. `TransformerBlock` runs full recomputation through
+        `checkpointed_forward` (megatron/core/transformer/transformer_block.py:663 and
+        megatron/core/recompute.py:125-148 at NVIDIA/Megatron-LM d98e8a64): its own reentrant
+        `CheckpointFunction` (tensor_parallel/random.py:591-672; backward reruns `ctx.run_function`
+        at 659 and calls `torch.autograd.backward(outputs, args)` at 668), or under FP8
+        Transformer Engine's `checkpoint`, whose `use_reentrant` defaults to True
+        (transformer_engine/pytorch/distributed.py:694-703 at NVIDIA/TransformerEngine d0067d0;
+        Megatron's `te_checkpoint` passes none, extensions/transformer_engine.py:3402-3426).
+      - megatron-lm: True (megatron/mpu/random.py `CheckpointFunction`:254-319, called from
+        megatron/model/transformer.py:619 at NVIDIA/Megatron-LM 6985e589).
+      - megatron-deepspeed, deepspeed: True. Megatron-DeepSpeed's `tensor_parallel.checkpoint`
+        calls `deepspeed.checkpointing.checkpoint` when configured, else Megatron's reentrant
+        `CheckpointFunction` (megatron/core/tensor_parallel/random.py:323-331 at
+        microsoft/Megatron-DeepSpeed f4157be); DeepSpeed's `checkpoint` is `CheckpointFunction.apply`
+        (deepspeed/runtime/activation_checkpointing/checkpointing.py:948-953 at microsoft/DeepSpeed
+        38327e0), whose backward reruns the function (653-654) and backpropagates (680).
+      - fsdp: False. LLM Foundry's benchmark configs set `activation_checkpointing_reentrant: false`
+        (scripts/train/yamls/pretrain/mpt-7b.yaml:91 at mosaicml/llm-foundry 495218376), so
+        Composer wraps each block in `checkpoint_wrapper(CheckpointImpl.NO_REENTRANT)`
+        (composer/trainer/dist_strategy.py:670-673 at mosaicml/composer d341aa0). In FP8 Composer
+        uses Transformer Engine's non-reentrant checkpoint instead, which "does not support early
+        stopping, and will execute the entire forward" (distributed.py:676-678 above): the FP8
+        exception of `perfmodels.compute` (its GEMMs are repeated; the stack has no tensor
+        parallelism, so no collective changes). Early stopping became torch's default in 2.1
+        (pytorch/pytorch#96866, March 2023); before it non-reentrant checkpointing reran the whole
+        function. LLM Foundry's A100 tables were measured on torch 1.13.1 ("TODO: Update tables
+        with torch 2.0", scripts/train/benchmarking/README.md, and `torch==1.13.1` in setup.py at
+        1ef7b4d), its H100 large-scale table on torch 2.1.0 (setup.py at 5e85bd6): for a run on
+        torch 2.0 or older say `Training(full_recompute_repeats_layer=True)`.
+      - torchtitan: False, as the published runs ran it: `ptd_checkpoint_wrapper(module,
+        preserve_rng_state=False)` (non-reentrant, torch's early stop; torchtitan/parallelisms/
+        parallelize_llama.py:238 at pytorch/torchtitan ba24697, December 2024). Since 25413d2
+        (2025-08-29, "Add config to AC to toggle early-stop", `activation_checkpoint.early_stop:
+        bool = False`) and hard-coded in `FullAC` (torchtitan/distributed/activation_checkpoint.py:
+        166-181 at b5bcd76) full recomputation runs with early_stop=False: for a current torchtitan
+        say `Training(full_recompute_repeats_layer=True)`.
+      - oneflow: True. Its `CheckpointingPass` clones every op of a checkpointed subgraph into the
+        backward pass (oneflow/core/job_rewriter/checkpointing_pass.cpp step 3.2 at
+        Oneflow-Inc/oneflow 03b7b8a7).
+      - gridtune: False (engine/parallel_gpt.py `run_block`: `checkpoint(block, x,
+        use_reentrant=False)`).
     - `host_us_per_block`: CPU time to issue one transformer block's forward pass (None: the device
       family's default in `perfmodels.compute`). `host_exposed_fraction`: how much of it adds to the
       GPU time instead of hiding behind the queue of launched kernels (0: only a floor, CUDA's
@@ -230,6 +284,7 @@ class Stack:
     flash_attention: bool = True
     flash_kernel: FlashKernel = "native"
     selective_recompute: SelectiveKind = "attention-core"
+    full_recompute_repeats_layer: bool = True
     host_us_per_block: float | None = None
     host_exposed_fraction: float = 0.0
     host_scale: float = 1.0
@@ -511,6 +566,7 @@ STACK_PRESETS: dict[str, Stack] = {
             tensor_parallel=False,
             pipeline_parallel=False,
             sequence_parallel=False,
+            full_recompute_repeats_layer=False,
             launch_recomputes=("none", "full"),
             **_FSDP,
         ),
@@ -520,6 +576,8 @@ STACK_PRESETS: dict[str, Stack] = {
             "activation checkpointing",
             flash_attention=True,
             selective_recompute="per-op",
+            # ptd_checkpoint_wrapper with torch's early stop, as until 2025-08-29 (Stack docstring)
+            full_recompute_repeats_layer=False,
             fp8_saves_fp8_inputs=False,
             elementwise_bytes_scale=TORCHTITAN_EAGER_ELEMENTWISE,
             loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT,
@@ -580,7 +638,9 @@ STACK_PRESETS: dict[str, Stack] = {
             expert_parallel=True,
             # engine.parallel_gpt replicates a key/value group on the row ranks that share it
             tp_splits_query_groups=False,
-            # engine.train recomputes whole blocks of the built-in GPT or nothing (engine_limits)
+            # engine.train recomputes whole blocks of the built-in GPT or nothing (engine_limits),
+            # through non-reentrant torch.utils.checkpoint with its early stop
+            full_recompute_repeats_layer=False,
             launch_recomputes=("none", "full"),
             # measured on one H100 by scripts/gpu_check.sh (bench/gpu_check.py, 12 layouts of a 4x4096
             # GPT with the fake process group): the host issues a block's forward in ~0.6 ms

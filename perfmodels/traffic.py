@@ -24,10 +24,14 @@ input features over col and output over row, "transposed" swaps them:
   bwd  reduce-scatter weight grad (depth)   n*k/(G_r*G_c) * e
 Full recomputation ("full": every block is checkpointed, engine.parallel_gpt recompute=True)
 repeats each block's forward collectives during backward: its four Linears' depth all-gathers,
-the output all-reduces of the first three, and its two norms' forward statistics. The last Linear's
-output all-reduce is not repeated, because recomputation (torch.utils.checkpoint, non-reentrant)
-stops as soon as backward has every saved tensor, and that all-reduce only feeds the residual add.
-The LM head and loss are not recomputed.
+the output all-reduces of the first three, and its two norms' forward statistics. Whether the last
+one, fc2's output all-reduce (the shared expert's fc2 in an MoE layer), is repeated too depends on
+the stack (`Stack.full_recompute_repeats_layer`): reentrant checkpointing (Megatron's
+CheckpointFunction, DeepSpeed's) reruns the whole block and repeats it; PyTorch's non-reentrant
+checkpointing with early stopping (the engine: torch.utils.checkpoint, use_reentrant=False; FSDP
+and torchtitan as published) stops as soon as backward has every saved tensor, and that all-reduce
+only feeds the residual add, so it is not repeated (under sequence parallelism likewise the
+reduce-scatter after fc2). The LM head and loss are not recomputed.
 "selective" recomputation (attention internals only) repeats no communication.
 
 Transformer (GPT-style: biases, LayerNorm, learned positions; engine.parallel_gpt), per stage:
@@ -71,6 +75,10 @@ from perfmodels.specs import Model, Training
 from perfmodels.structure import Linear, Unit
 
 STAT_BYTES = 4  # norm statistics and loss reductions travel in fp32
+LAYER_LAST_LINEARS = ("fc2", "shared_fc2")
+"""The Linears (`perfmodels.structure` names) whose output collective is a transformer layer's
+last: full recomputation that stops early does not repeat it (`Stack.full_recompute_repeats_layer`;
+the dense fc2's GEMM: `perfmodels.compute.early_stop_skipped_s`)."""
 
 
 @dataclass(frozen=True)
@@ -163,17 +171,20 @@ class _Events:
 
 
 def _sequence_parallel_events(ev: _Events, seq_calls: np.ndarray, full_rc: np.ndarray,
-                              nbytes: np.ndarray) -> None:
+                              nbytes: np.ndarray, repeats_layer: bool = True) -> None:
     """Megatron sequence parallelism (row-only TP): each of a block's two forward and two backward
-    all-reduces (and the recomputed ones) becomes an all-gather plus a reduce-scatter of `nbytes`."""
+    all-reduces (and the recomputed ones) becomes an all-gather plus a reduce-scatter of `nbytes`.
+    Recomputation that stops early (`repeats_layer` False, `Stack.full_recompute_repeats_layer`)
+    skips the reduce-scatter after fc2, one of the block's two: half the reduce-scatter count."""
     for phase, calls in (
         ("fwd", 2 * seq_calls),
         ("bwd", 2 * seq_calls),
         ("recompute", 2 * seq_calls * full_rc),
     ):
         tag = "tp_" + ("fwd" if phase != "bwd" else "bwd")
+        last = 1.0 if phase != "recompute" or repeats_layer else 0.5
         ev.add("row", "all_gather", phase, tag, nbytes, calls / 2)
-        ev.add("row", "reduce_scatter", phase, tag, nbytes, calls / 2)
+        ev.add("row", "reduce_scatter", phase, tag, nbytes, calls / 2 * last)
 
 
 def _norm_events(ev: _Events, st: StageShape, m: np.ndarray, full_rc: np.ndarray, T: np.ndarray, *,
@@ -325,13 +336,19 @@ def _comm_events(
     block, head, _embedding = model.units
     blocks = st.blocks.astype(np.float64)
 
-    for i, lin in enumerate(block.linears):
-        # recomputation stops once backward has what it saved: the block's last output all-reduce
-        # (fc2's) feeds only the residual add, which saves nothing, so it is not repeated
-        rank.linear(lin, blocks, output_recomputed=i != len(block.linears) - 1)
+    repeats_layer = training.effective_stack.full_recompute_repeats_layer
+    for lin in block.linears:
+        # recomputation that stops once backward has what it saved does not repeat a layer's last
+        # output all-reduce: fc2's in a dense layer, the shared expert's in an MoE layer (the
+        # engine runs it after the routed experts), which feed only the residual add. Every other
+        # one feeds an op that saves a tensor (in an MoE layer without shared experts out_proj's
+        # feeds the router), and a reentrant stack repeats them all
+        last = lin.name in LAYER_LAST_LINEARS
+        rank.linear(lin, blocks, output_recomputed=repeats_layer or not last)
     block_linears = rank.local_params / np.maximum(blocks, 1.0)  # one block's Linear parameters (ZeRO-3)
 
-    _sequence_parallel_events(ev, blocks * m * arrays.sequence_parallel, rank.full_rc, T * h * e)
+    _sequence_parallel_events(ev, blocks * m * arrays.sequence_parallel, rank.full_rc, T * h * e,
+                              repeats_layer)
     norms = _norm_events(ev, st, m, rank.full_rc, T, stats=2 if bias else 1)
     rank.replicated_params(norms * norm_params * h / G_c)
 

@@ -29,7 +29,8 @@ def _recorded(table: list, column: int = 3) -> dict[str, float]:
     return {k: v for k, v in out.items() if v}
 
 
-def _predicted(spec, degrees: dict[str, int], micro_batch_size: int, calls: bool = False) -> dict[str, float]:
+def _predicted(spec, degrees: dict[str, int], micro_batch_size: int, calls: bool = False,
+               recompute: str = "none") -> dict[str, float]:
     import perfmodels
     from perfmodels import presets
     from perfmodels.specs import Plan, Training
@@ -40,7 +41,8 @@ def _predicted(spec, degrees: dict[str, int], micro_batch_size: int, calls: bool
     for axis, value in degrees.items():
         if axis not in ("ep", "etp"):
             world *= value
-    plan = Plan(**{fields[a]: v for a, v in degrees.items()}, micro_batch_size=micro_batch_size)
+    plan = Plan(**{fields[a]: v for a, v in degrees.items()}, micro_batch_size=micro_batch_size,
+                recompute=recompute)
     training = Training(global_batch_size=GLOBAL_BATCH, dtype="fp32", stack="gridtune")
     pred = perfmodels.predict(spec, presets.cluster("local-cpu").with_gpus(world), training, plan)
     per_group = pred.calls_per_group if calls else pred.bytes_per_group
@@ -84,6 +86,49 @@ def test_expert_parallel_bytes_equal_the_model(degrees):
         want = _predicted(spec, degrees, r["mb"])
         assert _recorded(r["table"], column=2) == pytest.approx(
             _predicted(spec, degrees, r["mb"], calls=True), rel=1e-12), (r["coords"], r["table"])
+        got = _recorded(r["table"])
+        for axis in ROUTED:
+            routed[axis] += got.pop(axis, 0.0)
+        assert got == pytest.approx({k: v for k, v in want.items() if k not in ROUTED}, rel=1e-12), (
+            r["coords"], r["table"])
+    for axis in ROUTED:
+        assert routed[axis] == pytest.approx(want.get(axis, 0.0) * len(results), rel=1e-12), axis
+
+
+RECOMPUTE_CASES = [({"data": 4, "ep": 2}, True), ({"data": 2, "row": 2, "ep": 2}, True),
+                   ({"data": 2, "row": 2, "ep": 2, "etp": 1}, True),
+                   ({"data": 2, "row": 2, "ep": 2, "etp": 1}, False)]
+
+
+@pytest.mark.parametrize(("degrees", "shared"), RECOMPUTE_CASES,
+                         ids=["ep2xd4", "ep2xr2", "r2-etp1-ep2", "r2-etp1-ep2-unshared"])
+def test_full_recompute_moe_bytes_equal_the_model(degrees, shared):
+    """Full recomputation of the MoE GPT (every block checkpointed, non-reentrant with torch's early
+    stop): training stays exact against one process, and the recorder's calls and bytes per group
+    equal the gridtune stack's model. The recomputation repeats the dispatch AND the combine: the
+    gate weighting after the combine saves its output (`y * weights`) and the unpermute its index
+    (`index_add`), so early stopping does not reach before it (perfmodels.experts). Per MoE layer and
+    micro-batch that is 6 all-to-alls over "ep" (2 forward, 2 backward, 2 recomputed), the etp
+    all-reduce of the combine side again where the etp group is the row group (ep2xr2). In the
+    folded layout (the tokens split over row) the row gather back is repeated where the shared
+    expert follows it and saves tensors, and not without one; the shared expert's own last
+    all-reduce over row, the layer's last collective, is not repeated, and without a shared expert
+    out_proj's all-reduce is (the router after it saves its input). Bytes of "ep" and "etp" summed
+    over the ranks, as in the test above."""
+    world = 1
+    for axis, value in degrees.items():
+        world *= value if axis not in ROUTED else 1
+    results = launch(test_moe._train, world, args=(degrees, 2, 0, None, True, shared), timeout_s=240)
+    test_moe._check(results, degrees, shared=shared)
+    spec = test_moe.moe_config(2, shared).to_spec()
+    routed = dict.fromkeys(ROUTED, 0.0)
+    for r in results:
+        want = _predicted(spec, degrees, r["mb"], recompute="full")
+        got_calls = _recorded(r["table"], column=2)
+        assert got_calls == pytest.approx(_predicted(spec, degrees, r["mb"], calls=True, recompute="full"),
+                                          rel=1e-12), (r["coords"], r["table"])
+        assert r["mb"] == r["local"]  # no pipeline: one micro-batch per step
+        assert got_calls["ep"] == 6 * 2, r["table"]  # 2 MoE layers x (2 fwd + 2 bwd + 2 recomputed)
         got = _recorded(r["table"])
         for axis in ROUTED:
             routed[axis] += got.pop(axis, 0.0)

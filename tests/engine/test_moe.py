@@ -22,20 +22,21 @@ FIELDS = {"data": "G_data", "row": "G_intra_r", "inter": "G_inter", "ep": "G_ep"
 EXPERTS, TOPK = 4, 2
 
 
-def moe_config(num_layers: int = 2) -> GPTConfig:
+def moe_config(num_layers: int = 2, shared: bool = True) -> GPTConfig:
+    """The test MoE GPT; `shared`: with a shared expert (16 wide) beside the routed ones."""
     return GPTConfig(num_layers=num_layers, hidden_size=32, num_attention_heads=8, seq_length=8,
                      vocab_size=60, num_moe_experts=EXPERTS, moe_router_topk=TOPK, moe_ffn_hidden_size=48,
-                     moe_shared_expert_intermediate_size=16)
+                     moe_shared_expert_intermediate_size=16 if shared else None)
 
 
 Reference = tuple[list[float], dict[str, torch.Tensor], float]
 
 
-def _reference(num_layers: int, clip: float | None = None) -> Reference:
+def _reference(num_layers: int, clip: float | None = None, shared: bool = True) -> Reference:
     from engine.models.gpt import GPT
 
     torch.set_num_threads(1)
-    cfg = moe_config(num_layers)
+    cfg = moe_config(num_layers, shared)
     torch.manual_seed(0)
     model = GPT(cfg)
     opt = make_optimizer(model.parameters())
@@ -56,8 +57,8 @@ def _reference(num_layers: int, clip: float | None = None) -> Reference:
 
 
 @functools.lru_cache(maxsize=4)
-def reference(num_layers: int = 2, clip: float | None = None) -> Reference:
-    return isolated(_reference, num_layers, clip)
+def reference(num_layers: int = 2, clip: float | None = None, shared: bool = True) -> Reference:
+    return isolated(_reference, num_layers, clip, shared)
 
 
 def _optimizer(model: torch.nn.Module, zero: int) -> torch.optim.Optimizer:
@@ -72,16 +73,16 @@ def _optimizer(model: torch.nn.Module, zero: int) -> torch.optim.Optimizer:
 
 
 def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int, zero: int = 0,
-           clip: float | None = None) -> dict[str, Any]:
+           clip: float | None = None, recompute: bool = False, shared: bool = True) -> dict[str, Any]:
     from torch.utils.data import TensorDataset
 
     import engine
     from engine.models.gpt import GPT
 
     grid = engine.init(**{FIELDS[a]: v for a, v in degrees.items()})
-    cfg = moe_config(num_layers)
+    cfg = moe_config(num_layers, shared)
     torch.manual_seed(0)
-    model = engine.ParallelGPT.from_serial(GPT(cfg), grid)
+    model = engine.ParallelGPT.from_serial(GPT(cfg), grid, recompute=recompute)
     opt = _optimizer(model, zero)
     loader = engine.create_dataloader(TensorDataset(*batches(cfg)), GLOBAL_BATCH)
     local = GLOBAL_BATCH // grid.batch_shards
@@ -114,8 +115,8 @@ def _train(rank: int, world: int, degrees: dict[str, int], num_layers: int, zero
 
 
 def _check(results: list[dict[str, Any]], degrees: dict[str, int], num_layers: int = 2,
-           clip: float | None = None) -> None:
-    ref_losses, ref_state, ref_norm = reference(num_layers, clip)
+           clip: float | None = None, shared: bool = True) -> None:
+    ref_losses, ref_state, ref_norm = reference(num_layers, clip, shared)
     for r in results:
         assert r["norm"] == pytest.approx(ref_norm, rel=1e-5)
     last = [r for r in results
