@@ -183,8 +183,8 @@ def _sequence_parallel_events(ev: _Events, seq_calls: np.ndarray, full_rc: np.nd
     ):
         tag = "tp_" + ("fwd" if phase != "bwd" else "bwd")
         last = 1.0 if phase != "recompute" or repeats_layer else 0.5
-        ev.add("row", "all_gather", phase, tag, nbytes, calls / 2)
-        ev.add("row", "reduce_scatter", phase, tag, nbytes, calls / 2 * last)
+        ev.add("row", "all_gather", phase, tag, nbytes, calls)
+        ev.add("row", "reduce_scatter", phase, tag, nbytes, calls * last)
 
 
 def _norm_events(ev: _Events, st: StageShape, m: np.ndarray, full_rc: np.ndarray, T: np.ndarray, *,
