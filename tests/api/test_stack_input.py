@@ -92,7 +92,9 @@ def test_cli_predict_stack_flag_changes_memory(capsys):
 def test_search_tries_sequence_parallelism_where_the_stack_has_it():
     """Megatron-Core on 256 H100s for Llama 3 70B: with the ZeRO stages Megatron-LM launches (the
     distributed optimizer; Apex's ZeRO-2 is NeMo 1.x's) the best layout keeps every layer's
-    activations (no recomputation) only with sequence parallelism over TP8."""
+    activations (no recomputation) only with sequence parallelism over TP4 (with a pipeline) or TP8:
+    within 3% of each other once sequence parallelism carries the same traffic as the all-reduces it
+    replaces."""
     import tuner
     from perfmodels import Training, presets
 
@@ -101,7 +103,7 @@ def test_search_tries_sequence_parallelism_where_the_stack_has_it():
         model, cluster, Training(global_batch_size=512, stack="megatron-core"), top_k=1
     ).best
     assert best is not None and best.plan.sequence_parallel and best.plan.recompute == "none"
-    assert best.plan.G_intra_r == 8 and best.plan.zero_stage == 1
+    assert best.plan.G_intra_r in (4, 8) and best.plan.zero_stage == 1
     ours = tuner.recommend(model, cluster, Training(global_batch_size=512, stack="gridtune"), top_k=5)
     assert not any(c.plan.sequence_parallel for c in ours.candidates)  # the engine has none
 
