@@ -76,16 +76,27 @@ def test_expert_parallel_bytes_equal_the_model(degrees):
     rank and call, what the model counts. The folded layouts (the last four) are compared with the
     gridtune stack's plan (no sequence parallelism): their MoE layers split the tokens over row
     and gather the output back, which the model counts under "row"."""
+    results = launch(test_moe._train, _world(degrees), args=(degrees, 2), timeout_s=180)
+    _assert_expert_traffic(results, test_moe.moe_config(2).to_spec(), degrees)
+
+
+def _world(degrees: dict[str, int]) -> int:
+    """Ranks of an MoE grid: G_ep and G_etp re-divide a stage's ranks, they do not multiply them."""
     world = 1
     for axis, value in degrees.items():
         world *= value if axis not in ROUTED else 1
-    results = launch(test_moe._train, world, args=(degrees, 2), timeout_s=180)
-    spec = test_moe.moe_config(2).to_spec()
+    return world
+
+
+def _assert_expert_traffic(results: list, spec, degrees: dict[str, int], recompute: str = "none") -> None:
+    """Every rank's recorded calls per group equal the model's, its bytes too except on "ep" and
+    "etp", whose bytes are compared summed over the ranks (routing-dependent per rank)."""
     routed = dict.fromkeys(ROUTED, 0.0)
     for r in results:
-        want = _predicted(spec, degrees, r["mb"])
+        want = _predicted(spec, degrees, r["mb"], recompute=recompute)
         assert _recorded(r["table"], column=2) == pytest.approx(
-            _predicted(spec, degrees, r["mb"], calls=True), rel=1e-12), (r["coords"], r["table"])
+            _predicted(spec, degrees, r["mb"], calls=True, recompute=recompute), rel=1e-12), (
+            r["coords"], r["table"])
         got = _recorded(r["table"])
         for axis in ROUTED:
             routed[axis] += got.pop(axis, 0.0)
@@ -115,24 +126,11 @@ def test_full_recompute_moe_bytes_equal_the_model(degrees, shared):
     all-reduce over row, the layer's last collective, is not repeated, and without a shared expert
     out_proj's all-reduce is (the router after it saves its input). Bytes of "ep" and "etp" summed
     over the ranks, as in the test above."""
-    world = 1
-    for axis, value in degrees.items():
-        world *= value if axis not in ROUTED else 1
-    results = launch(test_moe._train, world, args=(degrees, 2, 0, None, True, shared), timeout_s=240)
+    results = launch(test_moe._train, _world(degrees), args=(degrees, 2, 0, None, True, shared),
+                     timeout_s=240)
     test_moe._check(results, degrees, shared=shared)
-    spec = test_moe.moe_config(2, shared).to_spec()
-    routed = dict.fromkeys(ROUTED, 0.0)
+    _assert_expert_traffic(results, test_moe.moe_config(2, shared).to_spec(), degrees, recompute="full")
     for r in results:
-        want = _predicted(spec, degrees, r["mb"], recompute="full")
-        got_calls = _recorded(r["table"], column=2)
-        assert got_calls == pytest.approx(_predicted(spec, degrees, r["mb"], calls=True, recompute="full"),
-                                          rel=1e-12), (r["coords"], r["table"])
         assert r["mb"] == r["local"]  # no pipeline: one micro-batch per step
-        assert got_calls["ep"] == 6 * 2, r["table"]  # 2 MoE layers x (2 fwd + 2 bwd + 2 recomputed)
-        got = _recorded(r["table"])
-        for axis in ROUTED:
-            routed[axis] += got.pop(axis, 0.0)
-        assert got == pytest.approx({k: v for k, v in want.items() if k not in ROUTED}, rel=1e-12), (
-            r["coords"], r["table"])
-    for axis in ROUTED:
-        assert routed[axis] == pytest.approx(want.get(axis, 0.0) * len(results), rel=1e-12), axis
+        # 2 MoE layers x (2 fwd + 2 bwd + 2 recomputed)
+        assert _recorded(r["table"], column=2)["ep"] == 6 * 2, r["table"]
