@@ -3,7 +3,8 @@
 A family is one grid (the six degrees and the expert degrees), one micro-batch size and one
 placement; its plans are every choice of schedule, virtual stages, recomputation, ZeRO stage and
 sequence parallelism. The bounds here are given per recomputation and sequence-parallel setting
-(time) and per ZeRO stage (memory), so a search can also skip the parts of a family that cannot win.
+(time; per schedule too, `lower_bound_s(..., schedules)`) and per ZeRO stage (memory), so a search
+can also skip the parts of a family that cannot win.
 
 Time. `perfmodels.steptime` composes a plan's step as
 
@@ -14,24 +15,32 @@ and every term is a sum of non-negative parts that grow with the stage's blocks.
 of the family with a given recomputation and sequence-parallel setting:
 
 - compute >= the compute of the *relaxed* stage: num_layers / G_inter blocks (the busiest stage
-  holds ceil(L / (S v)) v >= L / S of them, `traffic.stage_shape`) with the LM head;
+  holds ceil(L / (S v)) v >= L / S of them, `traffic.stage_shape`) with the LM head. A stage's
+  compute is a non-negative cost per block plus what the relaxed and the busiest stage hold alike,
+  so (busiest blocks / relaxed blocks) x the relaxed compute is at least the busiest stage's: the
+  most compute that prefetched collectives can hide behind;
 - exposed comm >= the tensor-parallel collectives that never overlap (`steptime.TP_TAGS` outside the
   backward input-grad all-reduce, `TP_FWD_EXPOSED_SHARE` of the forward ones where the stack overlaps
-  them, all of them where it does not), the depth collectives' first-gather share, and for a mixture
-  of experts the expert tensor-parallel collectives and the all-to-alls (their first-gather share
-  where the stack overlaps them under an interleaved schedule the family runs), all of the relaxed
-  stage without recomputation (recomputation only repeats collectives); the MoE wait, the ring and
-  the data-parallel parts >= 0;
+  them, all of them where it does not), the depth collectives less `PREFETCH_COVER` of that most
+  compute (never below the first gather's share), and for a mixture of experts the expert
+  tensor-parallel collectives and the all-to-alls (where the stack overlaps them under an
+  interleaved schedule, again less what compute can cover), all of the relaxed stage with what
+  recomputation repeats; the MoE wait, the ring and the data-parallel parts >= 0;
 - host >= the relaxed stage's blocks, three passes (four under full recomputation);
-- bubble = (S - 1) / v t_mb (average / busiest compute) >= (S - 1) / v_max x the average stage's
-  compute (t_mb >= the busiest stage's compute; v_max: the most virtual stages the family runs);
+- bubble = (S - 1) / v t_mb (average / busiest compute) >= (S - 1) / v x the average stage's
+  compute x max(1, the t_mb bound / the busiest stage's most compute), at v_max (the most virtual
+  stages the family runs) for a whole family;
+- p2p = 2 (v m + S - 1) sends of one micro-batch's activations on the pipeline's link (`pipeline`),
+  at v = 1 for a whole family;
 - optimizer >= the relaxed stage's optimizer step sharded at the family's largest ZeRO stage;
-- p2p, data-parallel and depth gradient sync >= 0.
+- data-parallel and depth gradient sync >= 0.
 
-A coarser bound, `blocks_bound_s`, costs one compute evaluation per (grid, micro-batch size) and holds
-for every placement and option: the blocks alone (num_layers / G_inter of them: below both the
-busiest and the average stage) set a floor to t_mb and, times (S - 1) / v_max, to the bubble; the
-host floor as above. The coarsest, `grid_bound_s`, holds for every micro-batch size of a grid too:
+A coarser bound, `blocks_bound_s`, costs one compute evaluation per (grid, micro-batch size) and
+recomputation, and holds for every placement, ZeRO stage and schedule: the blocks alone (num_layers
+/ G_inter of them: below both the busiest and the average stage), with what the recomputation reruns,
+set a floor to t_mb and, times (S - 1) / v_max, to the bubble; the host floor as above. A search
+takes its least over the options that fit in memory, so recomputation that memory forces counts.
+The coarsest, `grid_bound_s`, holds for every micro-batch size and option of a grid too:
 a micro-batch's compute C(b) grows with its size b while the compute per sample C(b) / b does not
 (every GEMM, attention and element-wise term is a non-negative cost per row plus a non-negative cost
 per kernel, and GEMM efficiency only improves with more rows), so the m C(b) = (samples per replica)
@@ -46,8 +55,8 @@ G_inter) on the first stage, against m for GPipe and G_inter + (G_inter - 1) / v
 are taken on the relaxed stage.
 
 Nothing here is approximated: each bound is the model's own formula with terms dropped or taken at
-their smallest, and tests/perfmodels/test_bounds.py checks it against every plan of whole search
-spaces.
+their smallest, and tests/tuner/test_bounded_search.py checks it against every plan of whole search
+spaces (a sample of each batch), per schedule as well.
 """
 
 from __future__ import annotations
@@ -60,11 +69,13 @@ from perfmodels import collectives, context, experts
 from perfmodels.compute import stage_compute
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
-from perfmodels.memory import capacity_per_rank_gib, stage_memory, unit_parts
+from perfmodels.memory import GIB, capacity_per_rank_gib, stage_memory, state_bytes, unit_parts
+from perfmodels.pipeline import p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
 from perfmodels.specs import Cluster, Model, Training
 from perfmodels.steptime import (
     FIRST_GATHER_SHARE,
+    PREFETCH_COVER,
     TP_FWD_EXPOSED_SHARE,
     _average_stage,
     _category,
@@ -74,6 +85,8 @@ from perfmodels.steptime import (
 from perfmodels.traffic import CommEvent, StageShape, comm_events
 
 TP_CATEGORIES = ("tp_exposed", "tp_fwd_half", "tp_bwd")
+P2P_KEY = ("inter", "send", "p2p")
+"""`BoundParts.comm`'s entry for the pipeline: (bytes of one send, 1), not a sum over calls."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,24 +99,31 @@ class BoundParts:
     """(R, P, n) seconds of a micro-batch's compute on the relaxed stage."""
     host_mb_s: np.ndarray
     """(R, n) host seconds to issue a micro-batch of the relaxed stage."""
-    bubble_s: np.ndarray
-    """(R, P, n) seconds of pipeline bubble at the least (most virtual stages)."""
+    average_mb_s: np.ndarray
+    """(R, P, n) seconds of a micro-batch's compute on the average stage (what the bubble idles)."""
     optimizer_s: np.ndarray
     degrees: dict[str, np.ndarray]
-    comm: list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]
-    """Per sequence-parallel setting: (axis, op, category) -> (bytes x calls, calls) per step."""
+    comm: list[list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]]
+    """Per recomputation and sequence-parallel setting (comm[r][p]): (axis, op, category) ->
+    (bytes x calls, calls) per step, the collectives recomputation repeats included."""
     plans: PlanArrays
     """The families' representative plans (for the expert groups' geometry)."""
     max_virtual: np.ndarray
+    busiest_ratio: np.ndarray
+    """At least the busiest stage's blocks over the relaxed stage's, for any virtual-stage count up to
+    `max_virtual` (`busiest_block_ratio`): times `compute_mb_s`, at least a micro-batch's compute on
+    the busiest stage, which bounds from above what prefetched collectives can hide behind."""
 
     def take(self, index: np.ndarray) -> BoundParts:
         return BoundParts(
             microbatches=self.microbatches[index], compute_mb_s=self.compute_mb_s[..., index],
-            host_mb_s=self.host_mb_s[..., index], bubble_s=self.bubble_s[..., index],
+            host_mb_s=self.host_mb_s[..., index], average_mb_s=self.average_mb_s[..., index],
             optimizer_s=self.optimizer_s[index],
             degrees={k: v[index] for k, v in self.degrees.items()},
-            comm=[{k: (b[index], c[index]) for k, (b, c) in per.items()} for per in self.comm],
-            plans=self.plans.take(index), max_virtual=self.max_virtual[index])
+            comm=[[{k: (b[index], c[index]) for k, (b, c) in per.items()} for per in by_rc]
+                  for by_rc in self.comm],
+            plans=self.plans.take(index), max_virtual=self.max_virtual[index],
+            busiest_ratio=self.busiest_ratio[index])
 
 
 def with_options(arrays: PlanArrays, **columns: np.ndarray | int | bool) -> PlanArrays:
@@ -131,11 +151,20 @@ def _by_context_degree(arrays: PlanArrays, one):
 
 
 def blocks_bound_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                   max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
-    """Seconds per step no plan of each (grid, micro-batch size) row of `arrays` can beat, under any
-    placement, recomputation, ZeRO stage or schedule (see the module docstring), the smallest over
-    the `sequence_parallel` settings."""
-    return grid_bound_s(model, cluster, training, arrays, arrays, max_virtual, sequence_parallel)
+                   max_virtual: np.ndarray, recomputes: list[int], sequence_parallel: list[bool]
+                   ) -> np.ndarray:
+    """(R, P, n) seconds per step no plan of each (grid, micro-batch size) row of `arrays` with the
+    r-th recomputation and p-th sequence-parallel setting can beat, under any placement, ZeRO stage or
+    schedule (see the module docstring). A search takes the least over the options that fit in
+    memory, so recomputation that memory forces on a pair counts in its bound."""
+    cluster, training = apply_constants(cluster, training)
+    out = np.zeros((len(recomputes), len(sequence_parallel), len(arrays)))
+    for cp in np.unique(arrays.G_cp):
+        idx = np.flatnonzero(arrays.G_cp == cp)
+        model_v, training_v, view = context.view(model, training, arrays.take(idx), int(cp))
+        out[..., idx] = _grid_bound_one_cp(model_v, cluster, training_v, view, view, max_virtual[idx],
+                                           recomputes, sequence_parallel)
+    return out
 
 
 def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -168,43 +197,62 @@ def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arra
 def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
                  largest: PlanArrays, max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
     """Seconds per step no plan of each grid can beat, under any micro-batch size between the
-    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring).
-    With `largest` the same object as `smallest`: the bound of that one micro-batch size."""
+    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring)."""
     cluster, training = apply_constants(cluster, training)
     out = np.zeros(len(smallest))
+    none = [RECOMPUTE_CODE["none"]]
     for cp in np.unique(smallest.G_cp):
         idx = np.flatnonzero(smallest.G_cp == cp)
         model_v, training_v, low = context.view(model, training, smallest.take(idx), int(cp))
-        high = low if largest is smallest else context.view(model, training, largest.take(idx), int(cp))[2]
-        out[idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx],
-                                      sequence_parallel)
+        high = context.view(model, training, largest.take(idx), int(cp))[2]
+        out[idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx], none,
+                                      sequence_parallel).min(axis=(0, 1))
     return out
 
 
 def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: PlanArrays, high: PlanArrays,
-                       max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
+                       max_virtual: np.ndarray, recomputes: list[int], sequence_parallel: list[bool]
+                       ) -> np.ndarray:
+    """(R, P, n): the bound at each recomputation and sequence-parallel setting; with `high` the same
+    object as `low`, the bound of that one micro-batch size. Recomputation adds its own compute (what
+    it reruns) and host passes; "none" is the least of all."""
     n = len(low)
     S = low.G_inter.astype(np.float64)
     blocks_only = StageShape(blocks=model.num_layers / S, has_embedding=np.zeros(n, bool),
                              has_head=np.zeros(n, bool), is_first=S == 1, is_last=np.ones(n, bool))
     m_fewest = high.num_microbatches(training).astype(np.float64)
-    host = _host_seconds_per_microbatch(model, cluster, training, with_options(
-        low, recompute=RECOMPUTE_CODE["none"]), _relaxed_stage(model, low))
     c_compute = _corrections(cluster)("compute")
     fill = (S - 1.0) / np.maximum(max_virtual, 1).astype(np.float64)
-    best = np.full(n, np.inf)
-    def blocks_compute(arrays: PlanArrays, sp: bool) -> np.ndarray:
-        rep = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
-        comp = stage_compute(model, cluster, training, rep, blocks_only)
-        return (comp.fwd_s + comp.bwd_s) * c_compute
+    out = np.zeros((len(recomputes), len(sequence_parallel), n))
 
-    for sp in sequence_parallel:
-        c_low = blocks_compute(low, sp)
-        c_high = c_low if high is low else blocks_compute(high, sp)
-        a2a = _all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
-                                  max_virtual)
-        best = np.minimum(best, np.maximum(m_fewest * c_high + a2a, m_fewest * host) + fill * c_low)
-    return best
+    none = RECOMPUTE_CODE["none"]
+    # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
+    # evaluation per recomputation that repeats something (and one for "none" alone)
+    evaluated: dict[tuple[int, bool, bool], object] = {}
+
+    def blocks_compute(arrays: PlanArrays, rc: int, sp: bool) -> np.ndarray:
+        key = (rc, sp, arrays is low)
+        if key not in evaluated:
+            first = next((r for r in recomputes if r != none), none) if rc == none else rc
+            evaluated[(first, sp, arrays is low)] = stage_compute(model, cluster, training, with_options(
+                arrays, recompute=first, sequence_parallel=sp), blocks_only)
+            if rc == none:
+                evaluated[key] = evaluated[(first, sp, arrays is low)]
+        comp = evaluated[key]
+        again = comp.recompute_s if rc != none else 0.0  # type: ignore[attr-defined]
+        return (comp.fwd_s + comp.bwd_s + again) * c_compute  # type: ignore[attr-defined]
+
+    a2a = [_all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
+                               max_virtual) for sp in sequence_parallel]
+    relaxed = _relaxed_stage(model, low)
+    for i, rc in enumerate(recomputes):
+        host = _host_seconds_per_microbatch(model, cluster, training, with_options(low, recompute=rc),
+                                            relaxed)
+        for j, sp in enumerate(sequence_parallel):
+            c_low = blocks_compute(low, rc, sp)
+            c_high = c_low if high is low else blocks_compute(high, rc, sp)
+            out[i, j] = np.maximum(m_fewest * c_high + a2a[j], m_fewest * host) + fill * c_low
+    return out
 
 
 def bound_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -227,18 +275,17 @@ def bound_parts(model: Model, cluster: Cluster, training: Training, arrays: Plan
             out[..., idx] = get(p)
         return out
 
-    def sums(j: int, key: tuple[str, str, str], which: int):
-        return lambda p: p.comm[j][key][which] if key in p.comm[j] else np.zeros(len(p.microbatches))
+    def sums(i: int, j: int, key: tuple[str, str, str], which: int):
+        return lambda p: p.comm[i][j][key][which] if key in p.comm[i][j] else np.zeros(len(p.microbatches))
 
-    comm = []
-    for j in range(len(sequence_parallel)):
-        keys = list(dict.fromkeys(k for _, p in pieces for k in p.comm[j]))
-        comm.append({k: (scatter(sums(j, k, 0)), scatter(sums(j, k, 1))) for k in keys})
+    comm = [[{k: (scatter(sums(i, j, k, 0)), scatter(sums(i, j, k, 1)))
+              for k in dict.fromkeys(k for _, p in pieces for k in p.comm[i][j])}
+             for j in range(len(sequence_parallel))] for i in range(len(recomputes))]
     return BoundParts(
         microbatches=scatter(lambda p: p.microbatches), compute_mb_s=scatter(lambda p: p.compute_mb_s),
-        host_mb_s=scatter(lambda p: p.host_mb_s), bubble_s=scatter(lambda p: p.bubble_s),
+        host_mb_s=scatter(lambda p: p.host_mb_s), average_mb_s=scatter(lambda p: p.average_mb_s),
         optimizer_s=scatter(lambda p: p.optimizer_s), degrees=arrays.degrees(), comm=comm, plans=arrays,
-        max_virtual=np.asarray(max_virtual))
+        max_virtual=np.asarray(max_virtual), busiest_ratio=scatter(lambda p: p.busiest_ratio))
 
 
 def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -252,12 +299,11 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
     average = _average_stage(model, arrays)
     c_compute = _corrections(cluster)("compute")
     S = arrays.G_inter.astype(np.float64)
-    fill = (S - 1.0) / np.maximum(max_virtual, 1).astype(np.float64)
     compute = np.zeros((len(recomputes), len(sequence_parallel), n))
-    bubble = np.zeros_like(compute)
+    average_mb = np.zeros_like(compute)
     host = np.zeros((len(recomputes), n))
     optimizer = np.zeros(n)
-    comm: list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]] = []
+    comm: list[list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]] = [[] for _ in recomputes]
     none = RECOMPUTE_CODE["none"]
     for j, sp in enumerate(sequence_parallel):
         # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
@@ -271,28 +317,64 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
             comp, avg = evaluated.get(rc, next(iter(evaluated.values())))
             again, again_avg = (comp.recompute_s, avg.recompute_s) if rc != none else (0.0, 0.0)
             compute[i, j] = (comp.fwd_s + comp.bwd_s + again) * c_compute
-            bubble[i, j] = fill * (avg.fwd_s + avg.bwd_s + again_avg) * c_compute
+            average_mb[i, j] = (avg.fwd_s + avg.bwd_s + again_avg) * c_compute
             optimizer = comp.optimizer_s * c_compute
             if j == 0:
                 host[i] = _host_seconds_per_microbatch(model, cluster, training,
                                                        with_options(arrays, recompute=rc), relaxed)
-        plain = with_options(arrays, recompute=RECOMPUTE_CODE["none"], sequence_parallel=sp)
-        comm.append(_critical_comm(model, training, plain, relaxed))
-    return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, bubble_s=bubble,
+        # what recomputation repeats counts too (a reentrant layer's collectives, an MoE layer's
+        # combine all-to-all): the events of the other phases do not depend on it (`traffic.comm_events`)
+        # one evaluation per recomputation that repeats something, "none" repeating nothing
+        repeats: dict[int, dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]] = {none: {}}
+        base: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] | None = None
+        for rc in sorted(set(recomputes) - {none}, reverse=True) or [none]:
+            rep = with_options(arrays, recompute=rc, sequence_parallel=sp)
+            once, again = _critical_comm(model, training, rep, relaxed, base is None)
+            base = once if base is None else base
+            repeats[rc] = again
+        for i, rc in enumerate(recomputes):
+            comm[i].append(_merged(base, repeats[rc]) if repeats[rc] else base)
+    return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, average_mb_s=average_mb,
                       optimizer_s=optimizer, degrees=real.degrees(), comm=comm, plans=real,
-                      max_virtual=np.asarray(max_virtual))
+                      max_virtual=np.asarray(max_virtual),
+                      busiest_ratio=busiest_block_ratio(model.num_layers, S, np.asarray(max_virtual)))
 
 
-def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: StageShape
-                   ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:
+def busiest_block_ratio(num_layers: int, stages: np.ndarray, max_virtual: np.ndarray) -> np.ndarray:
+    """The most blocks the busiest stage holds, ceil(L / (S v)) v over every v <= `max_virtual`
+    (`traffic.stage_shape`), over the relaxed stage's L / S. A stage's compute is a non-negative cost
+    per block plus its head, embedding and spread units, which the relaxed and the busiest stage hold
+    alike, so this ratio times the relaxed stage's compute is at least the busiest stage's."""
+    S = np.asarray(stages, dtype=np.int64)
+    v_max = np.maximum(np.asarray(max_virtual, dtype=np.int64), 1)
+    most = np.zeros(S.shape, dtype=np.int64)
+    for v in range(1, int(v_max.max(initial=1)) + 1):
+        blocks = -(-num_layers // (S * v)) * v
+        most = np.where(v <= v_max, np.maximum(most, blocks), most)
+    return most / (num_layers / S.astype(np.float64))
+
+
+def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: StageShape,
+                   with_base: bool = True) -> tuple[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
+                              dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]:
     """(bytes x calls, calls) per (axis, op, category) of the collectives the bound counts: the
-    categories and axes `steptime._comm_by_kind` puts on the critical path per micro-batch. A layer
-    list's collectives are not counted (the bound stays below)."""
-    comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
+    categories and axes `steptime._comm_by_kind` puts on the critical path per micro-batch; those of
+    the forward and backward (unless not `with_base`), and those recomputation repeats. A layer list's
+    collectives are not counted (the bound stays below)."""
+    base: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
+    again: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
     if model.layers:
-        return comm
+        return base, again
     overlap_tp = training.effective_stack.overlap_tp_comm
+    n = len(arrays)
     for ev in comm_events(model, training, arrays, stage):
+        repeat = ev.phase == "recompute"
+        if not (repeat or with_base):
+            continue
+        if ev.tag == "p2p" and ev.op == "send":  # the payload of one pipeline send (`_p2p_seconds`)
+            one = base.setdefault(P2P_KEY, (np.zeros(n), np.ones(n)))[0]
+            one[...] = np.maximum(one, ev.payload_bytes)
+            continue
         if not np.any(ev.calls):
             continue
         cat = _category(ev, overlap_tp)
@@ -300,26 +382,63 @@ def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: 
             cat = ev.axis
         elif not ((cat in TP_CATEGORIES and ev.axis in ("row", "col")) or (cat == "depth" == ev.axis)):
             continue
-        acc = comm.setdefault((ev.axis, ev.op, cat), (np.zeros(len(arrays)), np.zeros(len(arrays))))
+        acc = (again if repeat else base).setdefault((ev.axis, ev.op, cat), (np.zeros(n), np.zeros(n)))
         acc[0][...] += ev.payload_bytes * ev.calls
         acc[1][...] += ev.calls
-    return comm
+    return base, again
 
 
-def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
-                  placement: tuple[str, ...]) -> np.ndarray:
-    """(R, P, n) seconds per step that no plan of each family under `placement`, with the
-    recomputation and sequence-parallel setting of that entry, can beat."""
+def _merged(base: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
+            again: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]
+            ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:
+    """`base` with the sums of `again` added (new dicts, new arrays where both have a key)."""
+    out = dict(base)
+    for key, (b, c) in again.items():
+        out[key] = (base[key][0] + b, base[key][1] + c) if key in base else (b, c)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricedComm:
+    """The collectives of `BoundParts.comm` priced under one placement, arrays (R, P, n) per
+    recomputation and sequence-parallel setting (`overlaps`: (n,)), scaled by the profile's
+    corrections."""
+
+    tp_s: np.ndarray
+    """Tensor-parallel seconds per step that never overlap."""
+    depth_s: np.ndarray
+    """Depth-parallel gathers per step, before what compute may hide."""
+    a2a_s: np.ndarray
+    etp_s: np.ndarray
+    p2p_call_s: np.ndarray
+    overlaps: np.ndarray
+    """Whether the stack may overlap the all-to-alls under an interleaved schedule of the family."""
+
+    def take(self, index: np.ndarray) -> PricedComm:
+        return PricedComm(tp_s=self.tp_s[..., index], depth_s=self.depth_s[..., index],
+                          a2a_s=self.a2a_s[..., index], etp_s=self.etp_s[..., index],
+                          p2p_call_s=self.p2p_call_s[..., index], overlaps=self.overlaps[index])
+
+    @staticmethod
+    def concatenate(items: list[PricedComm]) -> PricedComm:
+        return PricedComm(**{f: np.concatenate([getattr(x, f) for x in items], axis=-1)
+                             for f in ("tp_s", "depth_s", "a2a_s", "etp_s", "p2p_call_s", "overlaps")})
+
+
+def price_comm(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
+               placement: tuple[str, ...]) -> PricedComm:
+    """The families' bounded collectives (`BoundParts.comm`) in seconds under `placement`."""
     cluster, training = apply_constants(cluster, training)
     corr = _corrections(cluster)
     stack = training.effective_stack
     geo = group_geometry(parts.degrees, placement, cluster.gpus_per_node_used)
-    m = parts.microbatches
-    out = np.zeros_like(parts.compute_mb_s)
-    for j, comm in enumerate(parts.comm):
-        per_step = {cat: np.zeros(len(m)) for cat in (*TP_CATEGORIES, "depth")}
+    n = len(parts.microbatches)
+    fields: dict[str, list[np.ndarray]] = {f: [] for f in ("tp_s", "depth_s", "a2a_s", "etp_s", "p2p_call_s")}
+    overlaps = np.zeros(n, dtype=bool)
+    for comm in (c for by_rc in parts.comm for c in by_rc):
+        per_step = {cat: np.zeros(n) for cat in (*TP_CATEGORIES, "depth")}
         for (axis, op, cat), (byte_calls, calls) in comm.items():
-            if axis in ("ep", "etp"):  # `_expert_seconds`
+            if axis in ("ep", "etp") or (axis, op, cat) == P2P_KEY:  # `_expert_seconds`, `_p2p_call_s`
                 continue
             g = geo[axis]
             per_step[cat] = per_step[cat] + collectives.cost_s(
@@ -327,26 +446,98 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
         tp = per_step["tp_exposed"] + TP_FWD_EXPOSED_SHARE * per_step["tp_fwd_half"]
         if not stack.overlap_tp_comm:
             tp = tp + per_step["tp_bwd"]
-        depth = per_step["depth"] * corr("dp_comm")
+        a2a, etp, overlaps = _expert_seconds(model, cluster, training, parts, comm, placement)
+        fields["tp_s"].append(tp * corr("tp_comm"))
+        fields["depth_s"].append(per_step["depth"] * corr("dp_comm"))
+        fields["a2a_s"].append(a2a * corr("tp_comm"))
+        fields["etp_s"].append(etp * corr("tp_comm"))
+        fields["p2p_call_s"].append(_p2p_call_s(cluster, training, parts, comm, geo) * corr("pp_p2p"))
+    shape = (len(parts.comm), len(parts.comm[0]) if parts.comm else 0, n)
+    return PricedComm(**{f: np.reshape(v, shape) for f, v in fields.items()}, overlaps=overlaps)
+
+
+def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
+                  placement: tuple[str, ...] | PricedComm, schedules: list[tuple[int, int]] | None = None
+                  ) -> np.ndarray:
+    """(R, P, n) seconds per step that no plan of each family under `placement` (or with its
+    collectives already priced under it, `price_comm`), with the recomputation and sequence-parallel
+    setting of that entry, can beat, whatever its schedule (with at most the family's `max_virtual`
+    stages). With `schedules` ((schedule code, virtual stages) pairs): (schedules, R, P, n), the
+    bound of the plans that run each one."""
+    priced = (placement if isinstance(placement, PricedComm)
+              else price_comm(model, cluster, training, parts, placement))
+    training = apply_constants(cluster, training)[1]
+    stack = training.effective_stack
+    m = parts.microbatches
+    S = parts.plans.G_inter
+    n = len(m)
+    if schedules is None:  # any schedule up to the family's most virtual stages
+        v = parts.max_virtual[None, :].astype(np.float64)
+        interleaved = parts.max_virtual[None, :] > 1
+        ratio = parts.busiest_ratio[None, :]
+        one_f_one_b = np.full(n, SCHEDULE_CODE["1f1b"])
+        transfers = p2p_transfers_on_critical_path(m, S, one_f_one_b, np.ones(n))[None, :]
+    else:
+        codes = np.asarray([c for c, _ in schedules])
+        interleaved = (codes == SCHEDULE_CODE["interleaved-1f1b"])[:, None]  # (s, 1)
+        v = np.where(interleaved, np.asarray([x for _, x in schedules])[:, None], 1).astype(np.float64)
+        vi = v.astype(np.int64)
+        L = model.num_layers
+        ratio = -(-L // (S[None, :] * vi)) * vi / (L / S[None, :].astype(np.float64))  # `traffic.stage_shape`
+        transfers = np.where(S > 1, 2.0 * (v * m + S - 1), 0.0)  # `pipeline.p2p_transfers_on_critical_path`
+    # (s, R, n) from here: s schedules, R recomputations
+    v, interleaved, ratio, transfers = v[:, None], interleaved[:, None], ratio[:, None], transfers[:, None]
+    fill = (S - 1.0) / np.maximum(v, 1.0)
+    first = FIRST_GATHER_SHARE / np.maximum(m, 1.0)
+    host = parts.host_mb_s  # (R, n)
+    out = np.zeros((len(ratio), *parts.compute_mb_s.shape))
+    for j in range(parts.compute_mb_s.shape[1]):
+        compute = parts.compute_mb_s[:, j]  # (R, n)
+        # at least a micro-batch's compute on the busiest stage, times m: what prefetched collectives
+        # can hide behind is at most PREFETCH_COVER of that (`steptime._prefetched_exposed`)
+        busiest_mb = compute * ratio  # (s, R, n)
+        cover = PREFETCH_COVER * m * busiest_mb
+        depth, a2a = priced.depth_s[:, j], priced.a2a_s[:, j]  # (R, n)
         if stack.overlap_depth_comm:
-            depth = depth / np.maximum(m, 1.0) * FIRST_GATHER_SHARE
-        experts_s = _expert_seconds(model, cluster, training, parts, comm, placement)
-        exposed_mb = ((tp + experts_s) * corr("tp_comm") + depth) / m
-        host = parts.host_mb_s  # (R, n)
-        t_mb = np.maximum(parts.compute_mb_s[:, j] + exposed_mb + stack.host_exposed_fraction * host, host)
-        out[:, j] = m * t_mb + parts.bubble_s[:, j] + parts.optimizer_s
-    return out
+            depth = np.maximum(depth - cover, depth * first)
+        experts_s = np.where(priced.overlaps & interleaved, np.maximum(a2a - cover, a2a * first), a2a)
+        exposed_mb = (priced.tp_s[:, j] + experts_s + priced.etp_s[:, j] + depth) / m
+        t_mb = np.maximum(compute + exposed_mb + stack.host_exposed_fraction * host, host)
+        # the bubble scales the busiest stage's micro-batch by the average stage's share of its compute
+        # (`steptime._pipeline_seconds`): at least t_mb over the busiest stage's compute at its most,
+        # and never below the average stage's compute
+        bubble = fill * parts.average_mb_s[:, j] * np.maximum(1.0, t_mb / np.maximum(busiest_mb, 1e-30))
+        out[:, :, j] = m * t_mb + bubble + transfers * priced.p2p_call_s[:, j] + parts.optimizer_s
+    return out[0] if schedules is None else out
+
+
+def _p2p_call_s(cluster: Cluster, training: Training, parts: BoundParts,
+                comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
+                geo: dict[str, dict[str, np.ndarray]]) -> np.ndarray:
+    """Seconds of one pipeline send under the placement (`steptime._p2p_seconds`)."""
+    n = len(parts.microbatches)
+    if P2P_KEY not in comm:
+        return np.zeros(n)
+    payload = comm[P2P_KEY][0]
+    if training.effective_stack.p2p_scatter_gather:
+        payload = payload / parts.plans.G_intra_r
+    g = geo["inter"]
+    two = np.full(n, 2.0)
+    alpha, busbw = collectives.link_constants(cluster, "send_recv", two, g["intra"], np.ones(n))
+    per_call = collectives.collective_time_s("send_recv", payload, two, alpha, busbw)
+    return np.where(g["size"] > 1, per_call, 0.0)
 
 
 def _expert_seconds(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
                     comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
-                    placement: tuple[str, ...]) -> np.ndarray:
-    """Exposed seconds per step of the expert collectives (`steptime._predict_many`'s `ep_exposed`
-    at its least): the expert tensor-parallel ones, and the all-to-alls, of which only the first
-    gather's share where the stack overlaps them under an interleaved schedule the family may run."""
+                    placement: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all-to-all, expert tensor-parallel) seconds per step of the expert collectives at their least
+    (`steptime._predict_many`'s `ep_a2a`, `ep_etp`), and whether the stack may overlap the
+    all-to-alls (under an interleaved schedule the family runs): then only what the busiest stage's
+    compute cannot cover is exposed (`lower_bound_s`)."""
     n = len(parts.microbatches)
     if not model.is_moe or not any(axis in ("ep", "etp") for axis, _, _ in comm):
-        return np.zeros(n)
+        return np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
     geo: dict[str, dict[str, np.ndarray]] = {}
     for cp in np.unique(parts.plans.G_cp):
         idx = np.flatnonzero(parts.plans.G_cp == cp)
@@ -363,10 +554,9 @@ def _expert_seconds(model: Model, cluster: Cluster, training: Training, parts: B
             events.append(CommEvent(axis="ep", op=op, phase="fwd", tag="a2a", calls=calls,
                                     payload_bytes=byte_calls / np.maximum(calls, 1.0)))
     a2a, etp, _ = experts.group_seconds(cluster, model, training, events, geo, secs, n)
-    m = parts.microbatches
     overlapped = (training.effective_stack.overlap_ep_comm & (parts.max_virtual > 1)
                   & (parts.plans.G_inter > 1))
-    return np.where(overlapped, a2a / np.maximum(m, 1.0) * FIRST_GATHER_SHARE, a2a) + etp
+    return a2a, etp, overlapped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -412,19 +602,22 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     base = dict(schedule=SCHEDULE_CODE["1f1b"], virtual_stages=1, recompute=RECOMPUTE_CODE["none"],
                 zero_stage=0, sequence_parallel=False)
 
-    def memory(**options: int | bool):
-        return stage_memory(model, cluster, training, with_options(arrays, **{**base, **options}), first, m,
-                            position="first")
-
     states = np.zeros((len(zero_stages), n))
     units = unit_parts(model, training, with_options(arrays, **base), first)  # the same for every ZeRO stage
     for k, z in enumerate(zero_stages):
-        rep = with_options(arrays, **{**base, "zero_stage": z})
-        mem = stage_memory(model, cluster, training, rep, first, m, position="first", parts=units)
-        states[k] = mem.params_gib + mem.grads_gib + mem.optimizer_gib
+        held = state_bytes(model, training, with_options(arrays, **{**base, "zero_stage": z}), first, units)
+        states[k] = (held.params + held.grads + held.optimizer) / GIB
     rest = np.zeros((len(recomputes), len(sequence_parallel), n))
+    # the units' memory depends on recomputation only through selective recomputation's dropped
+    # activations (`memory.activation_bytes_per_layer`): "none" and "full" share them
+    shared: dict[tuple[bool, bool], list] = {}
+    selective = RECOMPUTE_CODE["selective"]
     for i, rc in enumerate(recomputes):
         for j, sp in enumerate(sequence_parallel):
-            mem = memory(recompute=rc, sequence_parallel=sp)
+            rep = with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
+            key = (rc == selective, sp)
+            if key not in shared:
+                shared[key] = unit_parts(model, training, rep, first)
+            mem = stage_memory(model, cluster, training, rep, first, m, position="first", parts=shared[key])
             rest[i, j] = mem.total_gib - mem.params_gib - mem.grads_gib - mem.optimizer_gib
     return states, rest

@@ -290,6 +290,33 @@ def _unit_memory(model: Model, training: Training, arrays: PlanArrays, unit: Uni
                       layer_input=act_layer / 2)
 
 
+def _summed(parts: list[UnitMemory], name: str, n: int) -> np.ndarray:
+    return sum((getattr(p, name) for p in parts if not _is_zero(getattr(p, name))), np.zeros(n))
+
+
+def state_bytes(model: Model, training: Training, arrays: PlanArrays, st: StageShape,
+                parts: list[UnitMemory]) -> ModelStates:
+    """The weights (with depth's gathered block and ZeRO-3's gather units), gradients and optimizer
+    state of the stage `st` in bytes, routed experts included: the part of `stage_memory` that the ZeRO
+    stage changes, on its own for bounds that try every ZeRO stage (`perfmodels.bounds`)."""
+    n = len(arrays)
+    local, linear_local = _summed(parts, "local", n), _summed(parts, "linear_local", n)
+    states = model_state_bytes(training, local, arrays, linear_local)
+    if model.is_moe:
+        states = _expert_states(model, training, arrays, st.blocks.astype(np.float64), states)
+    mixed = training.dtype not in ("fp32", "tf32")
+    stored_b = training.effective_stack.weight_bytes if mixed else 4.0
+    # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
+    # holds the unit being computed and the prefetched next one, gathered in the compute dtype
+    # (per-tensor gathering holds two tensors: the largest, an MLP matrix, is a third of a block)
+    unit_share = 1.0 if training.effective_stack.zero3_gather == "layer" else 1.0 / 3.0
+    per_unit = _summed(parts, "zero3_unit", n)
+    zero3_units = np.where((arrays.zero_stage == 3) & (arrays.G_inter == 1), 2.0 * per_unit * unit_share, 0.0)
+    params = (states.params + _summed(parts, "gathered", n) * stored_b
+              + zero3_units * weight_bytes_in_use(training))
+    return ModelStates(params=params, grads=states.grads, optimizer=states.optimizer)
+
+
 def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
                  m: np.ndarray, position: str = "first",
                  parts: list[UnitMemory] | None = None) -> StageMemory:
@@ -300,25 +327,15 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
     if parts is None:
         parts = unit_parts(model, training, arrays, st)
-    zero = np.zeros(len(arrays))
-    local, linear_local, gathered, per_unit, act_layer, layer_input, logits = (
-        sum((getattr(p, name) for p in parts if not _is_zero(getattr(p, name))), zero)
-        for name in ("local", "linear_local", "gathered", "zero3_unit", "act_layer", "layer_input", "logits"))
-
-    states = model_state_bytes(training, local, arrays, linear_local)
+    n = len(arrays)
+    act_layer, layer_input, logits = (_summed(parts, name, n)
+                                      for name in ("act_layer", "layer_input", "logits"))
+    states = state_bytes(model, training, arrays, st, parts)
+    params, grads, optimizer = states.params, states.grads, states.optimizer
     if model.is_moe:
-        states, act_layer, expert_comms = _with_experts(model, training, arrays, blocks, states, act_layer)
+        act_layer, expert_comms = _expert_activations(model, training, arrays, act_layer)
     else:
         expert_comms = 0.0
-    mixed = training.dtype not in ("fp32", "tf32")
-    stored_b = training.effective_stack.weight_bytes if mixed else 4.0
-    # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
-    # holds the unit being computed and the prefetched next one, gathered in the compute dtype
-    # (per-tensor gathering holds two tensors: the largest, an MLP matrix, is a third of a block)
-    unit_share = 1.0 if training.effective_stack.zero3_gather == "layer" else 1.0 / 3.0
-    zero3_units = np.where((arrays.zero_stage == 3) & (arrays.G_inter == 1), 2.0 * per_unit * unit_share, 0.0)
-    params = states.params + gathered * stored_b + zero3_units * weight_bytes_in_use(training)
-    grads, optimizer = states.grads, states.optimizer
 
     in_flight = in_flight_layers(arrays, m, position)
     full = arrays.recompute == RECOMPUTE_CODE["full"]
@@ -340,24 +357,30 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     )
 
 
-def _with_experts(model: Model, training: Training, arrays: PlanArrays, blocks: np.ndarray,
-                  states: ModelStates,
-                  act_layer: np.ndarray) -> tuple[ModelStates, np.ndarray, np.ndarray]:
-    """A stage's routed experts (`perfmodels.experts`): their weights, gradients and optimizer state
-    (E / G_ep experts per MoE layer split over G_etp; ZeRO shards them over the expert-data ranks,
-    as Megatron's distributed optimizer does), their activations (k copies of each token) averaged
-    into the per-layer activations by the share of MoE layers, and their communicators."""
+def _expert_states(model: Model, training: Training, arrays: PlanArrays, blocks: np.ndarray,
+                   states: ModelStates) -> ModelStates:
+    """`states` plus a stage's routed experts' (`perfmodels.experts`) weights, gradients and optimizer
+    state: E / G_ep experts per MoE layer split over G_etp; ZeRO shards them over the expert-data
+    ranks, as Megatron's distributed optimizer does."""
     from perfmodels import experts
 
     deg = experts.expert_degrees(arrays)
     local = blocks * model.moe_fraction * experts.local_expert_params(model, arrays)
     folded = replace(arrays, G_data=deg["edp"])
     e_states = model_state_bytes(training, local, folded)
-    states = ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
-                         optimizer=states.optimizer + e_states.optimizer)
+    return ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
+                       optimizer=states.optimizer + e_states.optimizer)
+
+
+def _expert_activations(model: Model, training: Training, arrays: PlanArrays,
+                        act_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The per-layer activations with the routed experts' (k copies of each token) averaged in by
+    the share of MoE layers, and the experts' communicators."""
+    from perfmodels import experts
+
     kept = experts.activation_bytes(model, training, arrays)
     if experts.recomputes_experts(model, training.effective_stack):  # selective: only the layer input
         kept = np.where(arrays.recompute == RECOMPUTE_CODE["selective"], 0.0, kept)
     acts = act_layer + model.moe_fraction * kept
-    comms = sum((d > 1).astype(np.float64) for d in deg.values())
-    return states, acts, comms
+    comms = sum((d > 1).astype(np.float64) for d in experts.expert_degrees(arrays).values())
+    return acts, comms

@@ -302,6 +302,24 @@ def stack_recompute(model: Model, cluster: Cluster, training: Training, cols: Co
                      lambda i: f"{stack.name} has no recompute={names[int(rc[i])]}")
 
 
+def stack_runs_options(training: Training, G_inter: np.ndarray, zero_stages: list[int], recomputes: list[int],
+                       sequence_parallel: list[bool]) -> np.ndarray:
+    """(Z, R, P, n): whether any plan of each grid (its `G_inter`) with that ZeRO stage, recomputation
+    and sequence-parallel setting can pass `stack_can_run`, `stack_zero_stages` and `stack_recompute`,
+    whatever its other columns. False means one of them rejects every such plan: the bounded search
+    leaves those options out of a family's bound (tests/tuner/test_bounded_search.py checks it)."""
+    stack = training.effective_stack
+    S = np.asarray(G_inter)
+    offered = stack.launch_zero_stages or stack.zero_stages
+    zero = np.stack([np.isin(z, stack.zero_stages) & np.isin(z, offered)
+                     & rules.pipeline_zero(S, z, stack.pipeline_max_zero_stage)
+                     for z in zero_stages])  # (Z, n)
+    modes = stack.launch_recomputes or tuple(RECOMPUTE_CODE)
+    rc = np.isin(recomputes, [RECOMPUTE_CODE[m] for m in modes])  # (R,)
+    sp = np.asarray([stack.sequence_parallel or not x for x in sequence_parallel])  # (P,)
+    return zero[:, None, None, :] & rc[None, :, None, None] & sp[None, None, :, None]
+
+
 def stack_tp_with_pp(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:
     """Tensor and pipeline parallelism together only where the stack's launcher runs both
     (`Stack.launch_tp_with_pp`: plain DeepSpeed's AutoTP does not go with its pipeline engine)."""
@@ -335,7 +353,9 @@ def expert_weights_fit(model: Model, cluster: Cluster, training: Training, cols:
 
 EXPERT_GRID_CONSTRAINTS = (expert_weights_fit,)
 """Applied to grids once their expert degrees are set (`tuner.space.expert_rows`)."""
-GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split)
+GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split, enough_layers)
+"""Applied to the degree grids before anything else; `enough_layers` with one virtual stage (no
+schedule puts fewer than one block on a stage), again per schedule in PLAN_CONSTRAINTS."""
 SCHEDULE_LEVEL = frozenset({"enough_layers", "enough_microbatches", "stack_layer_split", "stack_tp_with_pp",
                             "experts_split", "expert_grid_fits", "stack_runs_context_expert",
                             "gpipe_dominated"})

@@ -20,9 +20,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodels.bounds import blocks_bound_s, bound_parts, grid_bound_s, lower_bound_s, memory_bound
+from perfmodels.bounds import (
+    BoundParts,
+    PricedComm,
+    blocks_bound_s,
+    bound_parts,
+    grid_bound_s,
+    lower_bound_s,
+    memory_bound,
+    price_comm,
+)
 from perfmodels.plans import SCHEDULE_CODE, PlanArrays, from_columns
 from perfmodels.specs import Cluster, Model, Training
+from tuner.constraints import stack_runs_options
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -55,8 +65,15 @@ class Families:
     """How many plans the family expands into."""
     bound_s: np.ndarray
     """Seconds per step no plan of the family that fits can beat."""
-    sub_bound_s: np.ndarray
-    """(R, P, F): the same per recomputation and sequence-parallel option."""
+    parts: BoundParts | None
+    """The placement-free parts of the bounds (`perfmodels.bounds.bound_parts`), of which family f
+    has row `part_row[f]`: `schedule_bounds` prices them per schedule when a family is expanded."""
+    recomputes: np.ndarray
+    """The recomputation options (indices into the search's) that `parts` holds, those some family
+    may run: the others have no bound (infinite)."""
+    part_row: np.ndarray
+    priced: PricedComm | None
+    """The families' collectives priced under their placements (`perfmodels.bounds.price_comm`)."""
     fits: np.ndarray
     """(Z, R, P, pairs): whether the memory bound leaves room for that (ZeRO, recompute,
     sequence-parallel) choice (False too where the grid has no such plan: ZeRO > 0 without data
@@ -87,6 +104,12 @@ class Pairs:
     placed: np.ndarray
     """(placements, grids): which placements expand which grids."""
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+    fits: np.ndarray
+    """(Z, R, P, pairs): whether the memory bound leaves room for that (ZeRO, recompute,
+    sequence-parallel) choice (False too where the grid has no such plan: ZeRO > 0 without data
+    parallelism)."""
+    out_of_memory: int
+    """Plans of the pairs left out because none of their options fits in memory."""
 
 
 Screen = Callable[[dict[str, np.ndarray], np.ndarray, str], np.ndarray]
@@ -153,7 +176,7 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
           subset: np.ndarray, screen: Screen | None = None) -> Pairs:
     """The (grid, micro-batch size) pairs of the grids `subset` that expand into at least one plan
     the rules of `screen` allow, with their coarse bounds."""
-    sched_opts, _, zero_opts, sp_opts = table.options
+    sched_opts, rc_opts, zero_opts, sp_opts = table.options
     sched = np.asarray(sched_opts, dtype=np.int64)
     sizes = table.pair_start[subset + 1] - table.pair_start[subset]
     first = np.cumsum(np.concatenate([[0], sizes[:-1]]))  # where each grid's pairs start in `rows`
@@ -180,15 +203,32 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
         allowed[f, si] = screen(cols, (per_schedule[gi] * n_placed)[f], "pair")
     keep = allowed.any(axis=1)
     gi, mb, allowed, n_placed = gi[keep], mb[keep], allowed[keep], n_placed[keep]
-    # the most virtual stages a pair's schedules run, its largest ZeRO stage (smallest optimizer)
-    v_max = _max_virtual(allowed, sched)
+    plans = per_schedule[gi] * allowed.sum(axis=1)
+    # the memory bound first: a pair none of whose options fits is dropped (and counted), and the
+    # recomputation memory forces on the others counts in their time bound
     z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
     reps = _representatives(grids, gi, mb, z_max)
-    bound = (blocks_bound_s(model, cluster, training, reps, v_max, [bool(x) for x in sp_opts]) if len(gi)
-             else np.zeros(0))
-    return Pairs(grid=gi, micro_batch=mb, plans=per_schedule[gi] * allowed.sum(axis=1), placements=n_placed,
-                 bound_s=bound, max_virtual=v_max, max_zero=z_max, schedules=allowed, placed=placed,
-                 options=table.options)
+    sps = [bool(x) for x in sp_opts]
+    mem = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps)
+    has_zero = np.asarray([(z == 0) | (grids[gi, 0] > 1) for z in zero_opts])  # (Z, pairs)
+    fits = ((mem.states_gib[:, None, None, :] + mem.rest_gib[None, :, :, :])
+            <= mem.capacity_gib * (1.0 + BOUND_SLACK)) & has_zero[:, None, None, :]  # (Z, R, P, pairs)
+    fit = fits.any(axis=(0, 1, 2))
+    out_of_memory = int((plans * n_placed)[~fit].sum())
+    gi, mb, allowed, n_placed, plans = gi[fit], mb[fit], allowed[fit], n_placed[fit], plans[fit]
+    fits, z_max, reps = fits[..., fit], z_max[fit], reps.take(np.flatnonzero(fit))
+    # the most virtual stages a pair's schedules run, its largest ZeRO stage (smallest optimizer)
+    v_max = _max_virtual(allowed, sched)
+    # the least over the options that fit and that the stack runs (`families`)
+    runnable = (fits & stack_runs_options(training, grids[gi, 1], zero_opts, rc_opts, sps)).any(axis=0)
+    used = np.flatnonzero(runnable.any(axis=(1, 2)))  # the recomputations some pair may run
+    bound = np.full(len(gi), np.inf)
+    if len(used):
+        per_option = blocks_bound_s(model, cluster, training, reps, v_max, [rc_opts[r] for r in used], sps)
+        bound = np.min(np.where(runnable[used], per_option, np.inf), axis=(0, 1))
+    return Pairs(grid=gi, micro_batch=mb, plans=plans, placements=n_placed, bound_s=bound, max_virtual=v_max,
+                 max_zero=z_max, schedules=allowed, placed=placed, options=table.options, fits=fits,
+                 out_of_memory=out_of_memory)
 
 
 def _max_virtual(runs: np.ndarray, sched: np.ndarray) -> np.ndarray:
@@ -212,35 +252,61 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
     gi, mb = pr.grid[subset], pr.micro_batch[subset]
     reps = _representatives(grids, gi, mb, pr.max_zero[subset])
     sps = [bool(x) for x in sp_opts]
-    mem = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps)
-    has_zero = np.asarray([(z == 0) | (grids[gi, 0] > 1) for z in zero_opts])  # (Z, pairs)
-    fits = ((mem.states_gib[:, None, None, :] + mem.rest_gib[None, :, :, :])
-            <= mem.capacity_gib * (1.0 + BOUND_SLACK)) & has_zero[:, None, None, :]
-    sub_fits = fits.any(axis=0)  # (R, P, pairs)
-    any_fit = sub_fits.any(axis=(0, 1))
+    fits = pr.fits[..., subset]  # (Z, R, P, pairs): the pairs' memory bound
+    any_fit = fits.any(axis=(0, 1, 2))
+    # the bound is taken over the options that fit and that the stack runs: the others are expanded
+    # only where they also pass the bound, and their rules reject them there
+    runnable = stack_runs_options(training, grids[gi, 1], zero_opts, rc_opts, sps)
+    sub_fits = (fits & runnable).any(axis=0)  # (R, P, pairs)
     fitting = np.flatnonzero(any_fit)
+    # bounds only for the recomputations some family may run (the others are never the least)
+    need = np.flatnonzero(sub_fits[..., fitting].any(axis=(1, 2)))
+    sub_fits = sub_fits[need]
     parts = (bound_parts(model, cluster, training, reps.take(fitting), pr.max_virtual[subset][fitting],
-                         rc_opts, sps) if len(fitting) else None)
+                         [rc_opts[r] for r in need], sps) if len(fitting) and len(need) else None)
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("order_index", "pair", "bound_s", "sub_bound_s")}
     out_of_memory = int((pr.plans[subset] * pr.placements[subset])[~any_fit].sum())
+    part_row: list[np.ndarray] = []
+    priced: list[PricedComm] = []
     for p, order in enumerate(orders):
         local = np.flatnonzero(pr.placed[p][gi[fitting]])  # index into `fitting`
         if parts is None or not len(local):
             continue
         sel = fitting[local]
-        sub = lower_bound_s(model, cluster, training, parts.take(local), order)
+        mine = parts.take(local)
+        comm = price_comm(model, cluster, training, mine, order)
+        sub = lower_bound_s(model, cluster, training, mine, comm)  # (R, P, n): any schedule
         out["order_index"].append(np.full(len(sel), p))
         out["pair"].append(sel)
-        out["sub_bound_s"].append(sub)
+        part_row.append(local)
+        priced.append(comm)
         out["bound_s"].append(np.min(np.where(sub_fits[:, :, sel], sub, np.inf), axis=(0, 1)))
     pair = np.concatenate(out["pair"]) if out["pair"] else np.zeros(0, dtype=np.int64)
     return Families(
         order_index=np.concatenate(out["order_index"]) if pair.size else np.zeros(0, dtype=np.int64),
         grid=gi[pair], micro_batch=mb[pair], pair=pair, plans=pr.plans[subset][pair],
         bound_s=np.concatenate(out["bound_s"]) if pair.size else np.zeros(0),
-        sub_bound_s=(np.concatenate(out["sub_bound_s"], axis=-1) if pair.size
-                     else np.zeros((len(rc_opts), len(sp_opts), 0))),
+        parts=parts, recomputes=need,
+        part_row=np.concatenate(part_row) if pair.size else np.zeros(0, dtype=np.int64),
+        priced=PricedComm.concatenate(priced) if pair.size else None,
         fits=fits, out_of_memory=out_of_memory, schedules=pr.schedules[subset][pair], options=pr.options)
+
+
+def schedule_bounds(model: Model, cluster: Cluster, training: Training, fam: Families, rows: np.ndarray
+                    ) -> np.ndarray:
+    """(F, schedules, R, P) seconds no plan of families `rows` running that schedule, with that
+    recomputation and sequence-parallel setting, can beat (`perfmodels.bounds.lower_bound_s` per
+    schedule: its own bubble, pipeline sends and busiest stage). Worked out only for the families a
+    search expands: the family's own bound, over any schedule, orders the search."""
+    sched_opts, rc_opts, _, sp_opts = fam.options
+    out = np.full((len(rows), len(sched_opts), len(rc_opts), len(sp_opts)), np.inf)
+    if fam.parts is None or fam.priced is None:
+        return out
+    used = np.flatnonzero(fam.schedules[rows].any(axis=0))
+    sub = lower_bound_s(model, cluster, training, fam.parts.take(fam.part_row[rows]), fam.priced.take(rows),
+                        [sched_opts[k] for k in used])  # (s, R, P, F)
+    out[np.ix_(np.arange(len(rows)), used, fam.recomputes)] = np.moveaxis(sub, -1, 0)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,9 +321,11 @@ class Expanded:
     """Plans left out because their (recompute, sequence-parallel) choice's bound passes the limit."""
 
 
-def expand(fam: Families, rows: np.ndarray, grids: np.ndarray, limit_s: float) -> Expanded:
-    """The plans of families `rows` that may fit and may beat `limit_s`, as
-    columns in the order `tuner.space.combine` makes them (the schedules the rules allow only)."""
+def expand(fam: Families, rows: np.ndarray, grids: np.ndarray, limit_s: float,
+           bounds: np.ndarray) -> Expanded:
+    """The plans of families `rows` that may fit and may beat `limit_s` (`bounds`: their
+    `schedule_bounds`), as columns in the order `tuner.space.combine` makes them (the schedules the
+    rules allow only)."""
     sched_opts, rc_opts, zero_opts, sp_opts = fam.options
     g = grids[fam.grid[rows]]
     sched = np.asarray(sched_opts, dtype=np.int64)
@@ -265,12 +333,12 @@ def expand(fam: Families, rows: np.ndarray, grids: np.ndarray, limit_s: float) -
     has_zero = np.asarray([(z == 0) | (g[:, 0] > 1) for z in zero_opts]).T  # (F, Z)
     n_sched = valid.sum(axis=1)
     fits = np.moveaxis(fam.fits[..., fam.pair[rows]], -1, 0)  # (F, Z, R, P)
-    fast = np.moveaxis(fam.sub_bound_s[..., rows] * (1.0 - BOUND_SLACK) <= limit_s, -1, 0)  # (F, R, P)
-    keep = fits & fast[:, None, :, :]  # (F, Z, R, P)
+    fast = (bounds * (1.0 - BOUND_SLACK) <= limit_s) & valid[:, :, None, None]  # (F, s, R, P)
     skipped_memory = int((n_sched * (has_zero[:, :, None, None] & ~fits).sum(axis=(1, 2, 3))).sum())
-    skipped_time = int((n_sched * (fits & ~fast[:, None, :, :]).sum(axis=(1, 2, 3))).sum())
+    fits_rzp = np.transpose(fits, (0, 2, 1, 3))[:, None]  # (F, 1, R, Z, P)
+    skipped_time = int((valid[:, :, None, None, None] & fits_rzp & ~fast[:, :, :, None, :]).sum())
     # (family, schedule, recompute, ZeRO, sequence parallel), combine's order
-    f, si, ri, zi, pi = np.nonzero(valid[:, :, None, None, None] & np.transpose(keep, (0, 2, 1, 3))[:, None])
+    f, si, ri, zi, pi = np.nonzero(fits_rzp & fast[:, :, :, None, :])
     if not len(f):
         return Expanded(columns=None, skipped_memory=skipped_memory, skipped_time=skipped_time)
     cols = {name: g[f, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}

@@ -29,7 +29,7 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
-from tuner.families import BOUND_SLACK, expand, families, grid_table, pairs
+from tuner.families import BOUND_SLACK, expand, families, grid_table, pairs, schedule_bounds
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -407,6 +407,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             upto = min(reach, expanded + grid_batch)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
             pr = pairs(model, cluster, training, grids, table, by_grid[expanded:upto], screen)
+            memory_skipped += pr.out_of_memory
             expanded = upto
             pair_pool.add(pr, pr.bound_s, pr.plans * pr.placements)
         elif next_pair <= next_family:
@@ -420,7 +421,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             plans = np.cumsum(family_pool.plans[open_families])
             chunk = open_families[: max(1, int(np.searchsorted(plans, size, side="right")))]
             for fam, rows in family_pool.take(chunk):
-                part = expand(fam, rows, grids, limit)
+                part = expand(fam, rows, grids, limit, schedule_bounds(model, cluster, training, fam, rows))
                 memory_skipped += part.skipped_memory
                 time_skipped += part.skipped_time
                 if part.columns is None:

@@ -26,13 +26,13 @@ from perfmodels.bounds import (
     memory_bound,
     with_options,
 )
-from perfmodels.plans import from_columns
+from perfmodels.plans import RECOMPUTE_CODE, from_columns
 from perfmodels.specs import Profile, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import SearchOptions, recommend
 from tuner import constraints as C
 from tuner import search as S
-from tuner.space import expand_options, placements
+from tuner.space import expand_options, option_lists, placements
 
 MEGATRON = Training(global_batch_size=64, stack="megatron-core")
 SPACES = {
@@ -41,6 +41,7 @@ SPACES = {
     "llama3-8b-32k-megatron-cp": ("llama3-8b", "eos", 32, MEGATRON, {"seq_length": 32768}),
     "mixtral-megatron-32": ("mixtral-8x7b", "eos", 32,
                             Training(global_batch_size=256, stack="megatron-core"), {}),
+    "mixtral-gridtune-32": ("mixtral-8x7b", "eos", 32, Training(global_batch_size=256), {}),
     "gpt2-deepspeed-16": ("gpt2-xl", "dgx1-v100", 16, Training(global_batch_size=128, stack="deepspeed"), {}),
     "llama2-fsdp-overlap-32": ("llama2-7b", "perlmutter", 32,
                                Training(global_batch_size=256, stack="fsdp", overlap_tp_comm=True), {}),
@@ -87,7 +88,10 @@ def test_bounds_never_exceed_the_prediction(name):
         batch = predict_many(model, cluster, training, arrays)
         mem = memory_many(model, cluster, training, arrays)
         v = np.where(arrays.schedule == 2, arrays.virtual_stages, 1)
-        coarse = blocks_bound_s(model, cluster, training, arrays, v, [False, True])
+        # the pair's bound at each plan's own recomputation and sequence-parallel setting
+        coarse = blocks_bound_s(model, cluster, training, arrays, v, list(RECOMPUTE_CODE.values()),
+                                [False, True])
+        coarse = coarse[arrays.recompute, arrays.sequence_parallel.astype(int), np.arange(len(arrays))]
         assert (coarse <= batch.iteration_time_s * (1 + 1e-9)).all()
         # the grid's bound, over the smallest and largest micro-batch sizes its replicas can take
         per_replica = training.global_batch_size // (arrays.G_data * arrays.G_intra_d)
@@ -106,6 +110,13 @@ def test_bounds_never_exceed_the_prediction(name):
                 t = batch.iteration_time_s[idx]
                 worst = np.max(bound / t)
                 assert worst <= 1 + 1e-9, f"time bound above the prediction by {worst - 1:.2e}"
+                # the bound of the plans that run one schedule, at that schedule
+                runs = sorted({(int(a), int(b)) for a, b in zip(part.schedule, part.virtual_stages)})
+                per_schedule = lower_bound_s(model, cluster, training, parts, part.placement, runs)[:, 0, 0]
+                which = [runs.index((int(a), int(b))) for a, b in zip(part.schedule, part.virtual_stages)]
+                own = per_schedule[which, np.arange(len(idx))]
+                assert (own <= t * (1 + 1e-9)).all(), f"schedule bound above by {np.max(own / t) - 1:.2e}"
+                assert (own >= bound * (1 - 1e-9)).all()  # never looser than the any-schedule bound
                 for z in np.unique(part.zero_stage):
                     jdx = np.flatnonzero(part.zero_stage == z)
                     low = memory_bound(model, cluster, training, part.take(jdx), [int(z)], [int(rc)],
@@ -193,3 +204,28 @@ def test_schedule_level_rules_read_only_grid_and_schedule_columns():
                 assert seen.read <= allowed, f"{fn.__name__} reads {seen.read - allowed}"
                 # the bounded search applies these per (grid, schedule), before micro-batch sizes
                 assert ("micro_batch_size" in seen.read) == (fn.__name__ in C.READS_MICRO_BATCH), fn.__name__
+
+
+@pytest.mark.parametrize("name", ["gpt2-deepspeed-16", "mixtral-megatron-32", "tiny-cpu-8",
+                                  "mixtral-gridtune-32"])
+def test_options_the_stack_cannot_run_are_rejected_by_its_rules(name):
+    """The family and pair bounds leave out the (ZeRO, recompute, sequence-parallel) options
+    `constraints.stack_runs_options` says no plan with them runs: every such plan of the space must
+    be one the plan rules reject, or the search could prove out a plan that wins."""
+    model, cluster, training = _space(name)
+    options = SearchOptions()
+    _, rc_opts, zero_opts, sp_opts = option_lists(training, options)
+    grids, _ = S._valid_grids(model, cluster, training, options, S._Pruned(0))
+    orders = S.stack_placements(training, placements(options, with_cp=bool((grids[:, 5] > 1).any()),
+                                                     moe=model.is_moe), pinned=False, model=model)
+    left_out = 0
+    for exp in expand_options(model, training, grids, options, orders[0], orders):
+        cols = exp.columns
+        runs = C.stack_runs_options(training, cols["G_inter"], zero_opts, rc_opts, [bool(x) for x in sp_opts])
+        where = (np.searchsorted(zero_opts, cols["zero_stage"]), np.searchsorted(rc_opts, cols["recompute"]),
+                 np.asarray([sp_opts.index(bool(x)) for x in cols["sequence_parallel"]]),
+                 np.arange(len(cols["G_data"])))
+        ok = S._valid_plans(model, cluster, training, options, cols, S._Pruned(0))
+        assert not (ok & ~runs[where]).any()
+        left_out += int((~runs[where]).sum())
+    assert left_out > 0  # the stacks here leave some options out (ZeRO-3, selective, ZeRO-2 with a pipeline)
