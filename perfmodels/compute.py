@@ -441,8 +441,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         e_fwd = e_gemm + e_mem
         gemm, memory = gemm + moe_layers * e_gemm, memory + moe_layers * e_mem
         fwd, bwd = fwd + moe_layers * e_fwd, bwd + moe_layers * 2.0 * e_fwd
-        again = full | (selective & experts.recomputes_experts(model, training.effective_stack))
-        recompute = recompute + moe_layers * np.where(again, e_fwd, 0.0)
+        recompute = recompute + moe_layers * np.where(full, e_fwd, 0.0)  # selective: none (experts)
         edp = experts.expert_degrees(arrays)["edp"]
         local = local + moe_layers * experts.local_expert_params(model, arrays) / np.where(
             arrays.zero_stage >= 1, edp, 1)

@@ -44,6 +44,14 @@ size, e = bytes per element (the byte contract of `perfmodels.traffic`):
        that stops early only where a shared expert runs after it (engine.moe adds the shared
        expert's output last, and its Linears save tensors; that expert's own last all-reduce is
        the layer's last and is not repeated: `perfmodels.traffic`)
+  selective recomputation (`recompute="selective"`) recomputes no MoE layer, on any stack: Megatron-Core
+       recomputes one only where `recompute_modules` names "moe" (transformer_config.py: '"mlp":
+       recompute the dense MLP submodule. "moe": recompute the MoE layer.'; transformer_layer.py sets
+       `recompute_mlp` only `if not isinstance(self.mlp, MoELayer)`, at NVIDIA/Megatron-LM c767b38682,
+       2025-09-30, as at d98e8a64). Its default modules (["core_attn"], what "selective" means on a
+       Megatron stack) and the MoE recipes' ["mla_up_proj", "mlp"] (DeepSeek-V3 on H100,
+       Megatron-Bridge) or ["layernorm", "moe_act"] (GPT-OSS) keep the MoE layers' activations and
+       run no second dispatch or combine
   step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
        as Megatron's distributed optimizer shards expert parameters over the expert-data group.
 
@@ -85,15 +93,6 @@ def load_imbalance(training: Training) -> float:
     return float(EXPERT_LOAD_IMBALANCE if value is None else value)
 
 
-def recomputes_experts(model: Model, stack: object) -> bool:
-    """Whether `recompute="selective"` also recomputes the MoE layers (and multi-latent attention's
-    up-projections): on a Megatron stack ("attention-core" selective recomputation) a mixture of
-    experts is run with the MoE recipes' `recompute_modules` (Megatron-Bridge's DeepSeek-V3 H100
-    recipe: ["mla_up_proj", "mlp"]): the MoE layer keeps only its input and runs its forward again,
-    all-to-alls included, in backward."""
-    return model.is_moe and getattr(stack, "selective_recompute", "") == "attention-core"
-
-
 def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                 blocks: np.ndarray) -> np.ndarray:
     """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. The dropless
@@ -101,16 +100,14 @@ def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: Plan
     split sizes): Megatron-Core's `MoEAlltoAllTokenDispatcher` synchronizes there once per MoE layer
     forward (its `cuda_sync_point`), and after it the GPU runs only as fast as the host issues the
     rest of the layer: about one block's forward issue time (`compute.host_seconds_per_block`).
-    Recomputing the MoE layers (full, or Megatron's MoE selective) syncs again. The "flex"
-    dispatcher (HybridEP, DeepEP) receives into preallocated buffers and is taken not to sync."""
+    Full recomputation syncs again. The "flex" dispatcher (HybridEP, DeepEP) receives into
+    preallocated buffers and is taken not to sync."""
     from perfmodels.compute import host_seconds_per_block
     from perfmodels.plans import RECOMPUTE_CODE
 
     if not model.is_moe or training.moe_token_dispatcher == "flex":
         return np.zeros(len(arrays))
-    selective = (arrays.recompute == RECOMPUTE_CODE["selective"]) & recomputes_experts(
-        model, training.effective_stack)
-    again = (arrays.recompute == RECOMPUTE_CODE["full"]) | selective
+    again = arrays.recompute == RECOMPUTE_CODE["full"]
     layers = np.asarray(blocks, dtype=np.float64) * model.moe_fraction
     return layers * (1.0 + again) * host_seconds_per_block(cluster, training)
 
@@ -231,24 +228,20 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
                m: np.ndarray, full_rc: np.ndarray) -> np.ndarray:
     """Add one stage's expert communication to `ev` (a `traffic._Events`, whose degrees must hold
     the expert groups) for `moe_layers` MoE layers on the stage; returns the local expert parameters
-    (their gradients go over "edp", not "data"). Full recomputation, and selective recomputation
-    of the MoE layers (`recomputes_experts`), repeat both all-to-alls and the etp collectives.
+    (their gradients go over "edp", not "data"). Full recomputation repeats both all-to-alls and the
+    etp collectives; selective recomputation repeats neither (module docstring).
 
     The etp traffic of split tokens is the all-gather and reduce-scatter Megatron-Core issues (the
     module docstring), each counted at its gathered size as the engine's recorder counts it: in
     ring bytes the pair moves what one all-reduce of that size does (2 (p-1)/p of it), so its time
     is an all-reduce's, but it is two calls of the full buffer each, not one."""
-    from perfmodels.plans import RECOMPUTE_CODE
-
     e = training.bytes_per_element
     h, k = model.hidden_size, model.moe_router_topk
     T = tokens_per_rank(model, arrays)
     a2a = T * k * h * e
     stack = training.effective_stack
-    selective = arrays.recompute == RECOMPUTE_CODE["selective"]
-    sel = selective * recomputes_experts(model, stack)
     # a recomputed MoE layer runs its forward up to the combine and past it (module docstring)
-    again = moe_layers * m * (full_rc + sel)
+    again = moe_layers * m * full_rc
     for phase, calls in (("fwd", 2.0 * moe_layers * m), ("bwd", 2.0 * moe_layers * m),
                          ("recompute", 2.0 * again)):
         ev.add("ep", "all_to_all", phase, "ep_a2a", a2a, calls)  # type: ignore[attr-defined]

@@ -355,9 +355,7 @@ def _with_experts(model: Model, training: Training, arrays: PlanArrays, blocks: 
     e_states = model_state_bytes(training, local, folded)
     states = ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
                          optimizer=states.optimizer + e_states.optimizer)
-    kept = experts.activation_bytes(model, training, arrays)
-    if experts.recomputes_experts(model, training.effective_stack):  # selective: only the layer input
-        kept = np.where(arrays.recompute == RECOMPUTE_CODE["selective"], 0.0, kept)
+    kept = experts.activation_bytes(model, training, arrays)  # selective recomputation keeps them too
     acts = act_layer + model.moe_fraction * kept
     comms = sum((d > 1).astype(np.float64) for d in deg.values())
     return states, acts, comms
