@@ -95,17 +95,27 @@ def load_imbalance(training: Training) -> float:
 
 def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                 blocks: np.ndarray) -> np.ndarray:
-    """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. The dropless
-    all-to-all dispatcher needs each expert's token count on the host before the all-to-all (its
-    split sizes): Megatron-Core's `MoEAlltoAllTokenDispatcher` synchronizes there once per MoE layer
-    forward (its `cuda_sync_point`), and after it the GPU runs only as fast as the host issues the
-    rest of the layer: about one block's forward issue time (`compute.host_seconds_per_block`).
-    Full recomputation syncs again. The "flex" dispatcher (HybridEP, DeepEP) receives into
-    preallocated buffers and is taken not to sync."""
+    """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. A dropless
+    dispatcher needs the received token counts on the host before it can size its buffers, so the
+    host waits for the device once per MoE layer forward, and after that the GPU runs only as fast
+    as the host issues the rest of the layer: about one block's forward issue time
+    (`compute.host_seconds_per_block`). Full recomputation syncs again. Every dropless dispatcher
+    of Megatron-Core does so:
+    - "alltoall": `MoEAlltoAllTokenDispatcher` moves the split sizes to the host and synchronizes at
+      its `cuda_sync_point` (token_dispatcher.py);
+    - "flex" with HybridEP: `_HybridEPManager.dispatch` passes `num_permuted_tokens=None` unless a
+      static budget (`moe_expert_rank_capacity_factor`) or drop-and-pad is set, and
+      `hybrid_ep_dispatch` then "obtains the size from a GPU tensor, which causes a D2H
+      synchronization" (fused_a2a.py, `non_blocking = num_permuted_tokens is not None`);
+    - "flex" with DeepEP: `FusedDispatch.forward` returns `num_recv_tokens_per_expert_list`, a host
+      list DeepEP's normal-mode dispatch fills by waiting for the device's counts (fused_a2a.py,
+      `tokens_per_expert = torch.tensor(num_recv_tokens_per_expert_list)`);
+    all at NVIDIA/Megatron-LM d98e8a64. gridtune's training is dropless without a static budget
+    (the published MoE recipes of validation/data set none on H100)."""
     from perfmodels.compute import host_seconds_per_block
     from perfmodels.plans import RECOMPUTE_CODE
 
-    if not model.is_moe or training.moe_token_dispatcher == "flex":
+    if not model.is_moe:
         return np.zeros(len(arrays))
     again = arrays.recompute == RECOMPUTE_CODE["full"]
     layers = np.asarray(blocks, dtype=np.float64) * model.moe_fraction

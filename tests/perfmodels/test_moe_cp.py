@@ -269,7 +269,7 @@ def test_context_parallelism_is_searched_from_the_minimum_sequence():
     assert cp_options(short, training, SearchOptions(G_cp=(2,)), 64) == (2,)
 
 
-def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
+def test_dropless_dispatchers_wait_for_the_host_once_per_moe_layer_forward():
     from perfmodels.compute import host_seconds_per_block
 
     cluster = presets.cluster("eos").with_gpus(4)
@@ -278,8 +278,11 @@ def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
     wait = experts.sync_wait_s(TINY_MOE, cluster, training, arrays, np.array([2.0, 2.0]))
     host = host_seconds_per_block(cluster, training)
     assert list(wait) == pytest.approx([2 * host, 2 * 2 * host])  # two MoE layers; recomputed: twice
+    # the dropless "flex" dispatcher (HybridEP without a static budget, DeepEP's normal mode) waits for
+    # the received counts on the host too
     flex = dataclasses.replace(training, moe_token_dispatcher="flex")
-    assert not experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0])).any()
+    assert list(experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0]))) == pytest.approx(
+        [2 * host, 2 * 2 * host])
 
 
 @pytest.mark.parametrize("order", [("col", "row", "cp", "depth", "inter", "data"),
