@@ -122,6 +122,30 @@ def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: Plan
     return layers * (1.0 + again) * host_seconds_per_block(cluster, training)
 
 
+def overlapped_exposed_s(a2a_s: np.ndarray, attention_fwd_s: np.ndarray,
+                         experts_fwd_s: np.ndarray) -> np.ndarray:
+    """Seconds the four all-to-alls of one MoE layer (each `a2a_s`) add to a forward and a backward
+    of that layer run together, as Megatron-Core's combined 1F1B schedule runs them
+    (`--overlap-moe-expert-parallel-comm`: `TransformerLayerSchedulePlan.run`,
+    megatron/core/models/common/model_chunk_schedule_plan.py at NVIDIA/Megatron-LM d98e8a64):
+
+        comm stream:    combine_bwd      | dispatch_fwd -> dispatch_bwd         | combine_fwd
+        compute stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd     | pre_dispatch_bwd
+
+    with `attention_fwd_s` the layer's forward before the dispatch ("pre_dispatch": attention, the
+    router, the shared experts) and `experts_fwd_s` its routed experts' ("mlp"); backward twice the
+    forward, half of the experts' backward the input gradient that `dispatch_bwd` waits for. The
+    middle phase: `mlp_fwd` waits for `dispatch_fwd`, `dispatch_bwd` for `mlp_bwd`'s input gradient.
+    Each phase lasts as long as the longer of its streams; what exceeds the compute is exposed."""
+    c = np.asarray(a2a_s, dtype=np.float64)
+    a_f = np.asarray(attention_fwd_s, dtype=np.float64)
+    m_f = np.asarray(experts_fwd_s, dtype=np.float64)
+    a_b, m_b = 2.0 * a_f, 2.0 * m_f
+    middle = np.maximum(np.maximum(m_b, c) + m_f, np.maximum(c, 0.5 * m_b) + c)
+    together = np.maximum(c, a_f) + middle + np.maximum(c, a_b)
+    return together - (a_f + a_b + m_f + m_b)
+
+
 def expert_flops_per_token(model: Model) -> float:
     """Forward FLOPs per token of one MoE layer besides its shared experts: the router (2 h E) and
     the k routed experts (2 FLOPs per multiply-add of each expert's weights)."""

@@ -340,3 +340,15 @@ def test_selective_recomputation_keeps_the_moe_layers_on_megatron():
     assert selective.memory.activations_gib == pytest.approx(none.memory.activations_gib)
     assert selective.breakdown.ep_comm_s == pytest.approx(none.breakdown.ep_comm_s)
     assert full.breakdown.ep_comm_s == pytest.approx(1.5 * none.breakdown.ep_comm_s)
+
+
+def test_combined_1f1b_overlaps_each_all_to_all_with_its_partner_node():
+    """Megatron-Core's combined 1F1B (model_chunk_schedule_plan.py): combine_bwd || attention fwd,
+    dispatch_fwd -> dispatch_bwd || mlp_bwd -> mlp_fwd, combine_fwd || attention bwd; backward twice
+    the forward. All-to-all 1, attention forward 0.5, experts forward 0.25: phases max(1, 0.5) = 1,
+    max(max(0.5, 1) + 0.25, max(1, 0.25) + 1) = 2, max(1, 1) = 1: 4 against 2.25 of compute."""
+    assert experts.overlapped_exposed_s(np.array([1.0]), 0.5, 0.25)[0] == pytest.approx(4.0 - 2.25)
+    # no all-to-all: nothing exposed; no compute: all four exposed; ample compute: hidden
+    assert experts.overlapped_exposed_s(np.array([0.0]), 0.5, 0.25)[0] == pytest.approx(0.0)
+    assert experts.overlapped_exposed_s(np.array([1.0]), 0.0, 0.0)[0] == pytest.approx(4.0)
+    assert experts.overlapped_exposed_s(np.array([1.0]), 2.0, 2.0)[0] == pytest.approx(0.0)
