@@ -4,8 +4,8 @@
 
 1. DeepSeek-V3 on 1024 H100s (eos), global batch 8192, Megatron-Core: the layout NVIDIA published
    (Megatron-Bridge 25.09 DGX-H100 table: TP2 PP8 VP4 EP64, 1,297 tokens/s/GPU, FP8 current scaling,
-   the recipe's selective recomputation of the MoE layers and MLA up-projections, force-balanced
-   routing) predicted, and what `recommend` answers (bf16, as the issue's command asks) next to the
+   force-balanced routing; the 25.09 recipe's selective recomputation of the MLA up-projections
+   and dense MLPs, DeepEP, no overlapped gradient reduction) predicted, and what `recommend` answers (bf16, as the issue's command asks) next to the
    same layout predicted in bf16.
 2. Llama-3 8B at 131,072 tokens on 64 H100s: what `recommend` answers (context parallelism, not
    tensor parallelism across nodes).
@@ -40,7 +40,7 @@ def deepseek() -> None:
     model, cluster = presets.model("deepseek-v3"), presets.cluster("eos").with_gpus(1024)
     gpus = cluster.num_gpus
     fp8 = Training(global_batch_size=8192, stack="megatron-core", dtype="fp8", expert_load_imbalance=1.0,
-                   moe_token_dispatcher="flex")
+                   moe_token_dispatcher="flex", overlap_grad_reduce=False)
     pred = predict(model, cluster, fp8, PUBLISHED)
     print(f"DeepSeek-V3 published layout {PUBLISHED.grid_string()} VP4, fp8, forced balance, flex: "
           f"predicted {pred.tokens_per_s / gpus:,.0f} tokens/s/GPU vs published 1,297 "

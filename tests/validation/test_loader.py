@@ -247,3 +247,7 @@ def test_moe_rows_state_the_recompute_of_their_containers_recipe():
     recomputes = sorted((c.model.num_moe_experts, {p.recompute for p in c.plans}.pop()) for c in cases)
     assert {c.candidate_count for c in cases} == {1}
     assert recomputes == [(128, "none")] * 6 + [(256, "selective")]
+    # the 25.09 DeepSeek-V3 H100 recipe (Megatron-Bridge v0.1.0rc3 run_script.py) turned gradient
+    # reduction overlap off and ran DeepEP (the flex dispatcher)
+    (deepseek,) = [c for c in cases if c.model.num_moe_experts == 256]
+    assert [(t.overlap_grad_reduce, t.moe_token_dispatcher) for t in deepseek.trainings] == [(False, "flex")]
