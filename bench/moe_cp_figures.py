@@ -5,8 +5,8 @@
 1. DeepSeek-V3 on 1024 H100s (eos), global batch 8192, Megatron-Core: the layout NVIDIA published
    (Megatron-Bridge 25.09 DGX-H100 table: TP2 PP8 VP4 EP64, 1,297 tokens/s/GPU, FP8 current scaling,
    force-balanced routing; the 25.09 recipe's selective recomputation of the MLA up-projections
-   and dense MLPs, DeepEP, no overlapped gradient reduction) predicted, and what `recommend` answers (bf16, as the issue's command asks) next to the
-   same layout predicted in bf16.
+   and dense MLPs, DeepEP, no overlapped gradient reduction) predicted, and what `recommend`
+   answers (bf16, as the issue's command asks) next to the same layout predicted in bf16.
 2. Llama-3 8B at 131,072 tokens on 64 H100s: what `recommend` answers (context parallelism, not
    tensor parallelism across nodes).
 3. The published MoE and CP rows of validation/data: iteration-time MAPE, and memory where a peak is
