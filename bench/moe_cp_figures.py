@@ -53,7 +53,8 @@ def deepseek() -> None:
     print(f"recommend (bf16, megatron-core): {best.plan.grid_string()} mb={best.plan.micro_batch_size} "
           f"{best.plan.schedule} v{best.plan.virtual_stages} recompute={best.plan.recompute}: "
           f"{best.prediction.tokens_per_s / gpus:,.0f} tokens/s/GPU; the published layout in bf16 predicts "
-          f"{same.tokens_per_s / gpus:,.0f} "
+          f"{same.tokens_per_s / gpus:,.0f} ({same.memory.per_gpu_gib:.1f} GiB, "
+          f"{'fits' if same.memory.fits else 'does not fit'}) "
           f"(recommended/published {best.prediction.tokens_per_s / same.tokens_per_s:.2f}); "
           f"{rec.num_evaluated:,} plans in {rec.search_time_s:.1f} s, complete={rec.complete}")
 
