@@ -4,9 +4,9 @@
 
 1. DeepSeek-V3 on 1024 H100s (eos), global batch 8192, Megatron-Core: the layout NVIDIA published
    (Megatron-Bridge 25.09 DGX-H100 table: TP2 PP8 VP4 EP64, 1,297 tokens/s/GPU, FP8 current scaling,
-   the recipe's selective recomputation of the MoE layers and MLA up-projections, force-balanced
-   routing) predicted, and what `recommend` answers (bf16, as the issue's command asks) next to the
-   same layout predicted in bf16.
+   force-balanced routing; the 25.09 recipe's selective recomputation of the MLA up-projections
+   and dense MLPs, DeepEP, no overlapped gradient reduction) predicted, and what `recommend`
+   answers (bf16, as the issue's command asks) next to the same layout predicted in bf16.
 2. Llama-3 8B at 131,072 tokens on 64 H100s: what `recommend` answers (context parallelism, not
    tensor parallelism across nodes).
 3. The published MoE and CP rows of validation/data: iteration-time MAPE, and memory where a peak is
@@ -40,7 +40,7 @@ def deepseek() -> None:
     model, cluster = presets.model("deepseek-v3"), presets.cluster("eos").with_gpus(1024)
     gpus = cluster.num_gpus
     fp8 = Training(global_batch_size=8192, stack="megatron-core", dtype="fp8", expert_load_imbalance=1.0,
-                   moe_token_dispatcher="flex")
+                   moe_token_dispatcher="flex", overlap_grad_reduce=False)
     pred = predict(model, cluster, fp8, PUBLISHED)
     print(f"DeepSeek-V3 published layout {PUBLISHED.grid_string()} VP4, fp8, forced balance, flex: "
           f"predicted {pred.tokens_per_s / gpus:,.0f} tokens/s/GPU vs published 1,297 "
@@ -53,7 +53,8 @@ def deepseek() -> None:
     print(f"recommend (bf16, megatron-core): {best.plan.grid_string()} mb={best.plan.micro_batch_size} "
           f"{best.plan.schedule} v{best.plan.virtual_stages} recompute={best.plan.recompute}: "
           f"{best.prediction.tokens_per_s / gpus:,.0f} tokens/s/GPU; the published layout in bf16 predicts "
-          f"{same.tokens_per_s / gpus:,.0f} "
+          f"{same.tokens_per_s / gpus:,.0f} ({same.memory.per_gpu_gib:.1f} GiB, "
+          f"{'fits' if same.memory.fits else 'does not fit'}) "
           f"(recommended/published {best.prediction.tokens_per_s / same.tokens_per_s:.2f}); "
           f"{rec.num_evaluated:,} plans in {rec.search_time_s:.1f} s, complete={rec.complete}")
 

@@ -119,6 +119,9 @@ class StageCompute:
     optimizer_s: np.ndarray
     wgrad_s: np.ndarray
     head_fwd_s: np.ndarray
+    experts_fwd_s: np.ndarray | float = 0.0
+    """The routed experts' share of `fwd_s` (router, grouped GEMMs, permutation: what Megatron's
+    combined 1F1B schedule runs as a MoE layer's "mlp" node, `perfmodels.experts.overlapped_exposed_s`)."""
 
 
 def model_flops_per_token(model: Model) -> float:
@@ -412,6 +415,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     zero = np.zeros(len(arrays))
     gemm, attention, memory, fwd, bwd, recompute, head_fwd = (zero,) * 7
     local: np.ndarray | float = 0.0
+    experts_fwd: np.ndarray | float = 0.0
     for unit in model.units:
         count = units_on_stage(unit, st, arrays)
         local = local + _optimizer_params(unit, count, rank)
@@ -439,10 +443,10 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         moe_layers = np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction
         e_gemm, e_mem = experts.layer_compute(model, training, arrays, rank.curve, rank.rate)
         e_fwd = e_gemm + e_mem
+        experts_fwd = moe_layers * e_fwd
         gemm, memory = gemm + moe_layers * e_gemm, memory + moe_layers * e_mem
         fwd, bwd = fwd + moe_layers * e_fwd, bwd + moe_layers * 2.0 * e_fwd
-        again = full | (selective & experts.recomputes_experts(model, training.effective_stack))
-        recompute = recompute + moe_layers * np.where(again, e_fwd, 0.0)
+        recompute = recompute + moe_layers * np.where(full, e_fwd, 0.0)  # selective: none (experts)
         edp = experts.expert_degrees(arrays)["edp"]
         local = local + moe_layers * experts.local_expert_params(model, arrays) / np.where(
             arrays.zero_stage >= 1, edp, 1)
@@ -458,6 +462,7 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         optimizer_s=local * step_bytes / rank.rate,
         wgrad_s=gemm,  # the weight-grad half of the backward GEMMs (what async input-grad comm hides behind)
         head_fwd_s=head_fwd,
+        experts_fwd_s=experts_fwd,
     )
 
 

@@ -44,6 +44,14 @@ size, e = bytes per element (the byte contract of `perfmodels.traffic`):
        that stops early only where a shared expert runs after it (engine.moe adds the shared
        expert's output last, and its Linears save tensors; that expert's own last all-reduce is
        the layer's last and is not repeated: `perfmodels.traffic`)
+  selective recomputation (`recompute="selective"`) recomputes no MoE layer, on any stack: Megatron-Core
+       recomputes one only where `recompute_modules` names "moe" (transformer_config.py: '"mlp":
+       recompute the dense MLP submodule. "moe": recompute the MoE layer.'; transformer_layer.py sets
+       `recompute_mlp` only `if not isinstance(self.mlp, MoELayer)`, at NVIDIA/Megatron-LM c767b38682,
+       2025-09-30, as at d98e8a64). Its default modules (["core_attn"], what "selective" means on a
+       Megatron stack) and the MoE recipes' ["mla_up_proj", "mlp"] (DeepSeek-V3 on H100,
+       Megatron-Bridge) or ["layernorm", "moe_act"] (GPT-OSS) keep the MoE layers' activations and
+       run no second dispatch or combine
   step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
        as Megatron's distributed optimizer shards expert parameters over the expert-data group.
 
@@ -85,34 +93,57 @@ def load_imbalance(training: Training) -> float:
     return float(EXPERT_LOAD_IMBALANCE if value is None else value)
 
 
-def recomputes_experts(model: Model, stack: object) -> bool:
-    """Whether `recompute="selective"` also recomputes the MoE layers (and multi-latent attention's
-    up-projections): on a Megatron stack ("attention-core" selective recomputation) a mixture of
-    experts is run with the MoE recipes' `recompute_modules` (Megatron-Bridge's DeepSeek-V3 H100
-    recipe: ["mla_up_proj", "mlp"]): the MoE layer keeps only its input and runs its forward again,
-    all-to-alls included, in backward."""
-    return model.is_moe and getattr(stack, "selective_recompute", "") == "attention-core"
-
-
 def sync_wait_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                 blocks: np.ndarray) -> np.ndarray:
-    """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. The dropless
-    all-to-all dispatcher needs each expert's token count on the host before the all-to-all (its
-    split sizes): Megatron-Core's `MoEAlltoAllTokenDispatcher` synchronizes there once per MoE layer
-    forward (its `cuda_sync_point`), and after it the GPU runs only as fast as the host issues the
-    rest of the layer: about one block's forward issue time (`compute.host_seconds_per_block`).
-    Recomputing the MoE layers (full, or Megatron's MoE selective) syncs again. The "flex"
-    dispatcher (HybridEP, DeepEP) receives into preallocated buffers and is taken not to sync."""
+    """Seconds per micro-batch the GPUs of a stage wait for the host in its MoE layers. A dropless
+    dispatcher needs the received token counts on the host before it can size its buffers, so the
+    host waits for the device once per MoE layer forward, and after that the GPU runs only as fast
+    as the host issues the rest of the layer: about one block's forward issue time
+    (`compute.host_seconds_per_block`). Full recomputation syncs again. Every dropless dispatcher
+    of Megatron-Core does so:
+    - "alltoall": `MoEAlltoAllTokenDispatcher` moves the split sizes to the host and synchronizes at
+      its `cuda_sync_point` (token_dispatcher.py);
+    - "flex" with HybridEP: `_HybridEPManager.dispatch` passes `num_permuted_tokens=None` unless a
+      static budget (`moe_expert_rank_capacity_factor`) or drop-and-pad is set, and
+      `hybrid_ep_dispatch` then "obtains the size from a GPU tensor, which causes a D2H
+      synchronization" (fused_a2a.py, `non_blocking = num_permuted_tokens is not None`);
+    - "flex" with DeepEP: `FusedDispatch.forward` returns `num_recv_tokens_per_expert_list`, a host
+      list DeepEP's normal-mode dispatch fills by waiting for the device's counts (fused_a2a.py,
+      `tokens_per_expert = torch.tensor(num_recv_tokens_per_expert_list)`);
+    all at NVIDIA/Megatron-LM d98e8a64. gridtune's training is dropless without a static budget
+    (the published MoE recipes of validation/data set none on H100)."""
     from perfmodels.compute import host_seconds_per_block
     from perfmodels.plans import RECOMPUTE_CODE
 
-    if not model.is_moe or training.moe_token_dispatcher == "flex":
+    if not model.is_moe:
         return np.zeros(len(arrays))
-    selective = (arrays.recompute == RECOMPUTE_CODE["selective"]) & recomputes_experts(
-        model, training.effective_stack)
-    again = (arrays.recompute == RECOMPUTE_CODE["full"]) | selective
+    again = arrays.recompute == RECOMPUTE_CODE["full"]
     layers = np.asarray(blocks, dtype=np.float64) * model.moe_fraction
     return layers * (1.0 + again) * host_seconds_per_block(cluster, training)
+
+
+def overlapped_exposed_s(a2a_s: np.ndarray, attention_fwd_s: np.ndarray,
+                         experts_fwd_s: np.ndarray) -> np.ndarray:
+    """Seconds the four all-to-alls of one MoE layer (each `a2a_s`) add to a forward and a backward
+    of that layer run together, as Megatron-Core's combined 1F1B schedule runs them
+    (`--overlap-moe-expert-parallel-comm`: `TransformerLayerSchedulePlan.run`,
+    megatron/core/models/common/model_chunk_schedule_plan.py at NVIDIA/Megatron-LM d98e8a64):
+
+        comm stream:    combine_bwd      | dispatch_fwd -> dispatch_bwd         | combine_fwd
+        compute stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd     | pre_dispatch_bwd
+
+    with `attention_fwd_s` the layer's forward before the dispatch ("pre_dispatch": attention, the
+    router, the shared experts) and `experts_fwd_s` its routed experts' ("mlp"); backward twice the
+    forward, half of the experts' backward the input gradient that `dispatch_bwd` waits for. The
+    middle phase: `mlp_fwd` waits for `dispatch_fwd`, `dispatch_bwd` for `mlp_bwd`'s input gradient.
+    Each phase lasts as long as the longer of its streams; what exceeds the compute is exposed."""
+    c = np.asarray(a2a_s, dtype=np.float64)
+    a_f = np.asarray(attention_fwd_s, dtype=np.float64)
+    m_f = np.asarray(experts_fwd_s, dtype=np.float64)
+    a_b, m_b = 2.0 * a_f, 2.0 * m_f
+    middle = np.maximum(np.maximum(m_b, c) + m_f, np.maximum(c, 0.5 * m_b) + c)
+    together = np.maximum(c, a_f) + middle + np.maximum(c, a_b)
+    return together - (a_f + a_b + m_f + m_b)
 
 
 def expert_flops_per_token(model: Model) -> float:
@@ -231,24 +262,20 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
                m: np.ndarray, full_rc: np.ndarray) -> np.ndarray:
     """Add one stage's expert communication to `ev` (a `traffic._Events`, whose degrees must hold
     the expert groups) for `moe_layers` MoE layers on the stage; returns the local expert parameters
-    (their gradients go over "edp", not "data"). Full recomputation, and selective recomputation
-    of the MoE layers (`recomputes_experts`), repeat both all-to-alls and the etp collectives.
+    (their gradients go over "edp", not "data"). Full recomputation repeats both all-to-alls and the
+    etp collectives; selective recomputation repeats neither (module docstring).
 
     The etp traffic of split tokens is the all-gather and reduce-scatter Megatron-Core issues (the
     module docstring), each counted at its gathered size as the engine's recorder counts it: in
     ring bytes the pair moves what one all-reduce of that size does (2 (p-1)/p of it), so its time
     is an all-reduce's, but it is two calls of the full buffer each, not one."""
-    from perfmodels.plans import RECOMPUTE_CODE
-
     e = training.bytes_per_element
     h, k = model.hidden_size, model.moe_router_topk
     T = tokens_per_rank(model, arrays)
     a2a = T * k * h * e
     stack = training.effective_stack
-    selective = arrays.recompute == RECOMPUTE_CODE["selective"]
-    sel = selective * recomputes_experts(model, stack)
     # a recomputed MoE layer runs its forward up to the combine and past it (module docstring)
-    again = moe_layers * m * (full_rc + sel)
+    again = moe_layers * m * full_rc
     for phase, calls in (("fwd", 2.0 * moe_layers * m), ("bwd", 2.0 * moe_layers * m),
                          ("recompute", 2.0 * again)):
         ev.add("ep", "all_to_all", phase, "ep_a2a", a2a, calls)  # type: ignore[attr-defined]

@@ -378,9 +378,7 @@ def _expert_activations(model: Model, training: Training, arrays: PlanArrays,
     the share of MoE layers, and the experts' communicators."""
     from perfmodels import experts
 
-    kept = experts.activation_bytes(model, training, arrays)
-    if experts.recomputes_experts(model, training.effective_stack):  # selective: only the layer input
-        kept = np.where(arrays.recompute == RECOMPUTE_CODE["selective"], 0.0, kept)
+    kept = experts.activation_bytes(model, training, arrays)  # selective recomputation keeps them too
     acts = act_layer + model.moe_fraction * kept
     comms = sum((d > 1).astype(np.float64) for d in experts.expert_degrees(arrays).values())
     return acts, comms

@@ -655,7 +655,8 @@ class Training:
     """How MoE layers move tokens: "alltoall" (Megatron-Core's `alltoall` dispatcher, the engine's:
     every (token, expert) pair travels), or "flex" (`--moe-token-dispatcher-type flex` with the
     DeepEP or HybridEP backend: a token goes once to each remote node that holds one of its experts
-    and is forwarded over NVLink there; `perfmodels.experts.node_dedup`)."""
+    and is forwarded over NVLink there; `perfmodels.experts.node_dedup`). Both are dropless and wait
+    for the received token counts on the host once per MoE layer forward (`experts.sync_wait_s`)."""
     expert_load_imbalance: float | None = None
     """Tokens on the busiest expert-parallel rank over the mean (None: `experts.EXPERT_LOAD_IMBALANCE`;
     1.0 where the run forces balanced routing, as Megatron-Bridge's MoE benchmarks do with

@@ -241,8 +241,9 @@ class Stack:
     - `overlap_ep_comm`: under an interleaved pipeline schedule the expert all-to-alls of one
       micro-batch run behind the compute of another (Megatron-Core
       `--overlap-moe-expert-parallel-comm`, the "1F1B A2A overlap" of its combined 1F1B schedule,
-      which needs virtual pipeline stages; Megatron-Bridge's MoE performance recipes turn it on).
-      Otherwise they sit on the critical path.
+      which needs virtual pipeline stages; Megatron-Bridge's MoE performance recipes turn it on):
+      each all-to-all runs behind the compute node of the other micro-batch its schedule pairs it
+      with (`experts.overlapped_exposed_s`). Otherwise they sit on the critical path.
     What the stack's launcher accepts beyond those (the rules in `perfmodels/launchable.py`, each
     citing the framework line that enforces it; the search applies them in `tuner/constraints.py`):
     - `tp_splits_query_groups`: the tensor-parallel ranks split the key/value groups, so G_intra_r

@@ -210,6 +210,31 @@ def _prefetched_exposed(
     return np.maximum(total - PREFETCH_COVER * compute_step, total / np.maximum(m, 1) * FIRST_GATHER_SHARE)
 
 
+def _combined_1f1b_exposed(model: Model, arrays: PlanArrays, st: StageShape, comp: StageCompute,
+                           events: list[CommEvent], a2a_step_s: np.ndarray, m: np.ndarray,
+                           full_rc: np.ndarray, c_compute: float) -> np.ndarray:
+    """Exposed seconds per step of the expert all-to-alls under Megatron-Core's combined 1F1B
+    schedule (`Stack.overlap_ep_comm`, interleaved pipelines): in the steady state each MoE layer's
+    forward of one micro-batch runs with its backward of another (`experts.overlapped_exposed_s`,
+    from the stage's per-layer compute); the chunks of the interleaved warm-up and cool-down
+    (2 (p - 1) + (v - 1) p forward chunks of m v on the first stage, as many backward) have no
+    partner and wait for their all-to-alls, as do the all-to-alls a full recomputation repeats."""
+    blocks = np.maximum(np.asarray(st.blocks, dtype=np.float64), 1.0)
+    moe_layers = blocks * model.moe_fraction
+    calls = sum((ev.calls for ev in events if ev.axis == "ep"), np.zeros(len(arrays)))
+    per_call = a2a_step_s / np.maximum(calls, 1e-30)
+    experts_fwd = np.asarray(comp.experts_fwd_s, dtype=np.float64) * c_compute
+    attention_fwd = (comp.fwd_s - comp.head_fwd_s) * c_compute - experts_fwd
+    pair = experts.overlapped_exposed_s(per_call, attention_fwd / blocks,
+                                        experts_fwd / np.maximum(moe_layers, 1e-30))
+    p, v = arrays.G_inter.astype(np.float64), arrays.virtual_stages.astype(np.float64)
+    chunks = m * v
+    unpaired = np.minimum(2.0 * (p - 1.0) + (v - 1.0) * p, chunks) / np.maximum(chunks, 1.0)
+    layer_mbs = moe_layers * m
+    return ((1.0 - unpaired) * layer_mbs * pair + unpaired * 4.0 * layer_mbs * per_call
+            + full_rc * 2.0 * layer_mbs * per_call)
+
+
 def _average_stage(model: Model, arrays: PlanArrays) -> StageShape:
     """The mean stage: 1/G_inter of the blocks, the embedding and the head (a spread unit is already
     1/G_inter of itself on every stage)."""
@@ -468,7 +493,8 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
     ep_total = (ep_a2a + ep_etp) * c_tp
     interleaved = arrays.schedule == SCHEDULE_CODE["interleaved-1f1b"]
     ep_exposed = np.where(stack.overlap_ep_comm & interleaved & (arrays.G_inter > 1),
-                          _prefetched_exposed(ep_a2a * c_tp, True, compute_step, m),
+                          _combined_1f1b_exposed(model, arrays, st, comp, events, ep_a2a * c_tp, m, full_rc,
+                                                 c_compute),
                           ep_a2a * c_tp) + ep_etp * c_tp
     ring = ring_total * m * c_tp
     ring_exp = ring_exposed * m * c_tp

@@ -270,7 +270,7 @@ def test_context_parallelism_is_searched_from_the_minimum_sequence():
     assert cp_options(short, training, SearchOptions(G_cp=(2,)), 64) == (2,)
 
 
-def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
+def test_dropless_dispatchers_wait_for_the_host_once_per_moe_layer_forward():
     from perfmodels.compute import host_seconds_per_block
 
     cluster = presets.cluster("eos").with_gpus(4)
@@ -279,8 +279,11 @@ def test_all_to_all_dispatcher_waits_for_the_host_once_per_moe_layer_forward():
     wait = experts.sync_wait_s(TINY_MOE, cluster, training, arrays, np.array([2.0, 2.0]))
     host = host_seconds_per_block(cluster, training)
     assert list(wait) == pytest.approx([2 * host, 2 * 2 * host])  # two MoE layers; recomputed: twice
+    # the dropless "flex" dispatcher (HybridEP without a static budget, DeepEP's normal mode) waits for
+    # the received counts on the host too
     flex = dataclasses.replace(training, moe_token_dispatcher="flex")
-    assert not experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0])).any()
+    assert list(experts.sync_wait_s(TINY_MOE, cluster, flex, arrays, np.array([2.0, 2.0]))) == pytest.approx(
+        [2 * host, 2 * 2 * host])
 
 
 @pytest.mark.parametrize("order", [("col", "row", "cp", "depth", "inter", "data"),
@@ -318,3 +321,35 @@ def test_grouped_gemm_never_beats_reading_its_weights():
     assert small == pytest.approx(weights / rate + 4e-6)
     large = experts.grouped_gemm_s(4096, 4096, 7168, 8, curve, rate, 2.0, 2.0)
     assert large == pytest.approx(8 * (gemm_time_s(4096, 4096, 7168, curve) - 4e-6) + 4e-6)
+
+
+def test_selective_recomputation_keeps_the_moe_layers_on_megatron():
+    """Megatron-Core recomputes a MoE layer only where recompute_modules names "moe" ("mlp" is the
+    dense MLP only): `recompute="selective"` on megatron-core runs no second dispatch or combine,
+    keeps the experts' activations and adds no MoE recompute time; full recomputation repeats both
+    all-to-alls. T = 32 tokens, k=2, h=64, e=2: 4 calls of T*k*h*e per MoE layer (2) and micro-batch
+    (1), 6 with full recomputation."""
+    training = Training(global_batch_size=4, dtype="bf16", stack="megatron-core")
+    plans = [Plan(G_data=4, G_ep=4, G_etp=1, recompute=r) for r in ("none", "selective", "full")]
+    arrays = from_plans(plans)
+    per_call = 32 * 2 * 64 * 2
+    ep = bytes_per_group(TINY_MOE, training, arrays)["ep"]
+    assert list(ep) == [2 * 4 * per_call, 2 * 4 * per_call, 2 * 6 * per_call]
+    cluster = presets.cluster("eos").with_gpus(4)
+    none, selective, full = (predict(TINY_MOE, cluster, training, p) for p in plans)
+    # flash attention keeps no scores, so selective keeps every activation: the same memory as none
+    assert selective.memory.activations_gib == pytest.approx(none.memory.activations_gib)
+    assert selective.breakdown.ep_comm_s == pytest.approx(none.breakdown.ep_comm_s)
+    assert full.breakdown.ep_comm_s == pytest.approx(1.5 * none.breakdown.ep_comm_s)
+
+
+def test_combined_1f1b_overlaps_each_all_to_all_with_its_partner_node():
+    """Megatron-Core's combined 1F1B (model_chunk_schedule_plan.py): combine_bwd || attention fwd,
+    dispatch_fwd -> dispatch_bwd || mlp_bwd -> mlp_fwd, combine_fwd || attention bwd; backward twice
+    the forward. All-to-all 1, attention forward 0.5, experts forward 0.25: phases max(1, 0.5) = 1,
+    max(max(0.5, 1) + 0.25, max(1, 0.25) + 1) = 2, max(1, 1) = 1: 4 against 2.25 of compute."""
+    assert experts.overlapped_exposed_s(np.array([1.0]), 0.5, 0.25)[0] == pytest.approx(4.0 - 2.25)
+    # no all-to-all: nothing exposed; no compute: all four exposed; ample compute: hidden
+    assert experts.overlapped_exposed_s(np.array([0.0]), 0.5, 0.25)[0] == pytest.approx(0.0)
+    assert experts.overlapped_exposed_s(np.array([1.0]), 0.0, 0.0)[0] == pytest.approx(4.0)
+    assert experts.overlapped_exposed_s(np.array([1.0]), 2.0, 2.0)[0] == pytest.approx(0.0)

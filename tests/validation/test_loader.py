@@ -237,3 +237,17 @@ def test_llama_style_rows_get_swiglu_and_grouped_query_attention(tmp_path: Path)
 def test_an_oom_row_has_no_measured_time_and_is_flagged(tmp_path: Path):
     case = _case(tmp_path, metric_value="OOM")
     assert case.expect_oom and case.measured_time_s is None
+
+
+def test_moe_rows_state_the_recompute_of_their_containers_recipe():
+    """The 25.11 rows' recompute is the 25.11 container's recipe's (Megatron-Bridge v0.2.0: Qwen3
+    recompute_granularity None; GPT-OSS recompute_modules layernorm + moe_act, ~ none), so every MoE
+    row is one candidate, not a median over the stack's recompute options."""
+    cases = loader.load_file(loader.DATA_DIR / "published_megatron_bridge_moe.csv").cases
+    recomputes = sorted((c.model.num_moe_experts, {p.recompute for p in c.plans}.pop()) for c in cases)
+    assert {c.candidate_count for c in cases} == {1}
+    assert recomputes == [(128, "none")] * 6 + [(256, "selective")]
+    # the 25.09 DeepSeek-V3 H100 recipe (Megatron-Bridge v0.1.0rc3 run_script.py) turned gradient
+    # reduction overlap off and ran DeepEP (the flex dispatcher)
+    (deepseek,) = [c for c in cases if c.model.num_moe_experts == 256]
+    assert [(t.overlap_grad_reduce, t.moe_token_dispatcher) for t in deepseek.trainings] == [(False, "flex")]
