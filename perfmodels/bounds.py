@@ -24,7 +24,7 @@ of the family with a given recomputation and sequence-parallel setting:
   them, all of them where it does not), the depth collectives less `PREFETCH_COVER` of that most
   compute (never below the first gather's share), and for a mixture of experts the expert
   tensor-parallel collectives and the all-to-alls (where the stack overlaps them under an
-  interleaved schedule, again less what compute can cover), all of the relaxed stage with what
+  interleaved schedule, less all of that most compute), all of the relaxed stage with what
   recomputation repeats; the MoE wait, the ring and the data-parallel parts >= 0;
 - host >= the relaxed stage's blocks, three passes (four under full recomputation);
 - bubble = (S - 1) / v t_mb (average / busiest compute) >= (S - 1) / v x the average stage's
@@ -500,7 +500,10 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
         depth, a2a = priced.depth_s[:, j], priced.a2a_s[:, j]  # (R, n)
         if stack.overlap_depth_comm:
             depth = np.maximum(depth - cover, depth * first)
-        experts_s = np.where(priced.overlaps & interleaved, np.maximum(a2a - cover, a2a * first), a2a)
+        # overlapped all-to-alls (Megatron-Core's combined 1F1B, `steptime._combined_1f1b_exposed`):
+        # each layer's four wait for at least what exceeds the layer's forward and backward
+        hidden = np.maximum(a2a - m * busiest_mb, a2a * first)
+        experts_s = np.where(priced.overlaps & interleaved, hidden, a2a)
         exposed_mb = (priced.tp_s[:, j] + experts_s + priced.etp_s[:, j] + depth) / m
         t_mb = np.maximum(compute + exposed_mb + stack.host_exposed_fraction * host, host)
         # the bubble scales the busiest stage's micro-batch by the average stage's share of its compute

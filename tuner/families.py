@@ -151,7 +151,9 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     mbs = np.asarray(micro_batch_values(options), dtype=np.int64)
     per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
     counts = plans_per_grid(grids, sched_opts, rc_opts, zero_opts, sp_opts, model.depth, uneven)
-    gi, mi = np.nonzero((per_replica[:, None] % mbs[None, :] == 0) & (counts[:, None] > 0))
+    # which micro-batch sizes divide each grid's samples per replica, worked out once per distinct count
+    values, which = np.unique(per_replica, return_inverse=True)
+    gi, mi = np.nonzero((values[:, None] % mbs[None, :] == 0)[which] & (counts[:, None] > 0))
     mb = mbs[mi]
     placed = first_placement_masks(grids, orders)
     sizes = np.bincount(gi, minlength=len(grids))

@@ -115,11 +115,11 @@ KEY_COLUMNS = (*GRID_COLUMNS, *EXPERT_COLUMNS, "micro_batch_size", "schedule", "
                "zero_stage", "sequence_parallel")
 """Columns that, after the time and the placement, order plans of exactly equal time: the ranking does
 not depend on the order plans were scored in, so a pruned and an exhaustive search agree."""
-FIRST_GRIDS = 2_000
+FIRST_GRIDS = 1_000
 """Grids expanded into (grid, micro-batch size) pairs in the first round; each later round doubles."""
-FIRST_PAIRS = 2_000
+FIRST_PAIRS = 1_000
 """Pairs refined into families in the first round; each later round doubles."""
-FIRST_CHUNK_PLANS = 10_000
+FIRST_CHUNK_PLANS = 5_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
 BOUND_CHUNK_PLANS = 80_000
 
@@ -403,6 +403,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
         next_family = family_pool.bound[open_families[0]] if len(open_families) else np.inf
         if not np.isfinite(min(next_grid, next_pair, next_family)):
             break
+        if not best.rows and len(open_families):
+            next_grid = next_pair = np.inf  # dive: score the best families found so far to set a limit
         if next_grid <= min(next_pair, next_family):
             upto = min(reach, expanded + grid_batch)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
