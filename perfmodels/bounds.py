@@ -226,31 +226,32 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     out = np.zeros((len(recomputes), len(sequence_parallel), n))
 
     none = RECOMPUTE_CODE["none"]
+    relaxed = _relaxed_stage(model, low)
     # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
     # evaluation per recomputation that repeats something (and one for "none" alone)
-    evaluated: dict[tuple[int, bool, bool], object] = {}
+    evaluated: dict[tuple[int, bool, bool, bool], object] = {}
 
-    def blocks_compute(arrays: PlanArrays, rc: int, sp: bool) -> np.ndarray:
-        key = (rc, sp, arrays is low)
+    def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
+        """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
+        first = next((r for r in recomputes if r != none), none) if rc == none else rc
+        key = (first, sp, arrays is low, head)
         if key not in evaluated:
-            first = next((r for r in recomputes if r != none), none) if rc == none else rc
-            evaluated[(first, sp, arrays is low)] = stage_compute(model, cluster, training, with_options(
-                arrays, recompute=first, sequence_parallel=sp), blocks_only)
-            if rc == none:
-                evaluated[key] = evaluated[(first, sp, arrays is low)]
+            evaluated[key] = stage_compute(model, cluster, training, with_options(
+                arrays, recompute=first, sequence_parallel=sp), relaxed if head else blocks_only)
         comp = evaluated[key]
         again = comp.recompute_s if rc != none else 0.0  # type: ignore[attr-defined]
         return (comp.fwd_s + comp.bwd_s + again) * c_compute  # type: ignore[attr-defined]
 
     a2a = [_all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
                                max_virtual) for sp in sequence_parallel]
-    relaxed = _relaxed_stage(model, low)
     for i, rc in enumerate(recomputes):
         host = _host_seconds_per_microbatch(model, cluster, training, with_options(low, recompute=rc),
                                             relaxed)
         for j, sp in enumerate(sequence_parallel):
-            c_low = blocks_compute(low, rc, sp)
-            c_high = c_low if high is low else blocks_compute(high, rc, sp)
+            # t_mb >= the busiest stage's compute >= the relaxed stage's (with the LM head); the
+            # bubble idles the average stage, of which the blocks alone are a floor
+            c_low = stage_seconds(low, rc, sp, head=False)
+            c_high = stage_seconds(high, rc, sp, head=True)
             out[i, j] = np.maximum(m_fewest * c_high + a2a[j], m_fewest * host) + fill * c_low
     return out
 
@@ -427,33 +428,49 @@ class PricedComm:
 
 def price_comm(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
                placement: tuple[str, ...]) -> PricedComm:
-    """The families' bounded collectives (`BoundParts.comm`) in seconds under `placement`."""
+    """The families' bounded collectives (`BoundParts.comm`) in seconds under `placement`, every
+    (recomputation, sequence-parallel) entry priced in one pass (the families repeated per entry)."""
     cluster, training = apply_constants(cluster, training)
     corr = _corrections(cluster)
     stack = training.effective_stack
-    geo = group_geometry(parts.degrees, placement, cluster.gpus_per_node_used)
     n = len(parts.microbatches)
-    fields: dict[str, list[np.ndarray]] = {f: [] for f in ("tp_s", "depth_s", "a2a_s", "etp_s", "p2p_call_s")}
-    overlaps = np.zeros(n, dtype=bool)
-    for comm in (c for by_rc in parts.comm for c in by_rc):
-        per_step = {cat: np.zeros(n) for cat in (*TP_CATEGORIES, "depth")}
-        for (axis, op, cat), (byte_calls, calls) in comm.items():
-            if axis in ("ep", "etp") or (axis, op, cat) == P2P_KEY:  # `_expert_seconds`, `_p2p_call_s`
-                continue
-            g = geo[axis]
-            per_step[cat] = per_step[cat] + collectives.cost_s(
-                cluster, op, byte_calls, calls, g["size"], g["intra"], g["members_per_node"])
-        tp = per_step["tp_exposed"] + TP_FWD_EXPOSED_SHARE * per_step["tp_fwd_half"]
-        if not stack.overlap_tp_comm:
-            tp = tp + per_step["tp_bwd"]
-        a2a, etp, overlaps = _expert_seconds(model, cluster, training, parts, comm, placement)
-        fields["tp_s"].append(tp * corr("tp_comm"))
-        fields["depth_s"].append(per_step["depth"] * corr("dp_comm"))
-        fields["a2a_s"].append(a2a * corr("tp_comm"))
-        fields["etp_s"].append(etp * corr("tp_comm"))
-        fields["p2p_call_s"].append(_p2p_call_s(cluster, training, parts, comm, geo) * corr("pp_p2p"))
+    entries = [c for by_rc in parts.comm for c in by_rc]
+    k = len(entries)
+
+    def tiled(x: np.ndarray) -> np.ndarray:
+        return np.tile(x, k)
+
+    def tiled_geo(g: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
+        return {axis: {f: tiled(np.asarray(v)) for f, v in d.items()} for axis, d in g.items()}
+
+    geo = tiled_geo(group_geometry(parts.degrees, placement, cluster.gpus_per_node_used))
+    expert_geo = (tiled_geo(_expert_geometry(model, cluster, training, parts, placement)) if model.is_moe
+                  else None)
+    comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
+    for key in dict.fromkeys(key for c in entries for key in c):
+        zero = np.zeros(n)
+        comm[key] = (np.concatenate([c[key][0] if key in c else zero for c in entries]),
+                     np.concatenate([c[key][1] if key in c else zero for c in entries]))
+    per_step = {cat: np.zeros(n * k) for cat in (*TP_CATEGORIES, "depth")}
+    for (axis, op, cat), (byte_calls, calls) in comm.items():
+        if axis in ("ep", "etp") or (axis, op, cat) == P2P_KEY:  # `_expert_seconds`, `_p2p_call_s`
+            continue
+        g = geo[axis]
+        per_step[cat] = per_step[cat] + collectives.cost_s(
+            cluster, op, byte_calls, calls, g["size"], g["intra"], g["members_per_node"])
+    tp = per_step["tp_exposed"] + TP_FWD_EXPOSED_SHARE * per_step["tp_fwd_half"]
+    if not stack.overlap_tp_comm:
+        tp = tp + per_step["tp_bwd"]
+    a2a, etp = _expert_seconds(model, cluster, training, comm, expert_geo, n * k)
+    p2p = _p2p_call_s(cluster, training, comm, geo, tiled(parts.plans.G_intra_r))
     shape = (len(parts.comm), len(parts.comm[0]) if parts.comm else 0, n)
-    return PricedComm(**{f: np.reshape(v, shape) for f, v in fields.items()}, overlaps=overlaps)
+    overlaps = (stack.overlap_ep_comm & (parts.max_virtual > 1) & (parts.plans.G_inter > 1)
+                & (expert_geo is not None))
+    return PricedComm(tp_s=np.reshape(tp * corr("tp_comm"), shape),
+                      depth_s=np.reshape(per_step["depth"] * corr("dp_comm"), shape),
+                      a2a_s=np.reshape(a2a * corr("tp_comm"), shape),
+                      etp_s=np.reshape(etp * corr("tp_comm"), shape),
+                      p2p_call_s=np.reshape(p2p * corr("pp_p2p"), shape), overlaps=overlaps)
 
 
 def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
@@ -514,16 +531,16 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
     return out[0] if schedules is None else out
 
 
-def _p2p_call_s(cluster: Cluster, training: Training, parts: BoundParts,
+def _p2p_call_s(cluster: Cluster, training: Training,
                 comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
-                geo: dict[str, dict[str, np.ndarray]]) -> np.ndarray:
+                geo: dict[str, dict[str, np.ndarray]], G_intra_r: np.ndarray) -> np.ndarray:
     """Seconds of one pipeline send under the placement (`steptime._p2p_seconds`)."""
-    n = len(parts.microbatches)
+    n = len(G_intra_r)
     if P2P_KEY not in comm:
         return np.zeros(n)
     payload = comm[P2P_KEY][0]
     if training.effective_stack.p2p_scatter_gather:
-        payload = payload / parts.plans.G_intra_r
+        payload = payload / G_intra_r
     g = geo["inter"]
     two = np.full(n, 2.0)
     alpha, busbw = collectives.link_constants(cluster, "send_recv", two, g["intra"], np.ones(n))
@@ -531,21 +548,26 @@ def _p2p_call_s(cluster: Cluster, training: Training, parts: BoundParts,
     return np.where(g["size"] > 1, per_call, 0.0)
 
 
-def _expert_seconds(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
-                    comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
-                    placement: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(all-to-all, expert tensor-parallel) seconds per step of the expert collectives at their least
-    (`steptime._predict_many`'s `ep_a2a`, `ep_etp`), and whether the stack may overlap the
-    all-to-alls (under an interleaved schedule the family runs): then only what the busiest stage's
-    compute cannot cover is exposed (`lower_bound_s`)."""
+def _expert_geometry(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
+                     placement: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
+    """The expert groups' geometry (`experts.expert_geometry`) of the families under `placement`."""
     n = len(parts.microbatches)
-    if not model.is_moe or not any(axis in ("ep", "etp") for axis, _, _ in comm):
-        return np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
     geo: dict[str, dict[str, np.ndarray]] = {}
     for cp in np.unique(parts.plans.G_cp):
         idx = np.flatnonzero(parts.plans.G_cp == cp)
         view = context.view(model, training, parts.plans.take(idx), int(cp))[2].one_placement(placement)
         scatter_geometry(geo, experts.expert_geometry(view, cluster.gpus_per_node_used, int(cp)), idx, n)
+    return geo
+
+
+def _expert_seconds(model: Model, cluster: Cluster, training: Training,
+                    comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
+                    geo: dict[str, dict[str, np.ndarray]] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(all-to-all, expert tensor-parallel) seconds per step of the expert collectives at their least
+    (`steptime._predict_many`'s `ep_a2a`, `ep_etp`) in the expert groups' geometry `geo`
+    (`_expert_geometry`), arrays of `n`."""
+    if geo is None or not any(axis in ("ep", "etp") for axis, _, _ in comm):
+        return np.zeros(n), np.zeros(n)
     secs: dict[tuple[str, str], np.ndarray] = {}
     events = []
     for (axis, op, _), (byte_calls, calls) in comm.items():
@@ -557,9 +579,7 @@ def _expert_seconds(model: Model, cluster: Cluster, training: Training, parts: B
             events.append(CommEvent(axis="ep", op=op, phase="fwd", tag="a2a", calls=calls,
                                     payload_bytes=byte_calls / np.maximum(calls, 1.0)))
     a2a, etp, _ = experts.group_seconds(cluster, model, training, events, geo, secs, n)
-    overlapped = (training.effective_stack.overlap_ep_comm & (parts.max_virtual > 1)
-                  & (parts.plans.G_inter > 1))
-    return a2a, etp, overlapped
+    return a2a, etp
 
 
 @dataclass(frozen=True, kw_only=True)
