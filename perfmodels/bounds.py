@@ -169,26 +169,35 @@ def blocks_bound_s(model: Model, cluster: Cluster, training: Training, arrays: P
 
 def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                         max_virtual: np.ndarray) -> np.ndarray:
-    """Exposed seconds per step of a mixture of experts' all-to-alls that no placement avoids: of the
-    tokens a rank sends (`experts.add_events`, forward and backward, no recomputation), the share
-    (p - q) / p that must leave the node, q <= min(G_ep, GPUs per node) peers sharing it, over the
-    rank's NIC share (`collectives.all_to_all_s`), with the load imbalance; the first gather's share
-    where the stack may overlap them (an interleaved schedule). 0 for a dense model and for the
-    node-deduplicating "flex" dispatcher. m x tokens per micro-batch is the same for every
-    micro-batch size, so this holds for a whole grid too."""
+    """Exposed seconds per step of a mixture of experts' all-to-alls that no placement avoids. Of the
+    tokens a rank sends (`experts.add_events`, forward and backward, no recomputation), (q - 1) / p
+    go to the q - 1 peers on its node over NVLink and (p - q) / p leave it over the rank's NIC share,
+    the two at once (`collectives.all_to_all_s`), q <= min(G_ep, GPUs per node) the group's members
+    per node, which the placement sets: the least over q of the slower of the two, where they meet
+    or at the most q, plus the calls' latency at the faster link, with the load imbalance; the first
+    gather's share where the stack may overlap them (an interleaved schedule). 0 for a dense model
+    and for the node-deduplicating "flex" dispatcher. m x tokens per micro-batch is the same for
+    every micro-batch size, so this holds for a whole grid too."""
     n = len(arrays)
     if not model.is_moe or training.moe_token_dispatcher == "flex":
         return np.zeros(n)
     p = arrays.G_ep.astype(np.float64)
-    q = np.minimum(p, float(cluster.gpus_per_node_used))
+    q_most = np.minimum(p, float(cluster.gpus_per_node_used))
     S = arrays.G_inter.astype(np.float64)
     m = arrays.num_microbatches(training).astype(np.float64)
     moe_layers = model.num_layers / S * model.moe_fraction
     tokens = experts.tokens_per_rank(model, arrays)
     per_token = model.moe_router_topk * model.hidden_size * training.bytes_per_element
     volume = 4.0 * moe_layers * m * tokens * per_token
+    nvlink = cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra * 1e9
     nic = cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter * 1e9
-    seconds = experts.load_imbalance(training) * volume * (p - q) / p / nic
+    # (q - 1) / nvlink grows with q and (p - q) / nic falls: the slower of the two is least where
+    # they meet, q* = (p / nic + 1 / nvlink) / (1 / nvlink + 1 / nic), or at the most q
+    q = np.clip((p / nic + 1.0 / nvlink) / (1.0 / nvlink + 1.0 / nic), 1.0, q_most)
+    share = np.maximum((q - 1.0) / nvlink, (p - q) / nic) / p
+    alpha_us = min(cluster.intra_node_latency_us, cluster.inter_node_latency_us)
+    latency = collectives.latency_steps("all_to_all", p) * alpha_us * 1e-6 * 4.0 * moe_layers * m
+    seconds = experts.load_imbalance(training) * np.where(p > 1, volume * share + latency, 0.0)
     overlapped = training.effective_stack.overlap_ep_comm & (np.asarray(max_virtual) > 1) & (S > 1)
     seconds = np.where(overlapped, seconds / np.maximum(m, 1.0) * FIRST_GATHER_SHARE, seconds)
     return seconds * _corrections(cluster)("tp_comm")

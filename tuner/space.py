@@ -271,6 +271,9 @@ def schedule_mask(G_inter: np.ndarray, sched_opts: list[tuple[int, int]], layers
     """(grids x schedule options): which schedules each grid runs. With one stage only the plain
     1F1B entry survives (the first option when 1F1B is not allowed); virtual stages must divide the
     layers (`uneven`: only not outnumber them, see `combine`)."""
+    stages, which = np.unique(G_inter, return_inverse=True)
+    if len(stages) < len(G_inter):  # worked out once per distinct stage count
+        return schedule_mask(stages, sched_opts, layers, uneven)[which]
     sched = np.asarray(sched_opts, dtype=np.int64)
     one_stage = G_inter == 1
     valid = np.ones((len(G_inter), len(sched)), dtype=bool)
