@@ -151,10 +151,15 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     mbs = np.asarray(micro_batch_values(options), dtype=np.int64)
     per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
     counts = plans_per_grid(grids, sched_opts, rc_opts, zero_opts, sp_opts, model.depth, uneven)
-    # which micro-batch sizes divide each grid's samples per replica, worked out once per distinct count
+    # which micro-batch sizes divide each grid's samples per replica, worked out once per distinct
+    # count: divisors[u, :ndiv[u]] are the indices into `mbs` for the u-th distinct count
     values, which = np.unique(per_replica, return_inverse=True)
-    gi, mi = np.nonzero((values[:, None] % mbs[None, :] == 0)[which] & (counts[:, None] > 0))
-    mb = mbs[mi]
+    divides = values[:, None] % mbs[None, :] == 0
+    ndiv = divides.sum(axis=1)
+    divisors = np.argsort(~divides, axis=1, kind="stable")[:, : max(int(ndiv.max(initial=0)), 1)]
+    listed = np.arange(divisors.shape[1])[None, :] < ndiv[which][:, None]
+    gi, col = np.nonzero(listed & (counts[:, None] > 0))
+    mb = mbs[divisors[which[gi], col]]
     placed = first_placement_masks(grids, orders)
     sizes = np.bincount(gi, minlength=len(grids))
     start = np.concatenate([[0], np.cumsum(sizes)])
