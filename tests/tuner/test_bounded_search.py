@@ -229,3 +229,15 @@ def test_options_the_stack_cannot_run_are_rejected_by_its_rules(name):
         assert not (ok & ~runs[where]).any()
         left_out += int((~runs[where]).sum())
     assert left_out > 0  # the stacks here leave some options out (ZeRO-3, selective, ZeRO-2 with a pipeline)
+
+
+def test_deepseek_on_1024_gpus_matches_the_exhaustive_search():
+    """The issue's mixture-of-experts case on Megatron-Core (combined 1F1B overlap of the all-to-alls,
+    DeepSeek-V3's 256 experts over every G_ep): the same top list as scoring every plan."""
+    model, cluster = presets.model("deepseek-v3"), presets.cluster("eos", 1024)
+    training = Training(global_batch_size=8192, stack="megatron-core")
+    bounded = recommend(model, cluster, training, top_k=10)
+    full = recommend(model, cluster, training, top_k=10, search=SearchOptions(exhaustive=True))
+    assert _rows(bounded) == _rows(full)
+    assert bounded.num_evaluated + bounded.num_proved_slower == full.num_evaluated
+    assert bounded.num_valid * 20 < full.num_valid
