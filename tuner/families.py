@@ -70,8 +70,10 @@ class Families:
     has row `part_row[f]`: `schedule_bounds` prices them per schedule when a family is expanded."""
     recomputes: np.ndarray
     """The recomputation options (indices into the search's) that `parts` holds, those some family
-    may run: the others have no bound (infinite)."""
+    may run (fits and the stack runs it): the others have no bound (infinite), so plans that fit but
+    that the stack's rules would reject are counted as proved out, not scored."""
     part_row: np.ndarray
+    """Row of `parts` (and of the pair in `fits`' last axis order) each family has."""
     priced: PricedComm | None
     """The families' collectives priced under their placements (`perfmodels.bounds.price_comm`)."""
     fits: np.ndarray
@@ -271,7 +273,7 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
     sub_fits = sub_fits[need]
     parts = (bound_parts(model, cluster, training, reps.take(fitting), pr.max_virtual[subset][fitting],
                          [rc_opts[r] for r in need], sps) if len(fitting) and len(need) else None)
-    out: dict[str, list[np.ndarray]] = {k: [] for k in ("order_index", "pair", "bound_s", "sub_bound_s")}
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("order_index", "pair", "bound_s")}
     out_of_memory = int((pr.plans[subset] * pr.placements[subset])[~any_fit].sum())
     part_row: list[np.ndarray] = []
     priced: list[PricedComm] = []
