@@ -388,6 +388,7 @@ class StackIn(_In):
     loss_bytes_per_logit: BytesPerParam | None = None
     loss_parallel_bytes_per_logit: BytesPerParam | None = None
     sp_saves_gathered_inputs: bool | None = None
+    moe_gates_in_experts: bool | None = None
     torch_compile: TorchCompile | None = None
     full_recompute_repeats_layer: bool | None = None
 

@@ -362,10 +362,28 @@ def grouped_gemm_s(m: np.ndarray, n: np.ndarray | float, k: np.ndarray | float, 
 
 
 def activation_bytes(model: Model, training: Training, arrays: PlanArrays) -> np.ndarray:
-    """Bytes one MoE layer's router and routed experts keep for backward per micro-batch: the
-    dispatched inputs (k copies of each token), the fc1 outputs and activation outputs of the local
-    experts (split over G_etp), the expert outputs the combine weights, and the fp32 router
-    probabilities.
+    """Bytes one MoE layer's router and routed experts keep for backward per micro-batch.
+
+    Per row its local experts run (`_expert_tokens`: the rank's T*k dispatched (token, expert)
+    pairs, all-gathered over G_etp where the tokens are split, as Megatron-Core's
+    `dispatch_postprocess` does): fc1's input (h), fc1's output (the activation function's input,
+    2f gated, split over G_etp) and fc2's input (the activation output, f over G_etp); per token
+    the fp32 router probabilities [T, E]. The token permutation and the all-to-alls save no
+    tokens: Transformer Engine's fused `moe_permute` / `moe_unpermute` without merging probs save
+    only their `row_id_map` (`_moe_permute_mask_map`, `_moe_unpermute_mask_map` in
+    transformer_engine/pytorch/permutation.py at NVIDIA/TransformerEngine 0a67aa3b), Megatron-Core's
+    unfused `moe_utils.permute` an index_select's indices.
+
+    Where the gates weight the tokens (`Stack.moe_gates_in_experts`):
+    - False (the engine's `y * weights` after the combine; torchtitan's `routed_output *
+      top_scores`): that product saves the combine's output, T*k rows of h on the token side;
+    - True (Megatron-Core): the gates multiply the activation output inside the experts, before
+      fc2 (`TEGroupedMLP.forward`'s `bias_act_func`: `weighted_bias_swiglu_impl(intermediate,
+      bias, permuted_probs)`, or `intermediate * permuted_probs`), and the combine's unpermute is
+      called without probs (`MoEAlltoAllTokenDispatcher.combine_postprocess`), so fc2's output is
+      never saved: the weighted activation keeps each row's gate instead (GATE_BYTES); at
+      NVIDIA/Megatron-LM 6c8cdd57 (2025-11-18, megatron/core/transformer/moe/experts.py and
+      token_dispatcher.py) as at d98e8a64.
 
     In FP8 on a stack whose linears save their FP8-cast input (`Stack.fp8_saves_fp8_inputs`), the
     experts' grouped linears do so too: Transformer Engine's `_GroupedLinear.forward` saves the
@@ -373,15 +391,19 @@ def activation_bytes(model: Model, training: Training, arrays: PlanArrays) -> np
     (transformer_engine/pytorch/module/grouped_linear.py at NVIDIA/TransformerEngine 3ea13561), so
     fc1's input (the dispatched tokens) and fc2's (the activation output) are kept at 1 byte."""
     e = training.bytes_per_element
+    stack = training.effective_stack
     h, f = model.hidden_size, float(model.moe_ffn_hidden_size)
     up = (2.0 if model.gated_mlp else 1.0) * f
+    etp = arrays.expert_tp
     T = tokens_per_rank(model, arrays)
     m_e, local = _expert_tokens(model, arrays)
-    pairs = T * model.moe_router_topk
-    gathered_pairs = m_e * local
-    kept = e * (2.0 * pairs * h + gathered_pairs * (up + f) / arrays.expert_tp)
-    if training.dtype == "fp8" and training.effective_stack.fp8_saves_fp8_inputs:
-        kept = kept - (e - 1.0) * (pairs * h + gathered_pairs * f / arrays.expert_tp)
+    rows = m_e * local  # the rows this rank's experts run
+    in_b = 1.0 if training.dtype == "fp8" and stack.fp8_saves_fp8_inputs else e  # grouped linears' inputs
+    kept = rows * (h * in_b + up / etp * e + f / etp * in_b)
+    if stack.moe_gates_in_experts:
+        kept = kept + rows * GATE_BYTES
+    else:
+        kept = kept + T * model.moe_router_topk * h * e
     return kept + 4.0 * T * float(model.num_moe_experts)
 
 

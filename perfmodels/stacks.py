@@ -191,6 +191,10 @@ class Stack:
       Transformer Engine), rather than in 16 bits (torchao's Float8Linear as torchtitan ran it in 2024
       re-quantizes from the saved high-precision input: its published FP8 runs peak at the same
       memory as the bf16 ones, 76.8 vs 77.0 and 61.8 vs 62.0 GiB).
+    - `moe_gates_in_experts`: a mixture-of-experts layer multiplies each (token, expert) row by its
+      gate inside the expert, on the activation output before fc2 (Megatron-Core's `TEGroupedMLP`,
+      which then unpermutes without probs), so fc2's output is not saved for backward; False: the
+      gates weight the expert outputs after the combine, which saves them (`experts.activation_bytes`).
     - `fp8_weight_cache_bytes`: Transformer Engine keeps FP8 copies (and transposes) of the linear
       weights between micro-batches when training in FP8 (per linear-layer parameter).
     - `context_gib`: CUDA context, cuBLAS/cuDNN workspaces and the framework's own allocations.
@@ -302,6 +306,7 @@ class Stack:
     optimizer_state_bytes: float = 8.0
     fp8_weight_cache_bytes: float = 2.0
     fp8_saves_fp8_inputs: bool = True
+    moe_gates_in_experts: bool = False
     context_gib: float = 0.9
     comm_buffer_gib: float = 0.15
     fragmentation: float = 0.05
@@ -483,6 +488,7 @@ _MEGATRON_CORE = Stack(
     context_parallel=True,
     expert_parallel=True,
     overlap_ep_comm=True,
+    moe_gates_in_experts=True,
     # Megatron-LM's pretrain_gpt.py shards the optimizer (--use-distributed-optimizer) and nothing else
     launch_zero_stages=(0, 1),
     **_MEGATRON,

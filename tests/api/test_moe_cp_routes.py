@@ -66,3 +66,19 @@ def test_recommend_searches_expert_parallelism_with_pins(client):
     assert one.status_code == 200, one.text
     assert abs(one.json()["iteration_time_s"] - r.json()["best"]["prediction"]["iteration_time_s"]) < 1e-6 * (
         one.json()["iteration_time_s"])
+
+
+def test_stack_option_moe_gates_in_experts(client):
+    """`training.stack.moe_gates_in_experts` false: the gates weight the combined expert outputs,
+    which keeps each MoE layer's [T*k, h] expert output for backward (`experts.activation_bytes`),
+    so the published layout's activations grow; a non-boolean is a 422 naming the field."""
+    core = client.post("/v1/predict", json={**DEEPSEEK, "plan": PUBLISHED}).json()["memory"]
+    stack = {"name": "megatron-core", "moe_gates_in_experts": False}
+    after = client.post("/v1/predict", json={**DEEPSEEK, "training": {**DEEPSEEK["training"], "stack": stack},
+                                              "plan": PUBLISHED})
+    assert after.status_code == 200, after.text
+    assert after.json()["memory"]["activations_gib"] > core["activations_gib"]
+    bad = {"name": "megatron-core", "moe_gates_in_experts": "sometimes"}
+    r = client.post("/v1/predict", json={**DEEPSEEK, "training": {**DEEPSEEK["training"], "stack": bad},
+                                         "plan": PUBLISHED})
+    assert r.status_code == 422 and "moe_gates_in_experts" in r.text

@@ -102,18 +102,50 @@ def test_expert_memory_hand_derived():
 def test_fp8_grouped_linears_keep_their_inputs_in_one_byte():
     # Transformer Engine's grouped linears save their FP8-cast inputs for backward: fc1's input (the
     # T*k dispatched tokens of h) and fc2's (the activation output, T*k of f) at 1 byte, the rest as
-    # in bf16 (the expert outputs for the combine, fc1's output, the fp32 router probabilities)
+    # in bf16 (fc1's output); Megatron-Core weights by the gates inside the experts, so each row keeps
+    # its fp32 gate and no expert output; plus the fp32 router probabilities
     arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
     T, k, h, f = 32, 2, 64, 32
     megatron = dict(global_batch_size=4, stack="megatron-core")
     bf16 = experts.activation_bytes(TINY_MOE, Training(**megatron, dtype="bf16"), arrays)[0]
     fp8 = experts.activation_bytes(TINY_MOE, Training(**megatron, dtype="fp8"), arrays)[0]
-    assert bf16 == 2 * (2 * T * k * h + T * k * 3 * f) + 4 * T * 4
-    assert fp8 == (1 + 2) * T * k * h + (2 * 2 * f + 1 * f) * T * k + 4 * T * 4
+    assert bf16 == T * k * (2 * h + 2 * 2 * f + 2 * f + 4) + 4 * T * 4
+    assert fp8 == T * k * (1 * h + 2 * 2 * f + 1 * f + 4) + 4 * T * 4
     # a stack that re-quantizes from the saved bf16 input (torchtitan's Float8Linear) keeps 2 bytes
     titan = dict(global_batch_size=4, stack="torchtitan")
     assert (experts.activation_bytes(TINY_MOE, Training(**titan, dtype="fp8"), arrays)[0]
             == experts.activation_bytes(TINY_MOE, Training(**titan, dtype="bf16"), arrays)[0])
+
+
+def test_gates_inside_the_experts_save_no_expert_output():
+    # Megatron-Core multiplies the activation output by the gates before fc2 (TEGroupedMLP) and
+    # unpermutes without probs: per (token, expert) row fc1's input (h), fc1's output (2f, SwiGLU),
+    # fc2's input (f), 2 bytes each, and the row's fp32 gate; no [T*k, h] expert output. The
+    # gridtune engine weights the combined outputs (y * weights), which saves them: T*k*h*2 more,
+    # and no per-row gate. Both keep the fp32 router probabilities [T, E].
+    arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
+    T, k, h, f, E = 32, 2, 64, 32, 4
+    core = Training(global_batch_size=4, stack="megatron-core", dtype="bf16")
+    core_bytes = experts.activation_bytes(TINY_MOE, core, arrays)[0]
+    assert core_bytes == T * k * (2 * h + 4 * f + 2 * f + 4) + 4 * T * E
+    assert experts.activation_bytes(TINY_MOE, BF16, arrays)[0] == (
+        T * k * (2 * h + 4 * f + 2 * f) + T * k * h * 2 + 4 * T * E)
+    # nemo is megatron-core's MoE code
+    nemo = Training(global_batch_size=4, stack="nemo", dtype="bf16")
+    assert experts.activation_bytes(TINY_MOE, nemo, arrays)[0] == core_bytes
+
+
+def test_fc1_keeps_the_rows_gathered_over_the_expert_tensor_group():
+    # sequence parallelism over row 2 = G_etp 2: T/2 = 16 tokens per rank, k=2, dispatched over
+    # G_ep=2; the etp group all-gathers its members' received rows before fc1 (Megatron-Core's
+    # dispatch_postprocess), so fc1's saved input is 2 x 16 x 2 = 64 rows of the full h, while
+    # fc1's output (2f) and fc2's input (f) of those rows are split over the 2 etp ranks
+    arrays = from_plans([Plan(G_data=2, G_intra_r=2, G_ep=2, sequence_parallel=True)])
+    T, k, h, f, E = 16, 2, 64, 32, 4
+    rows = 2 * T * k
+    core = Training(global_batch_size=4, stack="megatron-core", dtype="bf16")
+    assert experts.activation_bytes(TINY_MOE, core, arrays)[0] == (
+        rows * (2 * h + 2 * (2 * f) / 2 + 2 * f / 2 + 4) + 4 * T * E)
 
 
 def test_ring_attention_step_bytes():

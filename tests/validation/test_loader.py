@@ -241,7 +241,8 @@ def test_an_oom_row_has_no_measured_time_and_is_flagged(tmp_path: Path):
 
 def test_moe_rows_state_the_recompute_of_their_containers_recipe():
     """The 25.11 rows' recompute is the 25.11 container's recipe's (Megatron-Bridge v0.2.0: Qwen3
-    recompute_granularity None; GPT-OSS recompute_modules layernorm + moe_act, ~ none), so every MoE
+    recompute_granularity None; GPT-OSS recompute_modules layernorm + moe_act with the granularity left
+    None, so nothing recomputed), so every MoE
     row is one candidate, not a median over the stack's recompute options."""
     cases = loader.load_file(loader.DATA_DIR / "published_megatron_bridge_moe.csv").cases
     recomputes = sorted((c.model.num_moe_experts, {p.recompute for p in c.plans}.pop()) for c in cases)
@@ -251,3 +252,21 @@ def test_moe_rows_state_the_recompute_of_their_containers_recipe():
     # reduction overlap off and ran DeepEP (the flex dispatcher)
     (deepseek,) = [c for c in cases if c.model.num_moe_experts == 256]
     assert [(t.overlap_grad_reduce, t.moe_token_dispatcher) for t in deepseek.trainings] == [(False, "flex")]
+
+
+def test_the_25_11_moe_rows_read_the_layout_their_recipe_ran():
+    """Qwen3-30B-A3B 25.11 H100: GBS 512, MBS 2, PP 2, VP 24, EP 8 on 16 GPUs (DP 8, GA 32), FP8, no
+    recompute. GPT-OSS-120B 25.11 H100: the table's MBS 4 / GA 2 contradict GBS 512 at PP 4 on 64 GPUs;
+    the 25.11 recipe (Megatron-Bridge v0.2.0 GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs MBS 1, so
+    DP 16 and GA 512 / (1 x 16) = 32 (validation/data/README.md)."""
+    cases = loader.load_file(loader.DATA_DIR / "published_megatron_bridge_moe.csv").cases
+    rows = {c.case_id.split(":")[1]: c for c in cases}
+    qwen, oss = rows["6"], rows["8"]
+    ((q,), (o,)) = (qwen.plans, oss.plans)
+    assert (qwen.model.name, q.G_data, q.G_inter, q.G_intra_r, q.G_ep, q.G_etp, q.micro_batch_size,
+            q.virtual_stages, q.schedule, q.recompute, q.zero_stage) == (
+        "Qwen3-30B-A3B", 8, 2, 1, 8, 1, 2, 24, "interleaved-1f1b", "none", 1)
+    assert {(t.dtype, t.global_batch_size) for t in qwen.trainings} == {("fp8", 512)}
+    assert (oss.model.name, o.G_data, o.G_inter, o.G_intra_r, o.G_ep, o.G_etp, o.micro_batch_size,
+            o.virtual_stages, o.recompute, o.zero_stage) == ("GPT-OSS-120B", 16, 4, 1, 8, 1, 1, 1, "none", 1)
+    assert {(t.dtype, t.global_batch_size) for t in oss.trainings} == {("bf16", 512)}
