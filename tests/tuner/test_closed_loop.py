@@ -31,6 +31,20 @@ def test_figures():
     assert cl.spread_plans([1.0, 2.0], 3) == [0, 1]
 
 
+def test_local_cluster_says_how_many_cores_its_ranks_share_and_records_keep_it():
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert cl.local_cluster(4).cpu_cores_per_node == cores
+    cluster = cl.local_cluster(4, cpu_cores=2)
+    assert float(cluster.ranks_per_core(4)) == 2.0
+    plan = Plan(G_data=4, micro_batch_size=1)
+    rec = cl.measurement_record(model=MODEL, cluster=cluster, training=cl.engine_training(4), plan=plan,
+                                measured={"iteration_time_s": 0.1}, prediction=None)
+    _, back, _, _ = cl.record_specs(rec)
+    assert back.cpu_cores_per_node == 2  # calibration predicts the records on the machine they ran on
+
+
 def test_engine_specs_say_what_the_engine_does():
     cluster = cl.local_cluster(4)
     assert cluster.num_gpus == 4 and cluster.gpus_per_node == 4 and cluster.backend == "gloo"
