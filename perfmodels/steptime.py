@@ -350,8 +350,9 @@ def _core_sharing_stretch(ranks_per_core: np.ndarray, cpu_busy_s: np.ndarray,
     Why: k runnable compute-bound processes on C < k cores each run at C/k of a core's rate (the
     kernel's fair scheduler; processor sharing, Kleinrock 1967). A rank is runnable while it
     computes, not while it waits in a collective, a pipeline receive or the bubble. On cores of its
-    own the step takes `step_alone_s`, of which each rank computes `cpu_busy_s`, so on average
-    R x busy/step of the node's R ranks are runnable, and each runs that many / C times slower
+    own the step takes `step_alone_s`, of which the mean rank computes `cpu_busy_s` (a pipeline's
+    lighter stages wait for its busiest), so on average R x busy/step of the node's R ranks are
+    runnable, and each runs that many / C times slower
     (never faster than alone):
 
         stretch = max(1, (R / C) x cpu_busy_s / step_alone_s)
@@ -542,8 +543,12 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
         optimizer = comp.optimizer_s * c_compute
 
         iteration = m * t_mb + bubble + p2p + dp_exposed + depth_grad + optimizer
-        # what a rank computes (not waits) in this step, and the step
-        cpu_busy_alone, step_alone = m * (t_mb - per_mb_exposed - sync_wait) + optimizer, iteration
+        # what the average rank computes (not waits) in this step (the busiest stage's micro-batch
+        # scaled to the mean stage's compute, as the bubble is), and the step
+        mean_stage = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
+            comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
+        cpu_busy_alone = m * (t_mb - per_mb_exposed - sync_wait) * mean_stage + optimizer
+        step_alone = iteration
     tokens = float(training.global_batch_size * model.tokens_per_sample)
     # model FLOPs (forward + backward = 3x forward, recomputation not counted), as MFU is defined
     flops = 3.0 * model_flops_per_token(model) * tokens

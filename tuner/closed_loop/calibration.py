@@ -72,6 +72,19 @@ _MEASURED_AXIS_PARTS = {
     "tp_comm_depth_s": "G_intra_d",
     "dp_comm_s": "G_data",
 }
+_OVERLAP_FLAG = {"tp_comm_row_s": "overlap_tp_comm", "tp_comm_col_s": "overlap_tp_comm",
+                 "tp_comm_depth_s": "overlap_depth_comm", "dp_comm_s": "overlap_grad_reduce"}
+"""The stack flag under which an axis's collectives run in the background (async_op): their measured
+wait is then only what did not overlap, not what they cost."""
+
+
+def _background_axes(rec: Any) -> list[str]:
+    """The measured parts of `rec` whose collectives its stack launched in the background."""
+    _, _, training, _ = record_specs(rec)
+    plan = field_of(rec, "plan")
+    stack = training.effective_stack
+    return [key for key, degree in _MEASURED_AXIS_PARTS.items()
+            if int(plan.get(degree, 1)) > 1 and getattr(stack, _OVERLAP_FLAG[key])]
 
 
 def _predict_with(rec: Any, profile: Profile | None) -> Prediction:
@@ -92,9 +105,17 @@ def refit_constants(records: Sequence[Any], base: Profile | None) -> Refit:
       1/bus-bandwidth of every fitted collective of size p (sub-group collectives on oversubscribed
       cores also wait for descheduled peers, which a collective-only microbenchmark does not see).
     Records without measured parts leave the constants as they are.
+
+    Collectives launched in the background (async_op: the engine's depth prefetch and bucketed
+    gradient all-reduce, `_background_axes`) are left out of both: their measured wait is only what
+    did not overlap, and on CPU ranks their copies and reductions run on the computing cores, so
+    the measured compute time of such a record holds part of them (4 ranks / 2 cores: depth plans
+    measured 2-3x the compute of data-parallel ones with the same GEMMs). Their records still inform
+    the per-kernel overhead when no other record is there.
     """
     prof = base or Profile()
-    usable = [r for r in records if "compute_s" in measured_of(r)]
+    timed = [r for r in records if "compute_s" in measured_of(r)]
+    usable = [r for r in timed if not _background_axes(r)] or timed
     overhead = None
     if usable:
         zero = dataclasses.replace(prof, gemm_overhead_us=0.0)
@@ -113,12 +134,13 @@ def refit_constants(records: Sequence[Any], base: Profile | None) -> Refit:
             prof = dataclasses.replace(prof, gemm_overhead_us=overhead)
     num: dict[int, float] = {}
     den: dict[int, float] = {}
-    for rec in usable:
+    for rec in timed:
         plan = field_of(rec, "plan")
         breakdown = _predict_with(rec, prof).breakdown
+        background = _background_axes(rec)
         for key, degree in _MEASURED_AXIS_PARTS.items():
             size = int(plan.get(degree, 1))
-            if size > 1 and key in measured_of(rec):
+            if size > 1 and key in measured_of(rec) and key not in background:
                 num[size] = num.get(size, 0.0) + float(measured_of(rec)[key])
                 den[size] = den.get(size, 0.0) + float(getattr(breakdown, key))
     factors = {size: num[size] / den[size] for size in num if den[size] > 0 and num[size] > 0}
