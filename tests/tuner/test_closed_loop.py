@@ -129,19 +129,26 @@ def test_refit_recovers_kernel_overhead_and_collective_cost():
 def test_refit_leaves_out_what_the_stack_runs_in_the_background():
     """The engine prefetches depth all-gathers and all-reduces gradients in buckets (async_op): a
     depth record's measured depth wait is only what did not overlap (here nothing), and its
-    compute holds the gathers' copies. Neither may set the collective cost or the kernel overhead."""
+    compute holds the gathers' copies: only their sum is observable. The wait must not set the
+    collective cost, and the kernel overhead must come out right from the sum."""
     fits = tuple(_fits())
     base = Profile(profile_id="b", collectives=fits, gemm_overhead_us=1.0)
     truth = dataclasses.replace(base, gemm_overhead_us=150.0)
+    cluster = cl.local_cluster(2, truth)
     row = Plan(G_intra_r=2, micro_batch_size=2)
-    true = predict(MODEL, cl.local_cluster(2, truth), cl.engine_training(8), row).breakdown
+    true = predict(MODEL, cluster, cl.engine_training(8), row).breakdown
     parts = {"compute_s": true.compute_s + true.optimizer_s, "tp_comm_row_s": true.tp_comm_row_s}
     records = [_record(row, sum(parts.values()), base, parts)]
     depth = Plan(G_intra_d=2, micro_batch_size=2)
-    records.append(_record(depth, 1.0, base, {"compute_s": 0.9, "tp_comm_depth_s": 1e-6}))
+    true = predict(MODEL, cluster, cl.engine_training(8), depth).breakdown
+    everything = true.compute_s + true.optimizer_s + true.tp_comm_depth_s
+    records.append(_record(depth, everything, base, {"compute_s": everything, "tp_comm_depth_s": 0.0}))
     refit = cl.refit_constants(records, base)
-    assert refit.kernel_overhead_us == pytest.approx(150.0, rel=1e-6)  # from the row record alone
-    assert refit.collective_factor_by_group_size[2] == pytest.approx(1.0, rel=1e-6)  # not ~0
+    assert refit.kernel_overhead_us == pytest.approx(150.0, rel=1e-6)
+    assert refit.collective_factor_by_group_size[2] == pytest.approx(1.0, rel=1e-6)  # not 0
+    alone = cl.refit_constants(records[1:], base)  # the depth record by itself: overhead, no factor
+    assert alone.kernel_overhead_us == pytest.approx(150.0, rel=1e-6)
+    assert alone.collective_factor_by_group_size == {}
 
 
 def _fits():
