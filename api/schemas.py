@@ -309,6 +309,9 @@ class ClusterIn(_In):
     link_efficiency_intra: Efficiency | None = None
     link_efficiency_inter: Efficiency | None = None
     backend: Literal["nccl", "rccl", "gloo"] | None = None
+    cpu_cores_per_node: Annotated[int, Field(
+        ge=1, le=1 << 16, description="CPU ranks (gloo) only: the physical cores a node's ranks share; "
+        "more ranks than cores are time-sliced (omit for GPUs)")] | None = None
     profile_id: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)] | None = None
     profile: ProfileIn | None = None
 

@@ -14,7 +14,8 @@
 5. calibrate from three measured plans (predicted fastest, median and slowest:
    tuner.closed_loop.spread_plans) and report the MAPE on the other plans before and after.
    Calibration (tuner.closed_loop.calibrate_records) refits the per-kernel overhead and the
-   collective cost per group size from the measured step parts, then fits the physical constants
+   collective cost per group size from the measured step parts (of the collectives the stack runs
+   synchronously: a background collective's wait is not its cost), then fits the physical constants
    of the stack on the machine (perfmodels.calibration.calibrate_runs, the path POST
    /v1/calibrations and `gridtune calibrate` take) and the leave-one-out uncertainty band.
 

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from perfmodels import stacks
 from perfmodels.ranges import check_plausible
 from perfmodels.stacks import DEFAULT_STACK, Stack
@@ -560,6 +562,13 @@ class Cluster:
     NIC bandwidth divided by its GPUs), so a node sends `gpus_per_node * inter_node_bandwidth_GBps`
     in all. `link_efficiency_*` is the fraction of that the collective library reaches as bus
     bandwidth on large messages (a fitted profile replaces both).
+
+    `cpu_cores_per_node`: on a cluster whose "GPUs" are processes on CPU cores (gloo), the physical
+    cores a node's ranks share; None (the default) means every rank has a device of its own, as on
+    GPUs. With more ranks on a node than cores, the operating system time-slices them: while all
+    ranks compute, each gets cores / ranks of the single-rank rate, and a pipeline's idle stages
+    hand their core to the busy ones instead of overlapping with them (`ranks_per_core`,
+    `perfmodels.steptime._core_sharing_stretch`).
     """
 
     name: str = "custom"
@@ -575,9 +584,12 @@ class Cluster:
     backend: Literal["nccl", "rccl", "gloo"] = "nccl"
     profile: Profile | None = None
     profile_id: str | None = None
+    cpu_cores_per_node: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int("cluster", "num_gpus", self.num_gpus)
+        if self.cpu_cores_per_node is not None:
+            _positive_int("cluster", "cpu_cores_per_node", self.cpu_cores_per_node)
         _positive_int("cluster", "gpus_per_node", self.gpus_per_node)
         if self.num_gpus > 1 << 22:
             raise ValueError(f"cluster.num_gpus={self.num_gpus} is absurd (more than 4,194,304 GPUs)")
@@ -606,6 +618,19 @@ class Cluster:
     @property
     def gpus_per_node_used(self) -> int:
         return min(self.gpus_per_node, self.num_gpus)
+
+    def ranks_per_core(self, world_size: np.ndarray | int) -> np.ndarray:
+        """A node's ranks per core they share, min(gpus_per_node, world_size) / `cpu_cores_per_node`
+        (0 when ranks do not share cores, as on GPUs; `engine.train` reports the same figure).
+
+        Why: a core runs one process at a time; k runnable compute-bound processes on C < k cores
+        each get C/k of a core (the kernel's fair scheduler; measured on this project's 2-core test
+        machine with 1-4 single-threaded matmul processes: 1.0x, 1.0x, 1.5x, 2.0x the time of one).
+        How often the ranks are runnable at once depends on the plan (`perfmodels.steptime`)."""
+        world = np.asarray(world_size, dtype=np.float64)
+        if self.cpu_cores_per_node is None:
+            return np.zeros_like(world)
+        return np.minimum(float(self.gpus_per_node), world) / float(self.cpu_cores_per_node)
 
     def with_gpus(self, num_gpus: int) -> Cluster:
         return replace(self, num_gpus=num_gpus)

@@ -200,14 +200,16 @@ def _p2p_seconds(cluster: Cluster, training: Training, arrays: PlanArrays, event
 
 
 def _prefetched_exposed(
-    total: np.ndarray, overlapped: bool, compute_step: np.ndarray, m: np.ndarray
+    total: np.ndarray, overlapped: bool | np.ndarray, compute_step: np.ndarray, m: np.ndarray
 ) -> np.ndarray:
     """Exposed part of per-micro-batch collectives that a prefetching stream runs behind compute:
     what `PREFETCH_COVER` of the compute cannot cover, and never less than `FIRST_GATHER_SHARE` of
-    one micro-batch's share (the first gather has nothing to hide behind). Not overlapped: all of it."""
-    if not overlapped:
+    one micro-batch's share (the first gather has nothing to hide behind). Not overlapped (per plan
+    when an array): all of it."""
+    if not np.any(overlapped):
         return total
-    return np.maximum(total - PREFETCH_COVER * compute_step, total / np.maximum(m, 1) * FIRST_GATHER_SHARE)
+    hidden = np.maximum(total - PREFETCH_COVER * compute_step, total / np.maximum(m, 1) * FIRST_GATHER_SHARE)
+    return np.where(overlapped, hidden, total)
 
 
 def _combined_1f1b_exposed(model: Model, arrays: PlanArrays, st: StageShape, comp: StageCompute,
@@ -320,32 +322,34 @@ def _uncertainty(cluster: Cluster) -> float:
 
 
 def _once_per_step_data_parallel(t: dict[str, np.ndarray], comp: StageCompute, stack: Stack,
-                                 c_dp: float) -> tuple[np.ndarray, np.ndarray]:
+                                 c_dp: float, hides: bool | np.ndarray = True,
+                                 ) -> tuple[np.ndarray, np.ndarray]:
     """(total, exposed) seconds of the data-parallel communication that runs once per step: the
     gradient reduction after the last backward, and the distributed optimizer's parameter gather."""
     dp_total = t["dp_step"] * c_dp
     # overlapped gradient reduction runs in buckets behind the last backward; its last bucket
     # (DP_OVERLAP_TAIL of it) always waits
     window = comp.bwd_s + comp.recompute_s
-    dp_exposed = np.where(stack.overlap_grad_reduce,
+    dp_exposed = np.where(stack.overlap_grad_reduce & hides,
                           np.maximum(dp_total - window, DP_OVERLAP_TAIL * dp_total), dp_total)
     # the distributed optimizer's parameter all-gather: behind the next step's forward when the
     # stack overlaps it (Megatron --overlap-param-gather), else after the optimizer step
     dp_param_total = t["dp_param"] * c_dp
-    dp_param_exposed = np.where(stack.overlap_param_gather,
+    dp_param_exposed = np.where(stack.overlap_param_gather & hides,
                                 np.maximum(dp_param_total - comp.fwd_s, DP_OVERLAP_TAIL * dp_param_total),
                                 dp_param_total)
     return dp_total + dp_param_total, dp_exposed + dp_param_exposed
 
 
 def _tensor_parallel_exposed(t: dict[str, np.ndarray], stack: Stack, c_tp: float,
-                             wgrad_step: np.ndarray) -> np.ndarray:
+                             wgrad_step: np.ndarray, hides: bool | np.ndarray = True) -> np.ndarray:
     """Tensor-parallel seconds on the critical path: what never overlaps, TP_FWD_EXPOSED_SHARE of
     the forward collectives, and the backward input-grad all-reduce less the weight-grad GEMMs it
     runs behind when the stack overlaps them."""
     tp_exposed = t["tp_exposed"] + TP_FWD_EXPOSED_SHARE * t["tp_fwd_half"]
     tp_bwd = t["tp_bwd"] * c_tp
-    return tp_exposed * c_tp + np.where(stack.overlap_tp_comm, np.maximum(tp_bwd - wgrad_step, 0.0), tp_bwd)
+    return tp_exposed * c_tp + np.where(stack.overlap_tp_comm & hides, np.maximum(tp_bwd - wgrad_step, 0.0),
+                                        tp_bwd)
 
 
 def _pipeline_seconds(arrays: PlanArrays, m: np.ndarray, t_mb: np.ndarray, comp: StageCompute,
@@ -362,6 +366,36 @@ def _pipeline_seconds(arrays: PlanArrays, m: np.ndarray, t_mb: np.ndarray, comp:
         * c_pp
     )
     return bubble, p2p
+
+
+def _core_sharing_stretch(ranks_per_core: np.ndarray, cpu_busy_s: np.ndarray,
+                          step_alone_s: np.ndarray) -> np.ndarray:
+    """How many times longer every CPU-bound part of a step takes when a node's ranks share cores.
+
+    Why: k runnable compute-bound processes on C < k cores each run at C/k of a core's rate (the
+    kernel's fair scheduler; processor sharing, Kleinrock 1967). A rank is runnable while it
+    computes, not while it waits in a collective, a pipeline receive or the bubble. On cores of its
+    own the step takes `step_alone_s`, of which the mean rank computes `cpu_busy_s` (a pipeline's
+    lighter stages wait for its busiest), so on average R x busy/step of the node's R ranks are
+    runnable, and each runs that many / C times slower
+    (never faster than alone):
+
+        stretch = max(1, (R / C) x cpu_busy_s / step_alone_s)
+
+    Data parallelism keeps every rank busy: 4 ranks on 2 cores, stretch 2. A 4-stage pipeline with
+    m = 4 micro-batches of t is busy 4t of its 7t: stretch 8/7, a step of 8t, which is the node's
+    work (16t) over its 2 cores; its bubble is not idle time added on top of 2x slower stages, as
+    with GPUs of their own, but time the idle stages' cores give the busy ones. With m = 2 (busy
+    2t of 5t, 0.8 ranks per core) nothing stretches. Measured with the engine (tiny-gpt, 16
+    samples, 4 ranks on 2 cores): 4-way data parallel 46-55 ms, 4 stages 36-37 ms, 2x2 37 ms.
+    On GPUs (`ranks_per_core` 0) the stretch is 1."""
+    ratio = np.where(step_alone_s > 0, cpu_busy_s / np.maximum(step_alone_s, 1e-30), 0.0)
+    return np.maximum(1.0, ranks_per_core * np.clip(ratio, 0.0, 1.0))
+
+
+def _stretched(comp: StageCompute, stretch: np.ndarray) -> StageCompute:
+    """`comp` with every time `stretch` times longer (ranks that share cores)."""
+    return replace(comp, **{f: getattr(comp, f) * stretch for f in comp.__dataclass_fields__})
 
 
 def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
@@ -470,50 +504,77 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
     ring_total, ring_exposed = _ring_seconds(cluster, model, training, arrays, cp, geo, st, full_rc)
 
     c_compute, c_tp, c_dp, c_pp = corr("compute"), corr("tp_comm"), corr("dp_comm"), corr("pp_p2p")
-    compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
-    compute_step = m * compute_mb
-    wgrad_step = m * comp.wgrad_s * c_compute
-
-    tp_exposed = _tensor_parallel_exposed(t, stack, c_tp, wgrad_step)
-    tp_total = (t["row"] + t["col"]) * c_tp
-    depth_total = t["depth"] * c_dp
-    depth_exposed = _prefetched_exposed(depth_total, stack.overlap_depth_comm, compute_step, m)
-    # ZeRO-2 that keeps only its gradient shard reduce-scatters after every backward, in buckets
-    # behind the rest of that backward when the stack overlaps gradient reduction
-    dp_mb_total = t["dp_mb"] * c_dp
-    dp_mb_exposed = _prefetched_exposed(
-        dp_mb_total, stack.overlap_grad_reduce, m * (comp.bwd_s + comp.recompute_s), m
-    )
-    # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
-    # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
-    zero3_total = t["zero3"] * c_dp
-    zero3_exposed = _prefetched_exposed(zero3_total, stack.overlap_param_gather, compute_step, m)
-    # expert all-to-alls and expert tensor-parallel all-reduces sit on the critical path; the ring
-    # shows only what its hops take beyond the attention they overlap (perfmodels.context)
-    ep_total = (ep_a2a + ep_etp) * c_tp
-    interleaved = arrays.schedule == SCHEDULE_CODE["interleaved-1f1b"]
-    ep_exposed = np.where(stack.overlap_ep_comm & interleaved & (arrays.G_inter > 1),
-                          _combined_1f1b_exposed(model, arrays, st, comp, events, ep_a2a * c_tp, m, full_rc,
-                                                 c_compute),
-                          ep_a2a * c_tp) + ep_etp * c_tp
-    ring = ring_total * m * c_tp
-    ring_exp = ring_exposed * m * c_tp
-    per_mb_exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + ep_exposed + ring_exp) / m
-    t_mb_gpu = compute_mb + per_mb_exposed
-    # where the framework launches asynchronously the GPU only waits when it outruns the host (a
-    # floor); where it synchronizes around layers, `host_exposed_fraction` of the host time adds
-    host_mb = _host_seconds_per_microbatch(model, cluster, training, arrays, st)
-    # a dropless MoE layer synchronizes host and device once per forward (perfmodels.experts)
-    t_mb_gpu = t_mb_gpu + experts.sync_wait_s(model, cluster, training, arrays, st.blocks)
-    t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
-
-    bubble, p2p = _pipeline_seconds(arrays, m, t_mb, comp, avg, t["p2p_call"], c_pp)
+    # ranks that share CPU cores (Cluster.cpu_cores_per_node) are time-sliced: compose the step on
+    # cores of their own first, then again with every CPU-bound part stretched by how many ranks
+    # are runnable per core on average in that schedule (_core_sharing_stretch)
+    ranks_per_core = cluster.ranks_per_core((real if real is not None else arrays).world_size)
+    shared = bool(np.any(ranks_per_core > 1.0))
+    # communication hides behind compute only where something else does it: GPUs' copy engines and
+    # NICs, or a CPU core no rank computes on. gloo's copies and reductions on CPU ranks that fill
+    # every core (the engine's async depth prefetch, bucketed gradient all-reduce) take core time
+    # from the compute instead: measured on 4 ranks / 2 cores, the depth plans' compute rose by
+    # about what their gathers take while their collective waits stayed short
+    hides = ranks_per_core < 1.0
+    host_alone = _host_seconds_per_microbatch(model, cluster, training, arrays, st)
+    sync_wait = experts.sync_wait_s(model, cluster, training, arrays, st.blocks)
+    comp_alone, avg_alone = comp, avg
     t["dp_step"] = t["dp_step"] + ep_grad  # expert gradients over expert-data, as the dense ones over data
-    dp_total, dp_exposed = _once_per_step_data_parallel(t, comp, stack, c_dp)
-    depth_grad = t["depth_grad"] * c_dp
-    optimizer = comp.optimizer_s * c_compute
+    stretch = np.ones(len(arrays))
+    cpu_busy_alone = step_alone = np.zeros(len(arrays))  # set by the composition on cores of their own
+    for composition in ("alone", "shared") if shared else ("alone",):
+        if composition == "shared":
+            stretch = _core_sharing_stretch(ranks_per_core, cpu_busy_alone, step_alone)
+            comp, avg = _stretched(comp_alone, stretch), _stretched(avg_alone, stretch)
+        compute_mb = (comp.fwd_s + comp.bwd_s + comp.recompute_s) * c_compute
+        compute_step = m * compute_mb
+        wgrad_step = m * comp.wgrad_s * c_compute
 
-    iteration = m * t_mb + bubble + p2p + dp_exposed + depth_grad + optimizer
+        tp_exposed = _tensor_parallel_exposed(t, stack, c_tp, wgrad_step, hides)
+        tp_total = (t["row"] + t["col"]) * c_tp
+        depth_total = t["depth"] * c_dp
+        depth_exposed = _prefetched_exposed(depth_total, stack.overlap_depth_comm & hides, compute_step, m)
+        # ZeRO-2 that keeps only its gradient shard reduce-scatters after every backward, in buckets
+        # behind the rest of that backward when the stack overlaps gradient reduction
+        dp_mb_total = t["dp_mb"] * c_dp
+        dp_mb_exposed = _prefetched_exposed(
+            dp_mb_total, stack.overlap_grad_reduce & hides, m * (comp.bwd_s + comp.recompute_s), m
+        )
+        # ZeRO-3: with prefetch each block's gathers and reduce-scatters run behind the neighbouring
+        # block's compute, so only what compute cannot cover is exposed; fetched on demand, all of it
+        zero3_total = t["zero3"] * c_dp
+        zero3_exposed = _prefetched_exposed(zero3_total, stack.overlap_param_gather & hides, compute_step, m)
+        # expert all-to-alls and expert tensor-parallel all-reduces sit on the critical path; the ring
+        # shows only what its hops take beyond the attention they overlap (perfmodels.context)
+        ep_total = (ep_a2a + ep_etp) * c_tp
+        interleaved = arrays.schedule == SCHEDULE_CODE["interleaved-1f1b"]
+        ep_exposed = np.where(stack.overlap_ep_comm & interleaved & (arrays.G_inter > 1) & hides,
+                              _combined_1f1b_exposed(model, arrays, st, comp, events, ep_a2a * c_tp, m,
+                                                     full_rc, c_compute),
+                              ep_a2a * c_tp) + ep_etp * c_tp
+        ring = ring_total * m * c_tp
+        ring_exp = ring_exposed * m * c_tp
+        per_mb_exposed = (tp_exposed + depth_exposed + dp_mb_exposed + zero3_exposed + ep_exposed
+                          + ring_exp) / m
+        t_mb_gpu = compute_mb + per_mb_exposed
+        # where the framework launches asynchronously the GPU only waits when it outruns the host (a
+        # floor); where it synchronizes around layers, `host_exposed_fraction` of the host time adds
+        host_mb = host_alone * stretch
+        # a dropless MoE layer synchronizes host and device once per forward (perfmodels.experts)
+        t_mb_gpu = t_mb_gpu + sync_wait
+        t_mb = np.maximum(t_mb_gpu + stack.host_exposed_fraction * host_mb, host_mb)
+
+        bubble, p2p = _pipeline_seconds(arrays, m, t_mb, comp, avg, t["p2p_call"], c_pp)
+        dp_total, dp_exposed = _once_per_step_data_parallel(t, comp, stack, c_dp, hides)
+        depth_grad = t["depth_grad"] * c_dp
+        optimizer = comp.optimizer_s * c_compute
+
+        iteration = m * t_mb + bubble + p2p + dp_exposed + depth_grad + optimizer
+        # what the average rank computes (not waits) in this step (the busiest stage's micro-batch
+        # scaled to the mean stage's compute, as the bubble is), and the step
+        mean_stage = np.where(comp.fwd_s > 0, (avg.fwd_s + avg.bwd_s + avg.recompute_s) / np.maximum(
+            comp.fwd_s + comp.bwd_s + comp.recompute_s, 1e-30), 1.0)
+        cpu_busy_alone = m * (t_mb - per_mb_exposed - sync_wait) * mean_stage + optimizer
+        step_alone = iteration
     tokens = float(training.global_batch_size * model.tokens_per_sample)
     # model FLOPs (forward + backward = 3x forward, recomputation not counted), as MFU is defined
     flops = 3.0 * model_flops_per_token(model) * tokens

@@ -263,3 +263,79 @@ def test_vtrain_single_node_rows(gpus, gb, mb, h, layers, tp, dp, pp, ms):
                 placement=("col", "row", "depth", "data", "inter"))
     pred = predict(model, presets.cluster("vtrain-a100", gpus), training, plan)
     assert pred.iteration_time_s == pytest.approx(ms / 1000, rel=0.30 if tp == 8 else 0.20)
+
+
+# --- ranks that share CPU cores (Cluster.cpu_cores_per_node) ---------------------------------
+
+def _cpu_cluster(cores: int | None) -> "presets.Cluster":
+    return dataclasses.replace(presets.cluster("local-cpu", 4), gpus_per_node=4, cpu_cores_per_node=cores)
+
+
+def test_ranks_per_core_of_a_plan():
+    c = _cpu_cluster(2)
+    assert c.ranks_per_core(np.array([1, 2, 3, 4])).tolist() == [0.5, 1.0, 1.5, 2.0]
+    assert _cpu_cluster(None).ranks_per_core(4) == 0.0  # devices of their own (GPUs)
+    with pytest.raises(ValueError, match="cpu_cores_per_node"):
+        _cpu_cluster(0)
+
+
+def test_core_sharing_stretch_is_runnable_ranks_per_core():
+    from perfmodels.steptime import _core_sharing_stretch
+
+    t = 1.0
+    # 4 ranks / 2 cores. Data parallel, always busy: 2. A 4-stage pipeline, m = 4 micro-batches of
+    # t: busy 4t of 7t, 2 x 4/7 = 8/7 (step 8t = 16t of work over 2 cores). m = 2: busy 2t of 5t,
+    # 0.8 runnable ranks per core: 1. Waiting in collectives 3/4 of the step: 2 x 1/4 -> 1.
+    # GPUs (0 ranks per core): 1.
+    out = _core_sharing_stretch(np.array([2.0, 2.0, 2.0, 2.0, 0.0]),
+                                np.array([4 * t, 4 * t, 2 * t, 1 * t, 4 * t]),
+                                np.array([4 * t, 7 * t, 5 * t, 4 * t, 4 * t]))
+    assert out == pytest.approx([2.0, 8 / 7, 1.0, 1.0, 1.0])
+
+
+def test_four_ranks_on_two_cores_compute_twice_as_long_and_fill_the_pipeline_bubble():
+    model = presets.model("tiny-gpt")
+    training = Training(global_batch_size=16, dtype="fp32", optimizer="adamw", stack="gridtune")
+    alone, shared = _cpu_cluster(None), _cpu_cluster(2)
+    gpu = presets.cluster("selene", 4)
+    dp = Plan(G_data=4, micro_batch_size=4)
+    a, s = predict(model, alone, training, dp).breakdown, predict(model, shared, training, dp).breakdown
+    # data parallel: every rank computes while the others do, each at 2 ranks per core (the
+    # gradient all-reduce, a small share here, waits rather than computes, and is all exposed)
+    busy = a.compute_s + a.optimizer_s
+    stretch = 2.0 * busy / (busy + a.dp_comm_s)
+    assert 1.5 < stretch < 2.0
+    assert s.compute_s == pytest.approx(stretch * a.compute_s)
+    assert s.optimizer_s == pytest.approx(stretch * a.optimizer_s)
+    assert s.dp_comm_s == pytest.approx(a.dp_comm_s)
+    # 4 stages of one layer each, m = 4: every CPU-bound part (the stages' compute, hence the bubble
+    # that waits for it) stretched alike, by the ranks runnable per core in the schedule on cores of
+    # their own: less than data parallelism's, as the idle stages lend their cores
+    pp = Plan(G_inter=4, micro_batch_size=4)
+    pa, ps = predict(model, alone, training, pp), predict(model, shared, training, pp)
+    b = pa.breakdown
+    stretch_pp = ps.breakdown.compute_s / b.compute_s
+    assert 1.0 <= stretch_pp < stretch
+    assert ps.breakdown.pp_bubble_s == pytest.approx(stretch_pp * b.pp_bubble_s)
+    assert ps.breakdown.optimizer_s == pytest.approx(stretch_pp * b.optimizer_s)
+    assert ps.breakdown.pp_p2p_s == pytest.approx(b.pp_p2p_s)
+    # no sharing declared (GPUs): bit-identical to before
+    assert predict(model, gpu, training, pp).iteration_time_s == predict(
+        model, dataclasses.replace(gpu, cpu_cores_per_node=None), training, pp).iteration_time_s
+
+
+def test_nothing_hides_behind_compute_on_cpu_ranks_that_fill_every_core():
+    # the gridtune stack prefetches depth all-gathers and overlaps the gradient all-reduce; on GPUs
+    # (or with a core to spare for gloo's thread) part of them hides; on 4 ranks / 2 cores gloo's
+    # copies and reductions take the computing cores' time, so all of it is exposed
+    model = presets.model("tiny-gpt")
+    training = Training(global_batch_size=16, dtype="fp32", optimizer="adamw", stack="gridtune")
+    plan = Plan(G_data=2, G_intra_d=2, micro_batch_size=4)
+    own = predict(model, _cpu_cluster(None), training, plan).breakdown
+    spare = predict(model, _cpu_cluster(8), training, plan).breakdown
+    full = predict(model, _cpu_cluster(2), training, plan).breakdown
+    assert own.hidden_comm_s > 0
+    assert spare.hidden_comm_s == pytest.approx(own.hidden_comm_s)
+    assert full.hidden_comm_s == 0.0
+    # the same collectives cost the same; what hid on cores of their own is now all exposed
+    assert full.exposed_comm_s == pytest.approx(own.exposed_comm_s + own.hidden_comm_s)

@@ -31,6 +31,20 @@ def test_figures():
     assert cl.spread_plans([1.0, 2.0], 3) == [0, 1]
 
 
+def test_local_cluster_says_how_many_cores_its_ranks_share_and_records_keep_it():
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert cl.local_cluster(4).cpu_cores_per_node == cores
+    cluster = cl.local_cluster(4, cpu_cores=2)
+    assert float(cluster.ranks_per_core(4)) == 2.0
+    plan = Plan(G_data=4, micro_batch_size=1)
+    rec = cl.measurement_record(model=MODEL, cluster=cluster, training=cl.engine_training(4), plan=plan,
+                                measured={"iteration_time_s": 0.1}, prediction=None)
+    _, back, _, _ = cl.record_specs(rec)
+    assert back.cpu_cores_per_node == 2  # calibration predicts the records on the machine they ran on
+
+
 def test_engine_specs_say_what_the_engine_does():
     cluster = cl.local_cluster(4)
     assert cluster.num_gpus == 4 and cluster.gpus_per_node == 4 and cluster.backend == "gloo"
@@ -110,6 +124,31 @@ def test_refit_recovers_kernel_overhead_and_collective_cost():
     assert refit.collective_factor_by_group_size[2] == pytest.approx(5.0, rel=1e-6)
     result = cl.calibrate_records(records, base)
     assert result.mape_after < 0.05 < result.mape_before
+
+
+def test_refit_leaves_out_what_the_stack_runs_in_the_background():
+    """The engine prefetches depth all-gathers and all-reduces gradients in buckets (async_op): a
+    depth record's measured depth wait is only what did not overlap (here nothing), and its
+    compute holds the gathers' copies: only their sum is observable. The wait must not set the
+    collective cost, and the kernel overhead must come out right from the sum."""
+    fits = tuple(_fits())
+    base = Profile(profile_id="b", collectives=fits, gemm_overhead_us=1.0)
+    truth = dataclasses.replace(base, gemm_overhead_us=150.0)
+    cluster = cl.local_cluster(2, truth)
+    row = Plan(G_intra_r=2, micro_batch_size=2)
+    true = predict(MODEL, cluster, cl.engine_training(8), row).breakdown
+    parts = {"compute_s": true.compute_s + true.optimizer_s, "tp_comm_row_s": true.tp_comm_row_s}
+    records = [_record(row, sum(parts.values()), base, parts)]
+    depth = Plan(G_intra_d=2, micro_batch_size=2)
+    true = predict(MODEL, cluster, cl.engine_training(8), depth).breakdown
+    everything = true.compute_s + true.optimizer_s + true.tp_comm_depth_s
+    records.append(_record(depth, everything, base, {"compute_s": everything, "tp_comm_depth_s": 0.0}))
+    refit = cl.refit_constants(records, base)
+    assert refit.kernel_overhead_us == pytest.approx(150.0, rel=1e-6)
+    assert refit.collective_factor_by_group_size[2] == pytest.approx(1.0, rel=1e-6)  # not 0
+    alone = cl.refit_constants(records[1:], base)  # the depth record by itself: overhead, no factor
+    assert alone.kernel_overhead_us == pytest.approx(150.0, rel=1e-6)
+    assert alone.collective_factor_by_group_size == {}
 
 
 def _fits():

@@ -1,6 +1,7 @@
 """What an engine run is, in the model's nouns, so predictions describe what the engine does.
 
-- `local_cluster(nproc)`: the "local-cpu" preset with one node of `nproc` ranks (gloo);
+- `local_cluster(nproc)`: the "local-cpu" preset with one node of `nproc` ranks (gloo) sharing this
+  machine's cores (`Cluster.cpu_cores_per_node`);
 - `engine_training(global_batch_size)`: the `gridtune` stack (perfmodels/stacks.py): fp32, AdamW,
   data-parallel reduction after backward (`engine.sync_gradients` runs after the last micro-batch:
   overlap_grad_reduce=False), synchronous tensor-parallel collectives (overlap_tp_comm=False), fused
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from typing import Any
 
@@ -21,12 +23,25 @@ from tuner.search import recommend
 from tuner.types import Candidate, SearchOptions
 
 
-def local_cluster(nproc: int, profile: Profile | None = None) -> Cluster:
-    """`nproc` CPU ranks on one machine (gloo), optionally with measured/calibrated constants."""
+def usable_cpu_cores() -> int:
+    """The cores this process (and the ranks it forks) may run on: the affinity mask where the
+    platform has one (taskset, cgroups cpusets and Slurm narrow it), else os.cpu_count()."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_cluster(nproc: int, profile: Profile | None = None, *, cpu_cores: int | None = None) -> Cluster:
+    """`nproc` CPU ranks on one machine (gloo), optionally with measured/calibrated constants.
+
+    The ranks share this machine's cores (`cpu_cores`, default `usable_cpu_cores()`): with more
+    ranks than cores they are time-sliced, which `Cluster.cpu_cores_per_node` tells the model."""
     base = presets.cluster("local-cpu", num_gpus=nproc)
     return dataclasses.replace(
         base,
         gpus_per_node=nproc,
+        cpu_cores_per_node=cpu_cores if cpu_cores is not None else usable_cpu_cores(),
         profile=profile,
         profile_id=profile.profile_id if profile is not None and profile.profile_id else None,
     )

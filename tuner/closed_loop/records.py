@@ -43,7 +43,9 @@ def measurement_record(*, model: Model, cluster: Cluster, training: Training, pl
                        measured: Mapping[str, float], prediction: Prediction | None) -> dict[str, Any]:
     """The JSON body of one measurement (the store's fields and POST /v1/measurements' body)."""
     cluster_doc: dict[str, Any] = {"preset": None, "name": cluster.name, "num_gpus": cluster.num_gpus,
-                                   "gpus_per_node": cluster.gpus_per_node}
+                                   "gpus_per_node": cluster.gpus_per_node,
+                                   # what the machine is, not the preset: ranks sharing its cores
+                                   "cpu_cores_per_node": cluster.cpu_cores_per_node}
     try:
         preset = presets.cluster(cluster.name)
         cluster_doc["preset"] = preset.name
