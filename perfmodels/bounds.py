@@ -429,16 +429,12 @@ class PricedComm:
                           a2a_s=self.a2a_s[..., index], etp_s=self.etp_s[..., index],
                           p2p_call_s=self.p2p_call_s[..., index], overlaps=self.overlaps[index])
 
-    @staticmethod
-    def concatenate(items: list[PricedComm]) -> PricedComm:
-        return PricedComm(**{f: np.concatenate([getattr(x, f) for x in items], axis=-1)
-                             for f in ("tp_s", "depth_s", "a2a_s", "etp_s", "p2p_call_s", "overlaps")})
-
 
 def price_comm(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
-               placement: tuple[str, ...]) -> PricedComm:
-    """The families' bounded collectives (`BoundParts.comm`) in seconds under `placement`, every
-    (recomputation, sequence-parallel) entry priced in one pass (the families repeated per entry)."""
+               placement: tuple[str, ...] | tuple[list[tuple[str, ...]], np.ndarray]) -> PricedComm:
+    """The families' bounded collectives (`BoundParts.comm`) in seconds under `placement`, or under
+    placements (orders, index of each family's), every (recomputation, sequence-parallel) entry and
+    every placement priced in one pass (the families repeated per entry)."""
     cluster, training = apply_constants(cluster, training)
     corr = _corrections(cluster)
     stack = training.effective_stack
@@ -452,9 +448,23 @@ def price_comm(model: Model, cluster: Cluster, training: Training, parts: BoundP
     def tiled_geo(g: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
         return {axis: {f: tiled(np.asarray(v)) for f, v in d.items()} for axis, d in g.items()}
 
-    geo = tiled_geo(group_geometry(parts.degrees, placement, cluster.gpus_per_node_used))
-    expert_geo = (tiled_geo(_expert_geometry(model, cluster, training, parts, placement)) if model.is_moe
-                  else None)
+    if isinstance(placement[1], np.ndarray):  # several placements: each family's geometry under its own
+        orders, which = placement
+        plain: dict[str, dict[str, np.ndarray]] = {}
+        experts_geo: dict[str, dict[str, np.ndarray]] = {}
+        for i in np.unique(which):
+            idx = np.flatnonzero(which == i)
+            mine = parts.take(idx)
+            order = orders[int(i)]
+            scatter_geometry(plain, group_geometry(mine.degrees, order, cluster.gpus_per_node_used), idx, n)
+            if model.is_moe:
+                scatter_geometry(experts_geo, _expert_geometry(model, cluster, training, mine, order), idx, n)
+        geo = tiled_geo(plain)
+        expert_geo = tiled_geo(experts_geo) if model.is_moe else None
+    else:
+        geo = tiled_geo(group_geometry(parts.degrees, placement, cluster.gpus_per_node_used))
+        expert_geo = (tiled_geo(_expert_geometry(model, cluster, training, parts, placement)) if model.is_moe
+                      else None)
     comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
     for key in dict.fromkeys(key for c in entries for key in c):
         zero = np.zeros(n)

@@ -276,20 +276,22 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("order_index", "pair", "bound_s")}
     out_of_memory = int((pr.plans[subset] * pr.placements[subset])[~any_fit].sum())
     part_row: list[np.ndarray] = []
-    priced: list[PricedComm] = []
-    for p, order in enumerate(orders):
+    for p in range(len(orders)):
         local = np.flatnonzero(pr.placed[p][gi[fitting]])  # index into `fitting`
         if parts is None or not len(local):
             continue
-        sel = fitting[local]
-        mine = parts.take(local)
-        comm = price_comm(model, cluster, training, mine, order)
-        sub = lower_bound_s(model, cluster, training, mine, comm)  # (R, P, n): any schedule
-        out["order_index"].append(np.full(len(sel), p))
-        out["pair"].append(sel)
+        out["order_index"].append(np.full(len(local), p))
+        out["pair"].append(fitting[local])
         part_row.append(local)
-        priced.append(comm)
-        out["bound_s"].append(np.min(np.where(sub_fits[:, :, sel], sub, np.inf), axis=(0, 1)))
+    priced: PricedComm | None = None
+    if out["pair"]:
+        # every placement's families priced in one pass, each under its own placement
+        rows, which = np.concatenate(part_row), np.concatenate(out["order_index"])
+        mine = parts.take(rows)  # type: ignore[union-attr]
+        priced = price_comm(model, cluster, training, mine, (orders, which))
+        sub = lower_bound_s(model, cluster, training, mine, priced)  # (R, P, families): any schedule
+        out["bound_s"].append(np.min(np.where(sub_fits[:, :, np.concatenate(out["pair"])], sub, np.inf),
+                                     axis=(0, 1)))
     pair = np.concatenate(out["pair"]) if out["pair"] else np.zeros(0, dtype=np.int64)
     return Families(
         order_index=np.concatenate(out["order_index"]) if pair.size else np.zeros(0, dtype=np.int64),
@@ -297,7 +299,7 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
         bound_s=np.concatenate(out["bound_s"]) if pair.size else np.zeros(0),
         parts=parts, recomputes=need,
         part_row=np.concatenate(part_row) if pair.size else np.zeros(0, dtype=np.int64),
-        priced=PricedComm.concatenate(priced) if pair.size else None,
+        priced=priced,
         fits=fits, out_of_memory=out_of_memory, schedules=pr.schedules[subset][pair], options=pr.options)
 
 
