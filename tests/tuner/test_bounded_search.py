@@ -46,6 +46,7 @@ SPACES = {
     "llama2-fsdp-overlap-32": ("llama2-7b", "perlmutter", 32,
                                Training(global_batch_size=256, stack="fsdp", overlap_tp_comm=True), {}),
     "tiny-cpu-8": ("tiny-gpt", "local-cpu", 8, Training(global_batch_size=32, dtype="fp32"), {}),
+    "tiny-cpu-shared-cores-8": ("tiny-gpt", "local-cpu", 8, Training(global_batch_size=32, dtype="fp32"), {}),
     "gpt3-calibrated-megatron-64": ("gpt3-18b", "selene", 64,
                                     Training(global_batch_size=512, stack="megatron-lm"), {}),
 }
@@ -64,6 +65,8 @@ def _space(name: str):
     cluster = presets.cluster(cluster_name, gpus)
     if "calibrated" in name:
         cluster = dataclasses.replace(cluster, profile=CALIBRATED)
+    if "shared-cores" in name:  # 8 ranks on 2 cores (Cluster.cpu_cores_per_node): compute stretched
+        cluster = dataclasses.replace(cluster, cpu_cores_per_node=2)
     return model, cluster, training
 
 
