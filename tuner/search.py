@@ -117,9 +117,9 @@ KEY_COLUMNS = (*GRID_COLUMNS, *EXPERT_COLUMNS, "micro_batch_size", "schedule", "
 not depend on the order plans were scored in, so a pruned and an exhaustive search agree."""
 FIRST_GRIDS = 1_000
 """Grids expanded into (grid, micro-batch size) pairs in the first round; each later round doubles."""
-FIRST_PAIRS = 1_000
+FIRST_PAIRS = 500
 """Pairs refined into families in the first round; each later round doubles."""
-FIRST_CHUNK_PLANS = 5_000
+FIRST_CHUNK_PLANS = 3_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
 BOUND_CHUNK_PLANS = 80_000
 
