@@ -252,6 +252,7 @@ class ProfileIn(_In):
     ] = {}
     source: Literal["profile", "calibrated"] = "profile"
     uncertainty_rel: Annotated[float, Field(ge=0, le=10)] | None = None
+    run_scatter_rel: Annotated[float, Field(ge=0, le=10)] | None = None
     constants: dict[
         Annotated[str, Field(max_length=100), AfterValidator(_no_nul)], Annotated[float, Field(ge=0, le=1e6)]
     ] | None = None

@@ -7,8 +7,11 @@
 2. predict every plan the engine can run on `--nproc` ranks (tuner.closed_loop.engine_search_options:
    one micro-batch size, 1F1B, no recomputation, ZeRO 0, default placement);
 3. run each plan with engine.train (a fresh fork per run, `--warmup` + `--steps` steps, median of
-   the steady steps; `--rounds` rounds in alternating plan order, keeping each plan's fastest
-   median, since load from other processes only adds time) and store every measurement
+   the steady steps: the statistic engine.train reports, so a later run compares like with like);
+   `--rounds` rounds in alternating plan order, each plan keeping the median of its rounds' medians
+   (a typical run, not the luckiest: a band fitted to the fastest round would be too fast for the
+   next single run) and the run-to-run scatter the rounds measured (`run_scatter_rel`, pooled over
+   every plan: the machine's noise, `round_statistics`), and store every measurement
    (GRIDTUNE_DATABASE_URL or the default SQLite file; `--no-store` keeps nothing);
 4. print predicted vs measured, Spearman, MAPE and the measured-best plan's predicted rank;
 5. calibrate from three measured plans (predicted fastest, median and slowest:
@@ -55,8 +58,8 @@ def register(subparsers: Any) -> None:
         "--rounds",
         type=int,
         default=2,
-        help="measure every plan this many times, in alternating order, and keep the fastest median "
-        "(other load on the machine only ever adds time; default 2)",
+        help="measure every plan this many times, in alternating order, and keep the median of the "
+        "rounds; their spread is the run-to-run scatter the band adds (default 2)",
     )
     p.add_argument("--profile", type=Path, default=None, help="use this profile JSON instead of profiling")
     p.add_argument(
@@ -138,6 +141,34 @@ def _measure(args: argparse.Namespace, plans: list[Any], cfg: Any,
     return runs, failed
 
 
+def round_statistics(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any] | None]:
+    """Each plan's measured figures over its rounds: the round at the (lower) median of the rounds'
+    step times (its measured parts), with `iteration_time_s` the median over rounds (the mean of
+    two), `runs_measured` the rounds, and `run_scatter_rel` the relative run-to-run scatter pooled
+    over every plan measured more than once (`perfmodels.calibration.pooled_run_scatter_rel`: one
+    machine, one noise; a single plan's two rounds are one degree of freedom). None for a plan
+    with no round."""
+    import statistics
+
+    from perfmodels.calibration import pooled_run_scatter_rel
+
+    pooled = pooled_run_scatter_rel([[m["iteration_time_s"] for m in r] for r in rounds])
+    out: list[dict[str, Any] | None] = []
+    for r in rounds:
+        if not r:
+            out.append(None)
+            continue
+        median = float(statistics.median(m["iteration_time_s"] for m in r))
+        nearest = sorted(r, key=lambda m: m["iteration_time_s"])[(len(r) - 1) // 2]  # the lower median
+        row = dict(nearest, iteration_time_s=median, runs_measured=float(len(r)))
+        if pooled is not None and len(r) >= 2:
+            row["run_scatter_rel"] = pooled[0]
+        if median > 0 and "tokens_per_s" in nearest:
+            row["tokens_per_s"] = nearest["tokens_per_s"] * nearest["iteration_time_s"] / median
+        out.append(row)
+    return out
+
+
 def _store(database: str | None, records: list[dict[str, Any]], cluster_id: str, say: Any) -> None:
     """File the measurements under `cluster_id` and store the calibration they give."""
     from tuner import closed_loop as cl
@@ -196,10 +227,10 @@ def handle(args: argparse.Namespace) -> int:
     )
 
     runs, failed = _measure(args, [c.plan for c in candidates], cfg, profile)
+    measured = round_statistics(runs)
     records = [cl.measurement_record(model=spec, cluster=cluster, training=training, plan=c.plan,
-                                     measured=min(runs[i], key=lambda m: m["iteration_time_s"]),
-                                     prediction=c.prediction)
-               for i, c in enumerate(candidates) if runs[i]]
+                                     measured=measured[i], prediction=c.prediction)
+               for i, c in enumerate(candidates) if measured[i] is not None]
     for grid, why in failed.items():
         say(f"[failed] {grid}: {why}")
     summary = cl.summarize(records, base=profile, calibrate_on=args.calibrate_on)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import statistics
 from collections.abc import Callable, Iterator, Sequence
@@ -159,7 +160,14 @@ class TrainReport:
         pred = f"{self.predicted_step_time_s:.4g} s" if self.predicted_step_time_s else "-"
         err = f" ({self.relative_error:+.0%})" if self.relative_error is not None else ""
         loss = f"loss {self.losses[0]:.3f} -> {self.losses[-1]:.3f}, " if self.losses else ""
-        band = f" +/- {self.prediction.uncertainty_rel:.0%}" if self.prediction is not None else ""
+        band = ""
+        if self.prediction is not None:
+            from perfmodels.calibration import measured_range_s
+
+            lo, hi = measured_range_s(self.prediction.iteration_time_s, self.prediction.uncertainty_rel)
+            # the band bounds the error relative to the measured time: say which times it admits
+            band = (f" +/- {self.prediction.uncertainty_rel:.0%} (admits {lo:.4g}-"
+                    + (f"{hi:.4g} s)" if hi != float("inf") else "inf s)"))
         return (f"{self.plan.grid_string()} mb={self.plan.micro_batch_size}: {loss}median step "
                 f"{self.median_step_time_s:.4g} s measured vs {pred}{band} predicted{err} "
                 f"[{self.constants_source} constants], {self.tokens_per_s:,.0f} tokens/s, "
@@ -737,6 +745,13 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+def _log_sd(values: Sequence[float]) -> float:
+    """Sample standard deviation of log(values) (ddof 1): the relative scatter of step times, 0 with
+    fewer than two."""
+    logs = [math.log(v) for v in values if v > 0]
+    return float(statistics.stdev(logs)) if len(logs) >= 2 else 0.0
+
+
 def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_steps: int, tokens_per_step: int,
             record: bool, url: str | None, database_url: str | None, dtype: str = "fp32") -> TrainReport:
     from tuner import closed_loop as cl
@@ -762,6 +777,9 @@ def _report(gathered: list[Any], *, decision: _Decision, steps: int, warmup_step
         "pp_bubble_s": part(lambda s: s.pp_wait_s),
         "tokens_per_s": tokens_per_step / median_step if median_step > 0 else 0.0,
         "steps_measured": float(len(steady)),
+        # how much this run's steps scatter about each other (relative sd of log step time): what one
+        # run says about the machine's noise (tuner.closed_loop.measured_run_scatter)
+        "step_scatter_rel": _log_sd([wall[i] for i in steady]),
     }
     measured["tp_comm_s"] = measured["tp_comm_row_s"] + measured["tp_comm_col_s"]
     losses = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 
 import numpy as np
 
@@ -154,6 +155,49 @@ def _robust(r: np.ndarray) -> np.ndarray:
 LOO_BAND_QUANTILE = 0.9
 """The uncertainty band a calibrated profile claims: this quantile of the leave-one-out errors."""
 MIN_BAND = 0.02
+BAND_Z = NormalDist().inv_cdf(0.5 + LOO_BAND_QUANTILE / 2.0)
+"""Run-to-run scatter units in the band: the two-sided `LOO_BAND_QUANTILE` quantile of a normal
+(1.645 for 90%), so the scatter term covers the same share of runs as the leave-one-out term."""
+
+
+def band_rel(loo_errors: np.ndarray, *, run_scatter_rel: float, mape_after: float) -> float:
+    """The band a later prediction claims for one measured run (median of its steady steps).
+
+    Two independent parts, added in quadrature: the model's error on runs it was not fitted to (the
+    `LOO_BAND_QUANTILE` of the leave-one-out errors, which already holds the noise of the runs it
+    was scored against), and the new run's own run-to-run scatter (`run_scatter_rel`, the relative
+    standard deviation measured on this machine, `pooled_run_scatter_rel`) at the same coverage
+    (`BAND_Z`). A band from the leave-one-out errors alone says how well the model knows the
+    layout's typical time, not how far one more run of it may land: on a machine whose runs scatter
+    by 25% it claimed +/-30% and the next run fell 45% away. Never below the in-sample error."""
+    loo = float(np.quantile(loo_errors, LOO_BAND_QUANTILE)) if len(loo_errors) else 0.0
+    return float(max(np.hypot(loo, BAND_Z * max(run_scatter_rel, 0.0)), mape_after, MIN_BAND))
+
+
+def measured_range_s(predicted_s: float, band_rel: float) -> tuple[float, float]:
+    """The measured step times a prediction's band admits. The band bounds the error relative to
+    the measured time, |predicted - measured| / measured <= band (how the leave-one-out errors and
+    the run scatter are measured), so the range is [predicted / (1 + band), predicted / (1 - band)],
+    not predicted x (1 +/- band): a prediction of 47 ms at +/-59% admits 30-115 ms. Unbounded above
+    when the band reaches 100%."""
+    upper = predicted_s / (1.0 - band_rel) if band_rel < 1.0 else float("inf")
+    return predicted_s / (1.0 + band_rel), upper
+
+
+def pooled_run_scatter_rel(times_by_plan: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """The relative run-to-run scatter of one run's time, from repeated runs of the same plans:
+    the pooled standard deviation of log(time) about each plan's mean (unbiased, ddof 1 per plan),
+    and its degrees of freedom. Plans measured once say nothing about it; None when no plan was run
+    twice. Log time, so a plan that takes 10x longer weighs the same as a fast one."""
+    squares, dof = 0.0, 0
+    for times in times_by_plan:
+        t = np.log(np.asarray([float(x) for x in times if x and x > 0], dtype=float))
+        if len(t) >= 2:
+            squares += float(np.sum((t - t.mean()) ** 2))
+            dof += len(t) - 1
+    if dof == 0:
+        return None
+    return float(np.sqrt(squares / dof)), dof
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +245,9 @@ class Calibration:
     memory_measured_gib: np.ndarray
     memory_before_gib: np.ndarray
     memory_after_gib: np.ndarray
+    run_scatter_rel: float = 0.0
+    """Measured relative run-to-run scatter of one run on this cluster (0: not measured); the band
+    adds it to the leave-one-out error (`band_rel`)."""
 
     @property
     def constants(self) -> dict[str, float]:
@@ -221,15 +268,17 @@ class Calibration:
 
     @property
     def uncertainty_rel(self) -> float:
-        """The band later predictions claim: the `LOO_BAND_QUANTILE` of the leave-one-out errors."""
-        return float(max(np.quantile(self.loo_errors, LOO_BAND_QUANTILE), self.mape_after, MIN_BAND))
+        """The band later predictions claim: the `LOO_BAND_QUANTILE` of the leave-one-out errors
+        combined with the measured run-to-run scatter (`band_rel`)."""
+        return band_rel(self.loo_errors, run_scatter_rel=self.run_scatter_rel, mape_after=self.mape_after)
 
     def profile(self, base: Profile | None = None, *, profile_id: str = "") -> Profile:
         """A profile that carries the constants (`perfmodels.steptime` applies them), source
         "calibrated", with the leave-one-out band."""
         base = base or Profile()
         return replace(base, profile_id=profile_id or base.profile_id, corrections=(), source="calibrated",
-                       uncertainty_rel=self.uncertainty_rel, constants=tuple(sorted(self.constants.items())))
+                       uncertainty_rel=self.uncertainty_rel, constants=tuple(sorted(self.constants.items())),
+                       run_scatter_rel=self.run_scatter_rel or None)
 
 
 @dataclass(frozen=True)
@@ -548,9 +597,11 @@ def predict_runs(runs: Sequence[Run], constants: Mapping[str, float] | None = No
     return _evaluate(_blocks(runs), len(runs), dict(constants or {}))
 
 
-def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30) -> Calibration:
+def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30,
+                   run_scatter_rel: float = 0.0) -> Calibration:
     """Fit the physical constants (`perfmodels.constants.PARAMETERS`) of the runs' stack on their
-    cluster, and score the result by leave-one-out.
+    cluster, and score the result by leave-one-out. `run_scatter_rel`: the measured run-to-run
+    scatter of one run on this cluster, which the band adds (`band_rel`; 0 when not measured).
 
     The runs may use different models, batches and layouts; they must share the cluster's GPU type.
     The priors are those of the first run's cluster and training (the stack). Leave-one-out: each of
@@ -594,4 +645,5 @@ def calibrate_runs(runs: Sequence[Run], *, loo: bool = True, loo_max: int = 30) 
     loo_errors = np.array(errors) if errors else np.abs(after_t - y) / y
     return Calibration(parameters=params, measured_s=y, predicted_before_s=before_t,
                        predicted_after_s=after_t, loo_errors=loo_errors,
-                       memory_measured_gib=mem, memory_before_gib=before_m, memory_after_gib=after_m)
+                       memory_measured_gib=mem, memory_before_gib=before_m, memory_after_gib=after_m,
+                       run_scatter_rel=float(max(run_scatter_rel, 0.0)))

@@ -548,6 +548,10 @@ class Profile:
     source: Literal["profile", "calibrated"] = "profile"
     uncertainty_rel: float | None = None
     constants: tuple[tuple[str, float], ...] = ()
+    run_scatter_rel: float | None = None
+    """Relative standard deviation of one measured run's step time about its plan's typical time on
+    this cluster (run to run), as calibration measured it; part of `uncertainty_rel`, kept so a
+    user sees how much of the band is the machine rather than the model."""
 
     def correction(self, component: str) -> float:
         return dict(self.corrections).get(component, 1.0)

@@ -17,6 +17,7 @@ from torch import nn
 from engine.extract import layer_specs, model_spec
 from engine.launch import launch
 from engine.models.gpt import GPT, GPTConfig
+from engine.train import _log_sd
 from perfmodels import rules
 from perfmodels.specs import Plan
 from tuner.store import Store
@@ -48,6 +49,8 @@ def test_stdlib_example_learns_and_stores_its_measurement(tmp_path):
     row = rows[0]
     assert row.id == report.measurement_id
     assert row.measured["iteration_time_s"] == pytest.approx(report.median_step_time_s)
+    steady = report.step_times_s[report.warmup_steps:]
+    assert row.measured["step_scatter_rel"] == pytest.approx(_log_sd(steady))
     assert row.plan["G_data"] == report.plan.G_data and row.plan["G_intra_r"] == report.plan.G_intra_r
     assert row.prediction["iteration_time_s"] == pytest.approx(report.predicted_step_time_s)
     assert row.prediction["constants_source"] == "preset"
@@ -233,3 +236,11 @@ def test_cli_train_json_carries_memory_per_pipeline_stage(capsys):
     for stage in (0, 1):
         peaks = [m["peak_bytes"] for m in out["memory"] if m["stage"] == stage]
         assert out["peak_memory_by_stage_gib"][str(stage)] == pytest.approx(max(peaks) / 2**30)
+
+
+def test_step_scatter_is_the_sample_sd_of_log_step_times():
+    """Steps of 1 s and e s: logs 0 and 1, sample sd = sqrt(((0-0.5)^2 + (1-0.5)^2) / 1) = 0.70711."""
+    import math
+
+    assert _log_sd([1.0, math.e]) == pytest.approx(math.sqrt(0.5))
+    assert _log_sd([2.0]) == 0.0

@@ -279,3 +279,70 @@ def test_service_recommends_and_stores_measurements(live_service, monkeypatch):
     monkeypatch.setenv("GRIDTUNE_API_KEY", "wrong")
     with pytest.raises(ValueError, match="401"):
         cl.post_measurement(base_url, rec, cluster_id="svc")
+
+
+def test_run_scatter_is_measured_from_repeated_rounds_repeated_runs_or_steps():
+    """Where the machine's run-to-run scatter comes from, each value derived by hand."""
+    import math
+
+    plan_a, plan_b = Plan(G_data=2, micro_batch_size=2), Plan(G_intra_r=2, micro_batch_size=2)
+    # validate's records: each the median of 2 rounds, with the pooled round-to-round scatter 0.2
+    # (1 dof each): pooled over both = 0.2, 2 dof
+    rounds = [_record(p, 1.0, None, {"run_scatter_rel": 0.2, "runs_measured": 2.0}) for p in (plan_a, plan_b)]
+    got = cl.measured_run_scatter(rounds)
+    assert (got.source, got.dof) == ("runs", 2) and got.scatter_rel == pytest.approx(0.2)
+    # two engine.train runs of one plan, 1.0 s and 1.2 s: sd of their logs = ln(1.2) / sqrt(2)
+    again = [_record(plan_a, 1.0, None), _record(plan_a, 1.2, None), _record(plan_b, 5.0, None)]
+    got = cl.measured_run_scatter(again)
+    assert (got.source, got.dof) == ("runs", 1)
+    assert got.scatter_rel == pytest.approx(math.log(1.2) / math.sqrt(2))
+    # both kinds pool by their degrees of freedom: sqrt((2 * 0.2^2 + ln(1.2)^2 / 2) / 3)
+    got = cl.measured_run_scatter(rounds + again)
+    assert got.dof == 3
+    assert got.scatter_rel == pytest.approx(math.sqrt((2 * 0.04 + math.log(1.2) ** 2 / 2) / 3))
+    # one run only: the standard error of the median of its 10 steps scattering by 10%,
+    # sqrt(pi / 2) * 0.1 / sqrt(10) = 0.03963
+    single = [_record(plan_a, 1.0, None, {"step_scatter_rel": 0.1, "steps_measured": 10.0})]
+    got = cl.measured_run_scatter(single)
+    assert got.source == "steps" and got.scatter_rel == pytest.approx(0.03963, abs=1e-5)
+    assert cl.measured_run_scatter([_record(plan_a, 1.0, None)]).source == "assumed"
+
+
+def test_stored_calibration_band_holds_the_measured_scatter(tmp_path):
+    """Records whose rounds scattered by 25%: the stored profile keeps 0.25 and its band is at least
+    1.645 x 25% = 41%, whatever the leave-one-out error (the old band ignored it)."""
+    store = Store(f"sqlite:///{tmp_path / 'scatter.db'}")
+    base = Profile(profile_id="p", gemm_overhead_us=1.0)
+    for plan in (Plan(G_data=2, micro_batch_size=2), Plan(G_intra_r=2, micro_batch_size=2),
+                 Plan(G_inter=2, micro_batch_size=2), Plan(G_intra_d=2, micro_batch_size=2)):
+        rec = _record(plan, 1.0, base, {"run_scatter_rel": 0.25, "runs_measured": 2.0})
+        store.add_measurement(cluster_id="noisy", **json.loads(json.dumps(rec)))
+    result = cl.calibrate_cluster(store, "noisy")
+    stored = cl.latest_calibrated_profile(store, "noisy")
+    assert stored.run_scatter_rel == pytest.approx(0.25)
+    assert stored.uncertainty_rel >= 1.6449 * 0.25 - 1e-9
+    assert result.uncertainty_rel == pytest.approx(stored.uncertainty_rel)
+    plan = Plan(G_data=2, micro_batch_size=2)
+    pred = predict(MODEL, cl.local_cluster(2, stored), cl.engine_training(8), plan)
+    assert pred.uncertainty_rel == pytest.approx(stored.uncertainty_rel)
+
+
+def test_validate_keeps_the_median_of_its_rounds_and_their_scatter():
+    """Two rounds of two plans: plan A 44 and 58 ms, plan B 100 and 100 ms. The record is the
+    median (51 ms, not the fastest 44 ms: engine.train reports one run's median, the band must
+    hold for that), and the scatter is pooled: sqrt((ln(58/44)^2 / 2 + 0) / 2) = ln(58/44) / 2."""
+    import math
+
+    from cli.validate import round_statistics
+
+    def m(t: float, c: float) -> dict:
+        return {"iteration_time_s": t, "compute_s": c}
+
+    rounds = [[m(0.044, 0.03), m(0.058, 0.04)], [m(0.100, 0.08), m(0.100, 0.08)], []]
+    a, b, none = round_statistics(rounds)
+    assert none is None
+    assert a["iteration_time_s"] == pytest.approx(0.051)
+    assert a["compute_s"] == 0.03  # the parts of the lower median round
+    assert a["runs_measured"] == 2.0 and b["iteration_time_s"] == pytest.approx(0.1)
+    assert a["run_scatter_rel"] == pytest.approx(math.log(58 / 44) / 2)
+    assert b["run_scatter_rel"] == a["run_scatter_rel"]  # the machine's noise, pooled

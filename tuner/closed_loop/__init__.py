@@ -7,7 +7,7 @@ validation summary. One module per concern:
 - `metrics`: `spearman`, `mape`, `predicted_rank_of_measured_best`, `spread_plans`;
 - `records`: `measurement_record`, `record_specs`, `MEASURED_PARTS`;
 - `calibration`: `calibrate_records`, `refit_constants`, `calibrate_cluster`,
-  `latest_calibrated_profile`;
+  `latest_calibrated_profile`, `measured_run_scatter`;
 - `client`: `service_url`, `post_measurement`, `service_recommend` (GRIDTUNE_URL);
 - `summary`: `summarize`, `summary_json` (`gridtune validate`).
 
@@ -25,6 +25,7 @@ from tuner.closed_loop.calibration import (
     calibrated_profile_name,
     calibration_pairs,
     latest_calibrated_profile,
+    measured_run_scatter,
     refit_constants,
     uncorrected,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "latest_calibrated_profile",
     "local_cluster",
     "mape",
+    "measured_run_scatter",
     "measurement_record",
     "post_measurement",
     "predicted_rank_of_measured_best",

@@ -24,8 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from perfmodels.calibration import CalibrationResult, Run, calibrate_runs
-from perfmodels.io import json_safe, profile_from_dict, profile_to_dict
+from perfmodels.calibration import (
+    RUN_NOISE_REL,
+    CalibrationResult,
+    Run,
+    calibrate_runs,
+    pooled_run_scatter_rel,
+)
+from perfmodels.io import json_safe, plan_to_dict, profile_from_dict, profile_to_dict
 from perfmodels.specs import Prediction, Profile
 from perfmodels.steptime import predict
 from tuner.closed_loop.metrics import mape
@@ -38,7 +44,8 @@ def uncorrected(profile: Profile | None) -> Profile | None:
     """The profile without calibration (corrections or constants): what calibration fits against."""
     if profile is None:
         return None
-    return dataclasses.replace(profile, corrections=(), constants=(), source="profile", uncertainty_rel=None)
+    return dataclasses.replace(profile, corrections=(), constants=(), source="profile", uncertainty_rel=None,
+                               run_scatter_rel=None)
 
 
 def calibration_pairs(records: Sequence[Any], base: Profile | None = None) -> list[tuple[Prediction, float]]:
@@ -158,15 +165,72 @@ def refit_constants(records: Sequence[Any], base: Profile | None) -> Refit:
 
 LOO_MAX = 30  # leave-one-out over at most this many records (each refit costs a few predictions)
 
+MEDIAN_SE_FACTOR = float(np.sqrt(np.pi / 2.0))
+"""The standard error of a median of n normal samples is sqrt(pi/2) sigma / sqrt(n) (large n)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunScatter:
+    """The measured relative scatter of one run's step time (the median of its steady steps) on a
+    cluster, and where it came from: "runs" (repeated runs of the same plan: validate's rounds,
+    repeated engine.train runs), "steps" (only one run per plan: the standard error of a median of
+    its steady steps, a floor, since load that changes between runs is not in it) or "assumed"
+    (nothing measured: `RUN_NOISE_REL`)."""
+
+    scatter_rel: float
+    dof: int
+    source: str
+
+
+def _record_key(rec: Any) -> str:
+    """Records of the same model, training and plan on a cluster: repeated runs of one layout."""
+    import json
+
+    return json.dumps([field_of(rec, "model"), field_of(rec, "training"),
+                       plan_to_dict(record_specs(rec)[3])], sort_keys=True, default=str)
+
+
+def measured_run_scatter(records: Sequence[Any]) -> RunScatter:
+    """The run-to-run scatter of one run, pooled (`pooled_run_scatter_rel`, in log time) over
+    - each record that was itself several runs (`gridtune validate`'s rounds): its stored
+      `run_scatter_rel` with `runs_measured - 1` degrees of freedom;
+    - records of the same layout stored more than once (repeated engine.train runs): their times.
+    Without either, the largest standard error of a record's median from its own steady steps'
+    scatter (`step_scatter_rel` over `steps_measured`), a floor; without that, `RUN_NOISE_REL`."""
+    squares, dof = 0.0, 0
+    by_plan: dict[str, list[float]] = {}
+    step_floor = 0.0
+    for rec in records:
+        m = measured_of(rec)
+        rounds = int(m.get("runs_measured", 1) or 1)
+        if rounds >= 2 and m.get("run_scatter_rel") is not None:
+            squares += float(m["run_scatter_rel"]) ** 2 * (rounds - 1)
+            dof += rounds - 1
+        elif m.get("iteration_time_s"):
+            by_plan.setdefault(_record_key(rec), []).append(float(m["iteration_time_s"]))
+        steps = float(m.get("steps_measured", 0) or 0)
+        if m.get("step_scatter_rel") is not None and steps >= 2:
+            step_floor = max(step_floor, MEDIAN_SE_FACTOR * float(m["step_scatter_rel"]) / np.sqrt(steps))
+    repeated = pooled_run_scatter_rel(list(by_plan.values()))
+    if repeated is not None:
+        squares += repeated[0] ** 2 * repeated[1]
+        dof += repeated[1]
+    if dof > 0:
+        return RunScatter(scatter_rel=float(np.sqrt(squares / dof)), dof=dof, source="runs")
+    if step_floor > 0:
+        return RunScatter(scatter_rel=step_floor, dof=0, source="steps")
+    return RunScatter(scatter_rel=RUN_NOISE_REL, dof=0, source="assumed")
+
 
 def calibrate_records(records: Sequence[Any], base: Profile | None = None, *, profile_id: str = "",
                       ) -> CalibrationResult:
     """Calibrate from measured records in two stages: `refit_constants` (per-kernel overhead and
     per-group-size collective cost from the measured parts), then `perfmodels.calibration.calibrate_runs`
     (the physical constants, with priors, fitted to the measured step times). The result's profile
-    has source "calibrated" and carries the constants; its uncertainty band comes from the
+    has source "calibrated" and carries the constants; its uncertainty band combines the
     leave-one-out error of the constants' fit (each record predicted by a fit on the others; with
-    one record, by the refitted constants alone), never below the in-sample error."""
+    one record, by the refitted constants alone) with the run-to-run scatter the records measured
+    (`measured_run_scatter`, `perfmodels.calibration.band_rel`), never below the in-sample error."""
     if not records:
         raise ValueError("calibrate_records needs at least one measured record")
     if base is None:
@@ -185,7 +249,7 @@ def calibrate_records(records: Sequence[Any], base: Profile | None = None, *, pr
                              f"got {measured!r}")
         runs.append(Run.stated(model=model, cluster=dataclasses.replace(cluster, profile=refit.profile),
                                training=training, plan=plan, measured_s=float(measured)))
-    cal = calibrate_runs(runs, loo_max=LOO_MAX)
+    cal = calibrate_runs(runs, loo_max=LOO_MAX, run_scatter_rel=measured_run_scatter(records).scatter_rel)
     profile = cal.profile(refit.profile, profile_id=profile_id)
     # MAPE before: with the constants the records were predicted with, not the refitted ones
     before = calibration_pairs(records, base)
@@ -213,7 +277,8 @@ def calibrate_cluster(store: Any, cluster_id: str, *, limit: int = 200, save: bo
         doc = json_safe(profile_to_dict(result.profile))
         doc["provenance"] = {"calibrated_from": len(records), "cluster_id": cluster_id,
                              "mape_before": result.mape_before, "mape_after": result.mape_after,
-                             "constants": result.constants}
+                             "constants": result.constants,
+                             "run_scatter": dataclasses.asdict(measured_run_scatter(records))}
         store.add_profile(name=name, profile=json_safe(doc), cluster=None)
     return result
 

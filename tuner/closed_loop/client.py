@@ -17,7 +17,8 @@ from tuner.types import SearchOptions
 
 ENV_URL = "GRIDTUNE_URL"
 # The profile fields posted to the service: the constants, not the client's own uncertainty band.
-_PROFILE_SERVICE_KEYS = tuple(f.name for f in dataclasses.fields(Profile) if f.name != "uncertainty_rel")
+_PROFILE_SERVICE_KEYS = tuple(f.name for f in dataclasses.fields(Profile)
+                              if f.name not in ("uncertainty_rel", "run_scatter_rel"))
 
 
 def service_url(explicit: str | None = None) -> str | None:
