@@ -594,6 +594,9 @@ class Cluster:
         _positive_int("cluster", "num_gpus", self.num_gpus)
         if self.cpu_cores_per_node is not None:
             _positive_int("cluster", "cpu_cores_per_node", self.cpu_cores_per_node)
+            if self.gpu.vendor != "cpu":  # a GPU rank computes on its device, not on the host's cores
+                raise ValueError(f"cluster.cpu_cores_per_node={self.cpu_cores_per_node} is for ranks that "
+                                 f"compute on CPU cores; cluster.gpu is {self.gpu.name} ({self.gpu.vendor})")
         _positive_int("cluster", "gpus_per_node", self.gpus_per_node)
         if self.num_gpus > 1 << 22:
             raise ValueError(f"cluster.num_gpus={self.num_gpus} is absurd (more than 4,194,304 GPUs)")

@@ -277,6 +277,9 @@ def test_ranks_per_core_of_a_plan():
     assert _cpu_cluster(None).ranks_per_core(4) == 0.0  # devices of their own (GPUs)
     with pytest.raises(ValueError, match="cpu_cores_per_node"):
         _cpu_cluster(0)
+    # a GPU rank computes on its device: the field is refused there, naming it and the GPU
+    with pytest.raises(ValueError, match=r"cluster.cpu_cores_per_node=2 .* A100-80GB"):
+        dataclasses.replace(presets.cluster("selene", 8), cpu_cores_per_node=2)
 
 
 def test_core_sharing_stretch_is_runnable_ranks_per_core():
