@@ -82,7 +82,7 @@ from perfmodels.steptime import (
     _host_seconds_per_microbatch,
     scatter_geometry,
 )
-from perfmodels.traffic import CommEvent, StageShape, comm_events
+from perfmodels.traffic import CommEvent, StageShape, busiest_blocks, comm_events
 
 TP_CATEGORIES = ("tp_exposed", "tp_fwd_half", "tp_bwd")
 P2P_KEY = ("inter", "send", "p2p")
@@ -359,8 +359,7 @@ def busiest_block_ratio(num_layers: int, stages: np.ndarray, max_virtual: np.nda
     v_max = np.maximum(np.asarray(max_virtual, dtype=np.int64), 1)
     most = np.zeros(S.shape, dtype=np.int64)
     for v in range(1, int(v_max.max(initial=1)) + 1):
-        blocks = -(-num_layers // (S * v)) * v
-        most = np.where(v <= v_max, np.maximum(most, blocks), most)
+        most = np.where(v <= v_max, np.maximum(most, busiest_blocks(num_layers, S, v)), most)
     return most / (num_layers / S.astype(np.float64))
 
 
@@ -448,23 +447,19 @@ def price_comm(model: Model, cluster: Cluster, training: Training, parts: BoundP
     def tiled_geo(g: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
         return {axis: {f: tiled(np.asarray(v)) for f, v in d.items()} for axis, d in g.items()}
 
-    if isinstance(placement[1], np.ndarray):  # several placements: each family's geometry under its own
-        orders, which = placement
-        plain: dict[str, dict[str, np.ndarray]] = {}
-        experts_geo: dict[str, dict[str, np.ndarray]] = {}
-        for i in np.unique(which):
-            idx = np.flatnonzero(which == i)
-            mine = parts.take(idx)
-            order = orders[int(i)]
-            scatter_geometry(plain, group_geometry(mine.degrees, order, cluster.gpus_per_node_used), idx, n)
-            if model.is_moe:
-                scatter_geometry(experts_geo, _expert_geometry(model, cluster, training, mine, order), idx, n)
-        geo = tiled_geo(plain)
-        expert_geo = tiled_geo(experts_geo) if model.is_moe else None
-    else:
-        geo = tiled_geo(group_geometry(parts.degrees, placement, cluster.gpus_per_node_used))
-        expert_geo = (tiled_geo(_expert_geometry(model, cluster, training, parts, placement)) if model.is_moe
-                      else None)
+    # each family's geometry under its own placement (one placement: every family's)
+    orders, which = placement if isinstance(placement[1], np.ndarray) else ([placement], np.zeros(n, int))
+    plain: dict[str, dict[str, np.ndarray]] = {}
+    experts_geo: dict[str, dict[str, np.ndarray]] = {}
+    for i in np.unique(which):
+        idx = np.flatnonzero(which == i)
+        mine = parts.take(idx)
+        order = orders[int(i)]
+        scatter_geometry(plain, group_geometry(mine.degrees, order, cluster.gpus_per_node_used), idx, n)
+        if model.is_moe:
+            scatter_geometry(experts_geo, _expert_geometry(model, cluster, training, mine, order), idx, n)
+    geo = tiled_geo(plain)
+    expert_geo = tiled_geo(experts_geo) if model.is_moe else None
     comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
     for key in dict.fromkeys(key for c in entries for key in c):
         zero = np.zeros(n)
@@ -517,9 +512,8 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
         codes = np.asarray([c for c, _ in schedules])
         interleaved = (codes == SCHEDULE_CODE["interleaved-1f1b"])[:, None]  # (s, 1)
         v = np.where(interleaved, np.asarray([x for _, x in schedules])[:, None], 1).astype(np.float64)
-        vi = v.astype(np.int64)
         L = model.num_layers
-        ratio = -(-L // (S[None, :] * vi)) * vi / (L / S[None, :].astype(np.float64))  # `traffic.stage_shape`
+        ratio = busiest_blocks(L, S[None, :], v.astype(np.int64)) / (L / S[None, :].astype(np.float64))
         transfers = np.where(S > 1, 2.0 * (v * m + S - 1), 0.0)  # `pipeline.p2p_transfers_on_critical_path`
     # (s, R, n) from here: s schedules, R recomputations
     v, interleaved, ratio, transfers = v[:, None], interleaved[:, None], ratio[:, None], transfers[:, None]
@@ -652,7 +646,7 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     rest = np.zeros((len(recomputes), len(sequence_parallel), n))
     # the units' memory depends on recomputation only through selective recomputation's dropped
     # activations (`memory.activation_bytes_per_layer`): "none" and "full" share them
-    shared: dict[tuple[bool, bool], list] = {}
+    shared: dict[tuple[bool, bool], list] = {(False, False): units}
     selective = RECOMPUTE_CODE["selective"]
     for i, rc in enumerate(recomputes):
         for j, sp in enumerate(sequence_parallel):

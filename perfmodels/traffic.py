@@ -108,6 +108,11 @@ class StageShape:
     is_last: np.ndarray
 
 
+def busiest_blocks(num_layers: int, stages: np.ndarray, virtual: np.ndarray) -> np.ndarray:
+    """Blocks on the busiest stage: ceil(L / (S v)) per chunk, v chunks (arrays broadcast)."""
+    return -(-num_layers // (stages * virtual)) * virtual
+
+
 def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str | StageShape = "busiest") -> StageShape:
     """The blocks, embedding and head of the `stage` of each plan: "busiest", a stage index, or a
     StageShape given whole (a relaxed stage, `perfmodels.bounds`)."""
@@ -117,9 +122,7 @@ def stage_shape(num_layers: int, arrays: PlanArrays, stage: int | str | StageSha
     v = arrays.virtual_stages
     n = len(arrays)
     if stage == "busiest":
-        chunks = S * v
-        per_chunk = -(-num_layers // chunks)
-        blocks = per_chunk * v
+        blocks = busiest_blocks(num_layers, S, v)
         one = S == 1
         return StageShape(blocks=blocks, has_embedding=one, has_head=np.ones(n, bool), is_first=one,
                           is_last=np.ones(n, bool))
