@@ -251,6 +251,9 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
         again = comp.recompute_s if rc != none else 0.0  # type: ignore[attr-defined]
         return (comp.fwd_s + comp.bwd_s + again) * c_compute  # type: ignore[attr-defined]
 
+    host_share = training.effective_stack.host_exposed_fraction
+    one_size = high is low
+    ratio = busiest_block_ratio(model.num_layers, low.G_inter, np.asarray(max_virtual)) if one_size else None
     a2a = [_all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
                                max_virtual) for sp in sequence_parallel]
     for i, rc in enumerate(recomputes):
@@ -261,7 +264,15 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
             # bubble idles the average stage, of which the blocks alone are a floor
             c_low = stage_seconds(low, rc, sp, head=False)
             c_high = stage_seconds(high, rc, sp, head=True)
-            out[i, j] = np.maximum(m_fewest * c_high + a2a[j], m_fewest * host) + fill * c_low
+            if high is not low:
+                out[i, j] = np.maximum(m_fewest * c_high + a2a[j], m_fewest * host) + fill * c_low
+                continue
+            # one micro-batch size: t_mb >= its compute, the all-to-alls' floor and the host's share,
+            # and the bubble scales the average stage by t_mb over the busiest stage's most compute
+            # (`lower_bound_s`)
+            t_mb = np.maximum(c_high + a2a[j] / np.maximum(m_fewest, 1.0) + host_share * host, host)
+            busiest = c_high * ratio  # type: ignore[operator]
+            out[i, j] = m_fewest * t_mb + fill * c_low * np.maximum(1.0, t_mb / np.maximum(busiest, 1e-30))
     return out
 
 

@@ -403,6 +403,35 @@ def _optimizer_params(unit: Unit, count: np.ndarray | float, rank: Rank) -> np.n
     return local * count
 
 
+DENSE_COLUMNS = ("G_intra_r", "G_intra_c", "G_intra_d", "micro_batch_size", "sequence_parallel")
+"""The plan columns a unit's compute (`unit_compute`) reads: the tensor degrees, the micro-batch size
+and sequence parallelism."""
+
+
+def dense_runs(arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each run of consecutive rows equal in `DENSE_COLUMNS`, each row's run). A
+    search's rows come grouped (a mixture of experts' grids differ first in their expert degrees,
+    a family's plans in their options), so the units' compute is evaluated once per run: no sort,
+    and rows in any order still get their own values."""
+    n = len(arrays)
+    change = np.zeros(n, dtype=bool)
+    change[:1] = True
+    for name in DENSE_COLUMNS:
+        col = getattr(arrays, name)
+        change[1:] |= col[1:] != col[:-1]
+    return np.flatnonzero(change), np.cumsum(change) - 1
+
+
+def _spread(u: UnitCompute, run: np.ndarray) -> UnitCompute:
+    """`u`, evaluated once per run (`dense_runs`), for every row."""
+    def at(x: np.ndarray | float) -> np.ndarray | float:
+        return x[run] if isinstance(x, np.ndarray) else x
+
+    return UnitCompute(gemm=at(u.gemm), attention=at(u.attention), attention_bwd=at(u.attention_bwd),  # type: ignore[arg-type]
+                       memory=at(u.memory), memory_bwd=at(u.memory_bwd), selective=at(u.selective),  # type: ignore[arg-type]
+                       recomputed=u.recomputed, skipped=at(u.skipped))
+
+
 def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                   st: StageShape) -> StageCompute:
     """Compute of the stage `st`: the sum over the model's units of (copies on the stage) x (one
@@ -410,6 +439,8 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     memory-bound pass over weights, gradients and optimizer state; ZeRO-1 and up shard it over the
     data ranks)."""
     rank = Rank.of(model, cluster, training, arrays)
+    first, run = dense_runs(arrays)
+    dense = rank if len(first) * 2 > len(arrays) else Rank.of(model, cluster, training, arrays.take(first))
     full = arrays.recompute == RECOMPUTE_CODE["full"]
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
     zero = np.zeros(len(arrays))
@@ -421,7 +452,9 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
         local = local + _optimizer_params(unit, count, rank)
         if not (unit.layers or unit.attention):
             continue
-        u = unit_compute(model, unit, rank)
+        u = unit_compute(model, unit, dense)
+        if dense is not rank:
+            u = _spread(u, run)
         u_fwd = u.fwd
         gemm = gemm + count * u.gemm
         if isinstance(u.attention, np.ndarray):

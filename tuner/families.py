@@ -191,28 +191,29 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     first = np.cumsum(np.concatenate([[0], sizes[:-1]]))  # where each grid's pairs start in `rows`
     rows = np.repeat(table.pair_start[subset] - first, sizes) + np.arange(sizes.sum())
     gi, mb = table.pair_grid[rows], table.pair_micro_batch[rows]
-    counts, placed = table.counts, table.placed
-    runs = table.runs.copy()
-    per_schedule = counts // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one micro-batch
-    n_placed_grid = placed.sum(axis=0)
+    placed = table.placed
+    # the subset's grids only (a search's table may hold tens of thousands): `local` is each pair's
+    # grid's index into `subset`
+    local = np.repeat(np.arange(len(subset)), sizes)
+    runs = table.runs[subset]
+    per_schedule = table.counts[subset] // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one mb
+    n_placed_grid = placed[:, subset].sum(axis=0)
     if screen is not None:
         # the rules that do not read the micro-batch size once per (grid, schedule), the others per pair
-        f, si = np.nonzero(runs[subset])
-        f = subset[f]
-        cols = {name: grids[f, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
+        f, si = np.nonzero(runs)
+        cols = {name: grids[subset[f], j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
         cols.update(schedule=sched[si, 0], virtual_stages=sched[si, 1])
-        weights = (per_schedule * n_placed_grid)[f] * (table.pair_start[f + 1] - table.pair_start[f])
-        runs[f, si] = screen(cols, weights, "grid")
-    allowed = runs[gi]  # (pairs, s)
-    n_placed = n_placed_grid[gi]
+        runs[f, si] = screen(cols, (per_schedule * n_placed_grid * sizes)[f], "grid")
+    allowed = runs[local]  # (pairs, s)
+    n_placed = n_placed_grid[local]
     if screen is not None:
         f, si = np.nonzero(allowed)
         cols = {name: grids[gi[f], j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
         cols.update(micro_batch_size=mb[f], schedule=sched[si, 0], virtual_stages=sched[si, 1])
-        allowed[f, si] = screen(cols, (per_schedule[gi] * n_placed)[f], "pair")
+        allowed[f, si] = screen(cols, (per_schedule[local] * n_placed)[f], "pair")
     keep = allowed.any(axis=1)
-    gi, mb, allowed, n_placed = gi[keep], mb[keep], allowed[keep], n_placed[keep]
-    plans = per_schedule[gi] * allowed.sum(axis=1)
+    gi, mb, allowed, n_placed, local = gi[keep], mb[keep], allowed[keep], n_placed[keep], local[keep]
+    plans = per_schedule[local] * allowed.sum(axis=1)
     # the memory bound first: a pair none of whose options fits is dropped (and counted), and the
     # recomputation memory forces on the others counts in their time bound
     z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
