@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodels import collectives, context, experts
-from perfmodels.compute import stage_compute
+from perfmodels.compute import gemm_curve, hbm_rate, stage_computes
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
 from perfmodels.memory import GIB, capacity_per_rank_gib, stage_memory, state_bytes, unit_parts
@@ -238,18 +238,23 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     relaxed = _relaxed_stage(model, low)
     # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
     # evaluation per recomputation that repeats something (and one for "none" alone)
-    evaluated: dict[tuple[int, bool, bool, bool], object] = {}
+    evaluated: dict[tuple[int, bool, bool], list[tuple[np.ndarray, np.ndarray | float]]] = {}
+    siblings = _expert_siblings(model, low, high, recomputes)
 
     def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
         """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
         first = next((r for r in recomputes if r != none), none) if rc == none else rc
-        key = (first, sp, arrays is low, head)
-        if key not in evaluated:
-            evaluated[key] = stage_compute(model, cluster, training, with_options(
-                arrays, recompute=first, sequence_parallel=sp), relaxed if head else blocks_only)
-        comp = evaluated[key]
-        again = comp.recompute_s if rc != none else 0.0  # type: ignore[attr-defined]
-        return (comp.fwd_s + comp.bwd_s + again) * c_compute  # type: ignore[attr-defined]
+        key = (first, sp, arrays is low)
+        if key not in evaluated:  # the relaxed stage and its blocks alone, in one evaluation
+            rep = with_options(arrays, recompute=first, sequence_parallel=sp)
+            if siblings is not None:  # no recomputation
+                evaluated[key] = [(c, 0.0) for c in _by_siblings(
+                    model, cluster, training, rep, [blocks_only, relaxed], *siblings)]
+            else:
+                evaluated[key] = [(c.fwd_s + c.bwd_s, c.recompute_s) for c in stage_computes(
+                    model, cluster, training, rep, [blocks_only, relaxed])]
+        fwd_bwd, again = evaluated[key][int(head)]  # type: ignore[index]
+        return (fwd_bwd + (again if rc != none else 0.0)) * c_compute
 
     host_share = training.effective_stack.host_exposed_fraction
     one_size = high is low
@@ -273,6 +278,44 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
             t_mb = np.maximum(c_high + a2a[j] / np.maximum(m_fewest, 1.0) + host_share * host, host)
             busiest = c_high * ratio  # type: ignore[operator]
             out[i, j] = m_fewest * t_mb + fill * c_low * np.maximum(1.0, t_mb / np.maximum(busiest, 1e-30))
+    return out
+
+
+def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays, recomputes: list[int]
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first row of each run of rows that differ at most in their expert degrees, each row's run),
+    for a mixture of experts' grids without recomputation, where the runs are long enough to pay;
+    else None."""
+    if not model.is_moe or any(rc != RECOMPUTE_CODE["none"] for rc in recomputes):
+        return None
+    n = len(low)
+    change = np.zeros(n, dtype=bool)
+    change[:1] = True
+    for arrays in (low, high):
+        for name in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "micro_batch_size"):
+            col = getattr(arrays, name)
+            change[1:] |= col[1:] != col[:-1]
+    first = np.flatnonzero(change)
+    return (first, np.cumsum(change) - 1) if len(first) * 2 <= n else None
+
+
+def _by_siblings(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                 shapes: list[StageShape], first: np.ndarray, run: np.ndarray) -> list[np.ndarray]:
+    """Forward + backward seconds per micro-batch, without recomputation, of each of `shapes` (blocks
+    and LM head alike for siblings): the units once per run of siblings (grids that differ only in
+    their expert degrees hold the same units), the routed experts per row (`compute.stage_computes`
+    adds them as moe_layers x (forward + twice it))."""
+    reps = arrays.take(first)
+    taken = [StageShape(blocks=np.asarray(st.blocks)[first], has_embedding=st.has_embedding[first],
+                        has_head=st.has_head[first], is_first=st.is_first[first], is_last=st.is_last[first])
+             for st in shapes]
+    curve, rate = gemm_curve(cluster, training), hbm_rate(cluster)
+    e_gemm, e_mem = experts.layer_compute(model, training, arrays, curve, rate)
+    routed = 3.0 * (e_gemm + e_mem)
+    out = []
+    for st, comp in zip(shapes, stage_computes(model, cluster, training, reps, taken)):
+        units = comp.fwd_s + comp.bwd_s - 3.0 * np.asarray(comp.experts_fwd_s)
+        out.append(units[run] + np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction * routed)
     return out
 
 
@@ -332,8 +375,7 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
         evaluated = {}
         for rc in [r for r in recomputes if r != none] or [none]:
             rep = with_options(arrays, recompute=rc, sequence_parallel=sp)
-            evaluated[rc] = (stage_compute(model, cluster, training, rep, relaxed),
-                             stage_compute(model, cluster, training, rep, average))
+            evaluated[rc] = tuple(stage_computes(model, cluster, training, rep, [relaxed, average]))
         for i, rc in enumerate(recomputes):
             comp, avg = evaluated.get(rc, next(iter(evaluated.values())))
             again, again_avg = (comp.recompute_s, avg.recompute_s) if rc != none else (0.0, 0.0)

@@ -18,6 +18,7 @@ recomputes the scores, 2.5x forward).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -438,65 +439,84 @@ def stage_compute(model: Model, cluster: Cluster, training: Training, arrays: Pl
     copy's seconds, `unit_compute`), and the optimizer step over the stage's local parameters (a
     memory-bound pass over weights, gradients and optimizer state; ZeRO-1 and up shard it over the
     data ranks)."""
+    return stage_computes(model, cluster, training, arrays, [st])[0]
+
+
+def stage_computes(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                   shapes: Sequence[StageShape]) -> list[StageCompute]:
+    """`stage_compute` of the same plans on several stage shapes (the busiest and the average stage,
+    a bound's relaxed stage and its blocks alone): each unit's compute, the part that costs, is
+    evaluated once and only the copies per stage differ."""
     rank = Rank.of(model, cluster, training, arrays)
     first, run = dense_runs(arrays)
     dense = rank if len(first) * 2 > len(arrays) else Rank.of(model, cluster, training, arrays.take(first))
     full = arrays.recompute == RECOMPUTE_CODE["full"]
     selective = arrays.recompute == RECOMPUTE_CODE["selective"]
-    zero = np.zeros(len(arrays))
-    gemm, attention, memory, fwd, bwd, recompute, head_fwd = (zero,) * 7
-    local: np.ndarray | float = 0.0
-    experts_fwd: np.ndarray | float = 0.0
+    units: list[tuple[Unit, UnitCompute | None]] = []
     for unit in model.units:
-        count = units_on_stage(unit, st, arrays)
-        local = local + _optimizer_params(unit, count, rank)
         if not (unit.layers or unit.attention):
+            units.append((unit, None))
             continue
         u = unit_compute(model, unit, dense)
-        if dense is not rank:
-            u = _spread(u, run)
-        u_fwd = u.fwd
-        gemm = gemm + count * u.gemm
-        if isinstance(u.attention, np.ndarray):
-            attention = attention + count * u.attention
-        memory = memory + count * u.memory
-        fwd = fwd + count * u_fwd
-        bwd = bwd + count * u.bwd
-        if u.recomputed:
-            repeated = np.where(full, u_fwd - u.skipped, np.where(selective, u.selective, 0.0))
-            recompute = recompute + count * repeated
-        if unit.loss:
-            head_fwd = head_fwd + count * u_fwd
-    local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+        units.append((unit, _spread(u, run) if dense is not rank else u))
+    experts_part = None
     if model.is_moe:
         # the routed experts of the stage's MoE layers (perfmodels.experts): their optimizer state is
         # sharded over the expert-data ranks
         from perfmodels import experts
 
-        moe_layers = np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction
         e_gemm, e_mem = experts.layer_compute(model, training, arrays, rank.curve, rank.rate)
-        e_fwd = e_gemm + e_mem
-        experts_fwd = moe_layers * e_fwd
-        gemm, memory = gemm + moe_layers * e_gemm, memory + moe_layers * e_mem
-        fwd, bwd = fwd + moe_layers * e_fwd, bwd + moe_layers * 2.0 * e_fwd
-        recompute = recompute + moe_layers * np.where(full, e_fwd, 0.0)  # selective: none (experts)
         edp = experts.expert_degrees(arrays)["edp"]
-        local = local + moe_layers * experts.local_expert_params(model, arrays) / np.where(
-            arrays.zero_stage >= 1, edp, 1)
+        experts_part = (e_gemm, e_mem, experts.local_expert_params(model, arrays),
+                        np.where(arrays.zero_stage >= 1, edp, 1))
     stack = training.effective_stack
     step_bytes = stack.optimizer_step_bytes if training.optimizer != "sgd" else 12.0
-    return StageCompute(
-        gemm_fwd_s=gemm,
-        attention_fwd_s=attention,
-        memory_fwd_s=memory,
-        fwd_s=fwd,
-        bwd_s=bwd,
-        recompute_s=recompute,
-        optimizer_s=local * step_bytes / rank.rate,
-        wgrad_s=gemm,  # the weight-grad half of the backward GEMMs (what async input-grad comm hides behind)
-        head_fwd_s=head_fwd,
-        experts_fwd_s=experts_fwd,
-    )
+    out = []
+    for st in shapes:
+        zero = np.zeros(len(arrays))
+        gemm, attention, memory, fwd, bwd, recompute, head_fwd = (zero,) * 7
+        local: np.ndarray | float = 0.0
+        experts_fwd: np.ndarray | float = 0.0
+        for unit, u in units:
+            count = units_on_stage(unit, st, arrays)
+            local = local + _optimizer_params(unit, count, rank)
+            if u is None:
+                continue
+            u_fwd = u.fwd
+            gemm = gemm + count * u.gemm
+            if isinstance(u.attention, np.ndarray):
+                attention = attention + count * u.attention
+            memory = memory + count * u.memory
+            fwd = fwd + count * u_fwd
+            bwd = bwd + count * u.bwd
+            if u.recomputed:
+                repeated = np.where(full, u_fwd - u.skipped, np.where(selective, u.selective, 0.0))
+                recompute = recompute + count * repeated
+            if unit.loss:
+                head_fwd = head_fwd + count * u_fwd
+        local = local / np.where(arrays.zero_stage >= 1, arrays.G_data, 1)
+        if experts_part is not None:
+            e_gemm, e_mem, e_params, e_shards = experts_part
+            moe_layers = np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction
+            e_fwd = e_gemm + e_mem
+            experts_fwd = moe_layers * e_fwd
+            gemm, memory = gemm + moe_layers * e_gemm, memory + moe_layers * e_mem
+            fwd, bwd = fwd + moe_layers * e_fwd, bwd + moe_layers * 2.0 * e_fwd
+            recompute = recompute + moe_layers * np.where(full, e_fwd, 0.0)  # selective: none (experts)
+            local = local + moe_layers * e_params / e_shards
+        out.append(StageCompute(
+            gemm_fwd_s=gemm,
+            attention_fwd_s=attention,
+            memory_fwd_s=memory,
+            fwd_s=fwd,
+            bwd_s=bwd,
+            recompute_s=recompute,
+            optimizer_s=local * step_bytes / rank.rate,
+            wgrad_s=gemm,  # the weight-grad half of the backward GEMMs (what async input-grad comm hides in)
+            head_fwd_s=head_fwd,
+            experts_fwd_s=experts_fwd,
+        ))
+    return out
 
 
 def host_seconds_per_block(cluster: Cluster, training: Training) -> float:

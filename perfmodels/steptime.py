@@ -40,7 +40,7 @@ from perfmodels.compute import (
     _attention,
     host_seconds_per_block,
     model_flops_per_token,
-    stage_compute,
+    stage_computes,
 )
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
@@ -488,8 +488,7 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
     `arrays` are the context view (`perfmodels.context.view`) of the `real` plans when cp > 1."""
     m = arrays.num_microbatches(training).astype(np.float64)
     st = stage_shape(model.num_layers, arrays, "busiest")
-    comp: StageCompute = stage_compute(model, cluster, training, arrays, st)
-    avg = stage_compute(model, cluster, training, arrays, _average_stage(model, arrays))
+    comp, avg = stage_computes(model, cluster, training, arrays, [st, _average_stage(model, arrays)])
     geo = _geometry(cluster, arrays, cp, real, model)
     full_rc = (arrays.recompute == RECOMPUTE_CODE["full"]).astype(np.float64)
     events = comm_events(model, training, arrays, "busiest") + context.ring_events(

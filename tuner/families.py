@@ -104,7 +104,9 @@ class Pairs:
     schedules: np.ndarray
     """(pairs, schedule options): the schedules each pair runs that the rules allow."""
     placed: np.ndarray
-    """(placements, grids): which placements expand which grids."""
+    """(placements, parents): which placements expand which grids' parents (`GridTable`)."""
+    parent: np.ndarray
+    """(grids,) each grid's parent."""
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
     fits: np.ndarray
     """(Z, R, P, pairs): whether the memory bound leaves room for that (ZeRO, recompute,
@@ -124,22 +126,41 @@ and the rules that do (`constraints.READS_MICRO_BATCH`)."""
 @dataclass(frozen=True, kw_only=True)
 class GridTable:
     """Every grid of the search with the coarsest bound (`perfmodels.bounds.grid_bound_s`: any
-    micro-batch size, placement and option), its (grid, micro-batch size) pairs and plan counts."""
+    micro-batch size, placement and option), its (grid, micro-batch size) pairs and plan counts.
+
+    What depends on the six degrees alone (plan counts, schedules, placements, micro-batch sizes) is
+    held once per *parent*: the grids of a mixture of experts that differ only in their expert
+    degrees share one (a dense model's grids are their own parents)."""
 
     bound_s: np.ndarray
     """(grids,) seconds no plan of the grid can beat (inf: the grid expands into no plan)."""
+    parent: np.ndarray
+    """(grids,) each grid's parent (index into the per-parent arrays below)."""
     counts: np.ndarray
-    """(grids,) plans of one micro-batch size under one placement."""
+    """(parents,) plans of one micro-batch size under one placement."""
     runs: np.ndarray
-    """(grids, schedule options): the schedules each grid's pipeline runs."""
+    """(parents, schedule options): the schedules each parent's pipeline runs."""
     placed: np.ndarray
-    """(placements, grids): which placements expand which grids."""
-    pair_grid: np.ndarray
+    """(placements, parents): which placements expand which parents' grids."""
     pair_micro_batch: np.ndarray
     pair_start: np.ndarray
-    """(grids + 1,): grid g's pairs are pair_grid[pair_start[g]:pair_start[g + 1]]."""
+    """(parents + 1,): the micro-batch sizes of parent P's grids are
+    pair_micro_batch[pair_start[P]:pair_start[P + 1]]."""
     total_plans: int
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+
+
+def grid_parents(model: Model, grids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first grid of each run of grids equal in the six degree columns, each grid's run). A mixture
+    of experts' grids come as each degree grid's expert choices in a row (`tuner.space.expert_rows`);
+    a dense model's grids are their own runs."""
+    n = len(grids)
+    if not model.is_moe:
+        return np.arange(n), np.arange(n)
+    dims = len(GRID_COLUMNS)
+    change = np.ones(n, dtype=bool)
+    change[1:] = np.any(grids[1:, :dims] != grids[:-1, :dims], axis=1)
+    return np.flatnonzero(change), np.cumsum(change) - 1
 
 
 def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, options: SearchOptions,
@@ -151,34 +172,38 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     sched_opts, rc_opts, zero_opts, sp_opts = lists
     uneven = model.is_moe
     mbs = np.asarray(micro_batch_values(options), dtype=np.int64)
-    per_replica = training.global_batch_size // (grids[:, 0] * grids[:, 2])
-    counts = plans_per_grid(grids, sched_opts, rc_opts, zero_opts, sp_opts, model.depth, uneven)
-    # which micro-batch sizes divide each grid's samples per replica, worked out once per distinct
+    first, parent = grid_parents(model, grids)
+    pg = grids[first]
+    per_replica = training.global_batch_size // (pg[:, 0] * pg[:, 2])
+    counts = plans_per_grid(pg, sched_opts, rc_opts, zero_opts, sp_opts, model.depth, uneven)
+    # which micro-batch sizes divide each parent's samples per replica, worked out once per distinct
     # count: divisors[u, :ndiv[u]] are the indices into `mbs` for the u-th distinct count
     values, which = np.unique(per_replica, return_inverse=True)
     divides = values[:, None] % mbs[None, :] == 0
     ndiv = divides.sum(axis=1)
     divisors = np.argsort(~divides, axis=1, kind="stable")[:, : max(int(ndiv.max(initial=0)), 1)]
     listed = np.arange(divisors.shape[1])[None, :] < ndiv[which][:, None]
-    gi, col = np.nonzero(listed & (counts[:, None] > 0))
-    mb = mbs[divisors[which[gi], col]]
-    placed = first_placement_masks(grids, orders)
-    sizes = np.bincount(gi, minlength=len(grids))
+    pi, col = np.nonzero(listed & (counts[:, None] > 0))
+    mb = mbs[divisors[which[pi], col]]
+    placed = first_placement_masks(pg, orders)
+    sizes = np.bincount(pi, minlength=len(pg))
     start = np.concatenate([[0], np.cumsum(sizes)])
-    runs = schedule_mask(grids[:, 1], sched_opts, model.depth, uneven)
+    runs = schedule_mask(pg[:, 1], sched_opts, model.depth, uneven)
     sched = np.asarray(sched_opts, dtype=np.int64)
     bound = np.full(len(grids), np.inf)
-    has = np.flatnonzero(sizes > 0)
+    has = np.flatnonzero(sizes[parent] > 0)
     if len(has):
+        par = parent[has]
         zero = np.where(grids[has, 0] > 1, max(zero_opts), 0)
-        smallest = _representatives(grids, has, mb[start[has]], zero)
-        largest = _representatives(grids, has, mb[start[has + 1] - 1], zero)
-        v_max = _max_virtual(runs[has], sched)
+        smallest = _representatives(grids, has, mb[start[par]], zero)
+        largest = _representatives(grids, has, mb[start[par + 1] - 1], zero)
+        v_max = _max_virtual(runs, sched)[par]
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
                                   [bool(x) for x in sp_opts])
-    return GridTable(bound_s=bound, counts=counts, runs=runs, placed=placed, pair_grid=gi,
+    children = np.bincount(parent, minlength=len(pg))
+    return GridTable(bound_s=bound, parent=parent, counts=counts, runs=runs, placed=placed,
                      pair_micro_batch=mb, pair_start=start,
-                     total_plans=int((counts * sizes * placed.sum(axis=0)).sum()), options=lists)
+                     total_plans=int((children * counts * sizes * placed.sum(axis=0)).sum()), options=lists)
 
 
 def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
@@ -187,17 +212,16 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     the rules of `screen` allow, with their coarse bounds."""
     sched_opts, rc_opts, zero_opts, sp_opts = table.options
     sched = np.asarray(sched_opts, dtype=np.int64)
-    sizes = table.pair_start[subset + 1] - table.pair_start[subset]
+    par = table.parent[subset]
+    sizes = table.pair_start[par + 1] - table.pair_start[par]
     first = np.cumsum(np.concatenate([[0], sizes[:-1]]))  # where each grid's pairs start in `rows`
-    rows = np.repeat(table.pair_start[subset] - first, sizes) + np.arange(sizes.sum())
-    gi, mb = table.pair_grid[rows], table.pair_micro_batch[rows]
-    placed = table.placed
-    # the subset's grids only (a search's table may hold tens of thousands): `local` is each pair's
-    # grid's index into `subset`
+    rows = np.repeat(table.pair_start[par] - first, sizes) + np.arange(sizes.sum())
+    # `local`: each pair's grid's index into `subset`
     local = np.repeat(np.arange(len(subset)), sizes)
-    runs = table.runs[subset]
-    per_schedule = table.counts[subset] // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one mb
-    n_placed_grid = placed[:, subset].sum(axis=0)
+    gi, mb = subset[local], table.pair_micro_batch[rows]
+    runs = table.runs[par]
+    per_schedule = table.counts[par] // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one mb
+    n_placed_grid = table.placed[:, par].sum(axis=0)
     if screen is not None:
         # the rules that do not read the micro-batch size once per (grid, schedule), the others per pair
         f, si = np.nonzero(runs)
@@ -237,7 +261,8 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
         per_option = blocks_bound_s(model, cluster, training, reps, v_max, [rc_opts[r] for r in used], sps)
         bound = np.min(np.where(runnable[used], per_option, np.inf), axis=(0, 1))
     return Pairs(grid=gi, micro_batch=mb, plans=plans, placements=n_placed, bound_s=bound, max_virtual=v_max,
-                 max_zero=z_max, schedules=allowed, placed=placed, options=table.options, fits=fits,
+                 max_zero=z_max, schedules=allowed, placed=table.placed, parent=table.parent,
+                 options=table.options, fits=fits,
                  out_of_memory=out_of_memory)
 
 
@@ -278,7 +303,7 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
     out_of_memory = int((pr.plans[subset] * pr.placements[subset])[~any_fit].sum())
     part_row: list[np.ndarray] = []
     for p in range(len(orders)):
-        local = np.flatnonzero(pr.placed[p][gi[fitting]])  # index into `fitting`
+        local = np.flatnonzero(pr.placed[p][pr.parent[gi[fitting]]])  # index into `fitting`
         if parts is None or not len(local):
             continue
         out["order_index"].append(np.full(len(local), p))

@@ -422,14 +422,18 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS
             plans = np.cumsum(family_pool.plans[open_families])
             chunk = open_families[: max(1, int(np.searchsorted(plans, size, side="right")))]
+            parts = []
             for fam, rows in family_pool.take(chunk):
                 part = expand(fam, rows, grids, limit, schedule_bounds(model, cluster, training, fam, rows))
                 memory_skipped += part.skipped_memory
                 time_skipped += part.skipped_time
-                if part.columns is None:
-                    continue
-                evaluated += len(part.columns["G_data"])
-                valid += _score(model, cluster, training, options, part.columns, part.order_index, orders,
+                if part.columns is not None:
+                    parts.append(part)
+            if parts:  # one scoring pass for the families of every batch (each pass costs an overhead)
+                cols = {k: np.concatenate([p.columns[k] for p in parts]) for k in parts[0].columns}  # type: ignore[index]
+                evaluated += len(cols["G_data"])
+                valid += _score(model, cluster, training, options, cols,
+                                np.concatenate([p.order_index for p in parts]), orders,  # type: ignore[misc]
                                 pruned, best, level="options")
         # the budget stops the search once it has an answer to give (its first scored chunk)
         if best.rows and time.perf_counter() - t0 > options.time_budget_s:
