@@ -69,7 +69,7 @@ from perfmodels import collectives, context, experts
 from perfmodels.compute import gemm_curve, hbm_rate, stage_computes
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry
-from perfmodels.memory import GIB, capacity_per_rank_gib, stage_memory, state_bytes, unit_parts
+from perfmodels.memory import GIB, capacity_per_rank_gib, rest_bytes, state_bytes, unit_parts
 from perfmodels.pipeline import p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
 from perfmodels.specs import Cluster, Model, Training
@@ -239,7 +239,7 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
     # evaluation per recomputation that repeats something (and one for "none" alone)
     evaluated: dict[tuple[int, bool, bool], list[tuple[np.ndarray, np.ndarray | float]]] = {}
-    siblings = _expert_siblings(model, low, high, recomputes)
+    siblings = _expert_siblings(model, low, high)
 
     def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
         """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
@@ -247,9 +247,9 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
         key = (first, sp, arrays is low)
         if key not in evaluated:  # the relaxed stage and its blocks alone, in one evaluation
             rep = with_options(arrays, recompute=first, sequence_parallel=sp)
-            if siblings is not None:  # no recomputation
-                evaluated[key] = [(c, 0.0) for c in _by_siblings(
-                    model, cluster, training, rep, [blocks_only, relaxed], *siblings)]
+            if siblings is not None:
+                shapes = [blocks_only, relaxed]
+                evaluated[key] = _by_siblings(model, cluster, training, rep, shapes, *siblings)
             else:
                 evaluated[key] = [(c.fwd_s + c.bwd_s, c.recompute_s) for c in stage_computes(
                     model, cluster, training, rep, [blocks_only, relaxed])]
@@ -281,12 +281,10 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     return out
 
 
-def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays, recomputes: list[int]
-                     ) -> tuple[np.ndarray, np.ndarray] | None:
+def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays) -> tuple[np.ndarray, np.ndarray] | None:
     """(first row of each run of rows that differ at most in their expert degrees, each row's run),
-    for a mixture of experts' grids without recomputation, where the runs are long enough to pay;
-    else None."""
-    if not model.is_moe or any(rc != RECOMPUTE_CODE["none"] for rc in recomputes):
+    for a mixture of experts where the runs are long enough to pay; else None."""
+    if not model.is_moe:
         return None
     n = len(low)
     change = np.zeros(n, dtype=bool)
@@ -300,22 +298,28 @@ def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays, recomputes
 
 
 def _by_siblings(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                 shapes: list[StageShape], first: np.ndarray, run: np.ndarray) -> list[np.ndarray]:
-    """Forward + backward seconds per micro-batch, without recomputation, of each of `shapes` (blocks
-    and LM head alike for siblings): the units once per run of siblings (grids that differ only in
-    their expert degrees hold the same units), the routed experts per row (`compute.stage_computes`
-    adds them as moe_layers x (forward + twice it))."""
+                 shapes: list[StageShape], first: np.ndarray, run: np.ndarray
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(forward + backward, recomputation) seconds per micro-batch of each of `shapes` (blocks and LM
+    head alike for siblings; one recomputation for all rows): the units once per run of siblings
+    (grids that differ only in their expert degrees hold the same units), the routed experts per row
+    as `compute.stage_computes` adds them (moe_layers x the forward, twice it backward, the forward
+    again under full recomputation)."""
     reps = arrays.take(first)
     taken = [StageShape(blocks=np.asarray(st.blocks)[first], has_embedding=st.has_embedding[first],
                         has_head=st.has_head[first], is_first=st.is_first[first], is_last=st.is_last[first])
              for st in shapes]
     curve, rate = gemm_curve(cluster, training), hbm_rate(cluster)
     e_gemm, e_mem = experts.layer_compute(model, training, arrays, curve, rate)
-    routed = 3.0 * (e_gemm + e_mem)
+    e_fwd = e_gemm + e_mem
+    again = np.where(arrays.recompute == RECOMPUTE_CODE["full"], e_fwd, 0.0)
     out = []
     for st, comp in zip(shapes, stage_computes(model, cluster, training, reps, taken)):
-        units = comp.fwd_s + comp.bwd_s - 3.0 * np.asarray(comp.experts_fwd_s)
-        out.append(units[run] + np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction * routed)
+        routed = np.asarray(comp.experts_fwd_s)
+        units = comp.fwd_s + comp.bwd_s - 3.0 * routed
+        units_again = comp.recompute_s - np.where(reps.recompute == RECOMPUTE_CODE["full"], routed, 0.0)
+        moe_layers = np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction
+        out.append((units[run] + moe_layers * 3.0 * e_fwd, units_again[run] + moe_layers * again))
     return out
 
 
@@ -707,6 +711,6 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
             key = (rc == selective, sp)
             if key not in shared:
                 shared[key] = unit_parts(model, training, rep, first)
-            mem = stage_memory(model, cluster, training, rep, first, m, position="first", parts=shared[key])
-            rest[i, j] = mem.total_gib - mem.params_gib - mem.grads_gib - mem.optimizer_gib
+            acts, comm, overhead = rest_bytes(model, cluster, training, rep, first, m, "first", shared[key])
+            rest[i, j] = (acts + comm + overhead) / GIB
     return states, rest

@@ -322,16 +322,30 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
                  parts: list[UnitMemory] | None = None) -> StageMemory:
     """The memory of the stage `st`. `parts`: its units' memory (`unit_parts`) when already known
     for plans that differ from `arrays` only in their ZeRO stage (which the units' shares ignore)."""
-    blocks = st.blocks.astype(np.float64)
-    stack = training.effective_stack
-
     if parts is None:
         parts = unit_parts(model, training, arrays, st)
+    states = state_bytes(model, training, arrays, st, parts)
+    params, grads, optimizer = states.params, states.grads, states.optimizer
+    activations, comm, overhead = rest_bytes(model, cluster, training, arrays, st, m, position, parts)
+    total = params + grads + optimizer + activations + comm + overhead
+    return StageMemory(
+        params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
+        activations_gib=activations / GIB, comm_buffers_gib=comm / GIB, overhead_gib=overhead / GIB,
+        total_gib=total / GIB, capacity_gib=float(cluster.gpu.memory_gib),
+    )
+
+
+def rest_bytes(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
+               m: np.ndarray, position: str, parts: list[UnitMemory]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(activations, NCCL buffers, overhead) bytes of the stage `st`: the part of `stage_memory` that
+    the ZeRO stage does not change, on its own for bounds that try every ZeRO stage
+    (`perfmodels.bounds`)."""
+    blocks = st.blocks.astype(np.float64)
+    stack = training.effective_stack
     n = len(arrays)
     act_layer, layer_input, logits = (_summed(parts, name, n)
                                       for name in ("act_layer", "layer_input", "logits"))
-    states = state_bytes(model, training, arrays, st, parts)
-    params, grads, optimizer = states.params, states.grads, states.optimizer
     if model.is_moe:
         act_layer, expert_comms = _expert_activations(model, training, arrays, act_layer)
     else:
@@ -349,12 +363,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
     communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values()) + expert_comms
     comm = stack.comm_buffer_gib * GIB * communicators * (cluster.backend != "gloo")
     overhead = stack.context_gib * GIB * on_gpu + stack.fragmentation * activations
-    total = params + grads + optimizer + activations + comm + overhead
-    return StageMemory(
-        params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
-        activations_gib=activations / GIB, comm_buffers_gib=comm / GIB, overhead_gib=overhead / GIB,
-        total_gib=total / GIB, capacity_gib=float(cluster.gpu.memory_gib),
-    )
+    return activations, comm, overhead
 
 
 def _expert_states(model: Model, training: Training, arrays: PlanArrays, blocks: np.ndarray,

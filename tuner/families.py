@@ -216,8 +216,11 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     sizes = table.pair_start[par + 1] - table.pair_start[par]
     first = np.cumsum(np.concatenate([[0], sizes[:-1]]))  # where each grid's pairs start in `rows`
     rows = np.repeat(table.pair_start[par] - first, sizes) + np.arange(sizes.sum())
-    # `local`: each pair's grid's index into `subset`
+    # `local`: each pair's grid's index into `subset`; pairs in (parent, micro-batch size) order, so a
+    # mixture of experts' siblings come in runs the bounds evaluate once (`perfmodels.bounds`)
     local = np.repeat(np.arange(len(subset)), sizes)
+    order = np.lexsort((local, table.pair_micro_batch[rows], par[local]))
+    local, rows = local[order], rows[order]
     gi, mb = subset[local], table.pair_micro_batch[rows]
     runs = table.runs[par]
     per_schedule = table.counts[par] // np.maximum(runs.sum(axis=1), 1)  # plans of one schedule, one mb
