@@ -61,14 +61,14 @@ spaces (a sample of each batch), per schedule as well.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from perfmodels import collectives, context, experts
 from perfmodels.compute import gemm_curve, hbm_rate, stage_computes
 from perfmodels.constants import apply_constants
-from perfmodels.layout import group_geometry
+from perfmodels.layout import group_geometry_orders
 from perfmodels.memory import GIB, capacity_per_rank_gib, rest_bytes, state_bytes, unit_parts
 from perfmodels.pipeline import p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
@@ -144,6 +144,12 @@ def _corrections(cluster: Cluster):
     return (lambda name: prof.correction(name)) if prof is not None else (lambda name: 1.0)
 
 
+def _rows(arrays: PlanArrays, idx: np.ndarray) -> PlanArrays:
+    """`arrays.take(idx)` for `idx` from `np.flatnonzero`: the arrays themselves where idx is every
+    row (one context-parallel degree, the common case: no copy of every column)."""
+    return arrays if len(idx) == len(arrays) else arrays.take(idx)
+
+
 def _by_context_degree(arrays: PlanArrays, one):
     """Run `one(cp, index)` for each context-parallel degree of `arrays`; (index, result) pairs."""
     return [(idx, one(int(cp), idx)) for cp in np.unique(arrays.G_cp)
@@ -161,7 +167,7 @@ def blocks_bound_s(model: Model, cluster: Cluster, training: Training, arrays: P
     out = np.zeros((len(recomputes), len(sequence_parallel), len(arrays)))
     for cp in np.unique(arrays.G_cp):
         idx = np.flatnonzero(arrays.G_cp == cp)
-        model_v, training_v, view = context.view(model, training, arrays.take(idx), int(cp))
+        model_v, training_v, view = context.view(model, training, _rows(arrays, idx), int(cp))
         out[..., idx] = _grid_bound_one_cp(model_v, cluster, training_v, view, view, max_virtual[idx],
                                            recomputes, sequence_parallel)
     return out
@@ -212,8 +218,8 @@ def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: P
     none = [RECOMPUTE_CODE["none"]]
     for cp in np.unique(smallest.G_cp):
         idx = np.flatnonzero(smallest.G_cp == cp)
-        model_v, training_v, low = context.view(model, training, smallest.take(idx), int(cp))
-        high = context.view(model, training, largest.take(idx), int(cp))[2]
+        model_v, training_v, low = context.view(model, training, _rows(smallest, idx), int(cp))
+        high = context.view(model, training, _rows(largest, idx), int(cp))[2]
         out[idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx], none,
                                       sequence_parallel).min(axis=(0, 1))
     return out
@@ -331,7 +337,7 @@ def bound_parts(model: Model, cluster: Cluster, training: Training, arrays: Plan
     interleaving)."""
     cluster, training = apply_constants(cluster, training)
     pieces = _by_context_degree(arrays, lambda cp, idx: _parts_one_cp(
-        model, cluster, training, arrays.take(idx), max_virtual[idx], cp, recomputes, sequence_parallel))
+        model, cluster, training, _rows(arrays, idx), max_virtual[idx], cp, recomputes, sequence_parallel))
     if len(pieces) == 1:
         return pieces[0][1]
     n = len(arrays)
@@ -506,17 +512,10 @@ def price_comm(model: Model, cluster: Cluster, training: Training, parts: BoundP
 
     # each family's geometry under its own placement (one placement: every family's)
     orders, which = placement if isinstance(placement[1], np.ndarray) else ([placement], np.zeros(n, int))
-    plain: dict[str, dict[str, np.ndarray]] = {}
-    experts_geo: dict[str, dict[str, np.ndarray]] = {}
-    for i in np.unique(which):
-        idx = np.flatnonzero(which == i)
-        mine = parts.take(idx)
-        order = orders[int(i)]
-        scatter_geometry(plain, group_geometry(mine.degrees, order, cluster.gpus_per_node_used), idx, n)
-        if model.is_moe:
-            scatter_geometry(experts_geo, _expert_geometry(model, cluster, training, mine, order), idx, n)
+    plain = group_geometry_orders(parts.degrees, orders, which, cluster.gpus_per_node_used)
     geo = tiled_geo(plain)
-    expert_geo = tiled_geo(experts_geo) if model.is_moe else None
+    expert_geo = (tiled_geo(_expert_geometry(model, cluster, training, parts, orders, which))
+                  if model.is_moe else None)
     comm: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
     for key in dict.fromkeys(key for c in entries for key in c):
         zero = np.zeros(n)
@@ -619,13 +618,16 @@ def _p2p_call_s(cluster: Cluster, training: Training,
 
 
 def _expert_geometry(model: Model, cluster: Cluster, training: Training, parts: BoundParts,
-                     placement: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
-    """The expert groups' geometry (`experts.expert_geometry`) of the families under `placement`."""
+                     orders: list[tuple[str, ...]], which: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+    """The expert groups' geometry (`experts.expert_geometry`) of the families, each under its
+    placement `orders[which]`."""
     n = len(parts.microbatches)
+    placed = replace(parts.plans, placement=orders[0], placements=tuple(orders),
+                     placement_index=np.asarray(which))
     geo: dict[str, dict[str, np.ndarray]] = {}
     for cp in np.unique(parts.plans.G_cp):
         idx = np.flatnonzero(parts.plans.G_cp == cp)
-        view = context.view(model, training, parts.plans.take(idx), int(cp))[2].one_placement(placement)
+        view = context.view(model, training, _rows(placed, idx), int(cp))[2]
         scatter_geometry(geo, experts.expert_geometry(view, cluster.gpus_per_node_used, int(cp)), idx, n)
     return geo
 
@@ -671,7 +673,7 @@ def memory_bound(model: Model, cluster: Cluster, training: Training, arrays: Pla
     cluster, training = apply_constants(cluster, training)
 
     def one(cp: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        model_v, training_v, part = context.view(model, training, arrays.take(idx), cp)
+        model_v, training_v, part = context.view(model, training, _rows(arrays, idx), cp)
         return _memory_one_cp(model_v, cluster, training_v, part, zero_stages, recomputes, sequence_parallel)
 
     pieces = _by_context_degree(arrays, one)

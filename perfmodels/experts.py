@@ -69,6 +69,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from perfmodels.layout import order_strides
 from perfmodels.plans import PlanArrays
 from perfmodels.specs import Cluster, Model, Training
 
@@ -178,10 +179,13 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     n = int(gpus_per_node)
     deg = expert_degrees(arrays)
     real = {**arrays.degrees(), "cp": np.full(len(arrays), cp), "data": arrays.G_data // cp}
-    order = arrays.placement
-    inner = np.ones(len(arrays), dtype=np.int64)
-    for axis in order[: order.index("inter")]:
-        inner = inner * real[axis]
+    if arrays.placement_index is not None:  # each plan under its own placement
+        inner = order_strides(real, arrays.placements, arrays.placement_index)["inter"]
+    else:
+        order = arrays.placement
+        inner = np.ones(len(arrays), dtype=np.int64)
+        for axis in order[: order.index("inter")]:
+            inner = inner * real[axis]
     block_stride = inner * arrays.G_inter  # world ranks between the starts of consecutive blocks
     out: dict[str, dict[str, np.ndarray]] = {}
     stride = np.ones(len(arrays), dtype=np.int64)

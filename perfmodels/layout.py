@@ -109,6 +109,39 @@ def group_geometry(
     return out
 
 
+def order_strides(degrees: Mapping[str, np.ndarray], orders: Sequence[Sequence[str]],
+                  which: np.ndarray) -> dict[str, np.ndarray]:
+    """Each axis's stride (the product of the degrees placed inside it) for plans that each take
+    one of `orders` (`which`: the index of each plan's), all orders at once: every plan's degrees
+    in its own order, an exclusive running product, put back in axis order."""
+    axes = list(orders[0])
+    perm = np.asarray([[axes.index(a) for a in o] for o in orders], dtype=np.int64)[np.asarray(which)]
+    deg = np.stack([np.asarray(degrees[a], dtype=np.int64) for a in axes], axis=1)  # (n, axes)
+    placed = np.take_along_axis(deg, perm, axis=1)
+    running = np.cumprod(np.concatenate([np.ones((len(deg), 1), np.int64), placed[:, :-1]], axis=1), axis=1)
+    strides = np.empty_like(running)
+    np.put_along_axis(strides, perm, running, axis=1)
+    return {a: strides[:, j] for j, a in enumerate(axes)}
+
+
+def group_geometry_orders(degrees: Mapping[str, np.ndarray], orders: Sequence[Sequence[str]],
+                          which: np.ndarray, gpus_per_node: int) -> dict[str, dict[str, np.ndarray]]:
+    """`group_geometry` of plans that each take one of `orders` (`which`), in one pass (the same
+    formulas on each plan's own strides, `order_strides`)."""
+    n = int(gpus_per_node)
+    strides = order_strides(degrees, orders, which)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for axis in orders[0]:
+        p = np.asarray(degrees[axis], dtype=np.int64)
+        s = strides[axis]
+        span = s * p
+        intra = (span <= n) & (n % np.maximum(span, 1) == 0)
+        q = np.minimum(np.clip(n // np.maximum(s, 1), 1, None), p)
+        q = np.where(intra, p, q)
+        out[axis] = {"size": p, "stride": s, "members_per_node": q, "intra": intra | (p == 1)}
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Pipeline stage partition (shared by engine and model)
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from perfmodels.compute import (
     stage_computes,
 )
 from perfmodels.constants import apply_constants
-from perfmodels.layout import group_geometry
+from perfmodels.layout import group_geometry, group_geometry_orders
 from perfmodels.memory import StageMemory, capacity_per_rank_gib, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, from_plans
@@ -398,13 +398,16 @@ def _stretched(comp: StageCompute, stretch: np.ndarray) -> StageCompute:
     return replace(comp, **{f: getattr(comp, f) * stretch for f in comp.__dataclass_fields__})
 
 
-def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> BatchPrediction:
+def predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, *,
+                 memory: StageMemory | None = None) -> BatchPrediction:
     """Score every plan in `arrays` (no validation: the tuner prunes invalid plans first). Plans
-    with context parallelism are scored per G_cp through `perfmodels.context.view`."""
+    with context parallelism are scored per G_cp through `perfmodels.context.view`. `memory`: the
+    plans' `memory_many`, where a caller already has it (used for plans without context
+    parallelism, whose memory it is exactly)."""
     cluster, training = apply_constants(cluster, training)  # a calibrated profile's constants, if any
     cps = np.unique(arrays.G_cp)
     if len(cps) == 1 and cps[0] == 1:
-        return _predict_many(model, cluster, training, arrays)
+        return _predict_many(model, cluster, training, arrays, memory=memory)
     parts = []
     for cp in cps:
         idx = np.flatnonzero(arrays.G_cp == cp)
@@ -449,27 +452,21 @@ def _geometry(cluster: Cluster, arrays: PlanArrays, cp: int, real: PlanArrays | 
               model: Model) -> dict[str, dict[str, np.ndarray]]:
     """Group geometry of every axis: the grid's (of the real plans, so the axes outside "cp" keep
     their strides, with the data group of the context view: G_data * G_cp ranks), and the expert
-    groups' for a mixture of experts."""
-    if arrays.placement_index is not None:
-        return _geometry_by_placement(cluster, arrays, cp, real, model)
+    groups' for a mixture of experts. Plans under several placements are placed each under its own
+    in one pass (`layout.group_geometry_orders`)."""
     n = cluster.gpus_per_node_used
-    geo = group_geometry(arrays.degrees(), arrays.placement, n)
+
+    def plain(a: PlanArrays) -> dict[str, dict[str, np.ndarray]]:
+        if a.placement_index is None:
+            return group_geometry(a.degrees(), a.placement, n)
+        return group_geometry_orders(a.degrees(), a.placements, a.placement_index, n)
+
+    geo = plain(arrays)
     if real is not None and cp > 1:
-        geo = {**group_geometry(real.degrees(), real.placement, n), "data": geo["data"]}
+        geo = {**plain(real), "data": geo["data"]}
     if model.is_moe:
         geo.update(experts.expert_geometry(arrays, n, cp))
     return geo
-
-
-def _geometry_by_placement(cluster: Cluster, arrays: PlanArrays, cp: int, real: PlanArrays | None,
-                           model: Model) -> dict[str, dict[str, np.ndarray]]:
-    """`_geometry` of plans under several placements: each placement's, scattered into place."""
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for order, idx in arrays.by_placement():
-        sub = _geometry(cluster, arrays.take(idx).one_placement(order), cp,
-                        None if real is None else real.take(idx).one_placement(order), model)
-        scatter_geometry(out, sub, idx, len(arrays))
-    return out
 
 
 def scatter_geometry(out: dict[str, dict[str, np.ndarray]], part: dict[str, dict[str, np.ndarray]],
@@ -483,7 +480,7 @@ def scatter_geometry(out: dict[str, dict[str, np.ndarray]], part: dict[str, dict
 
 
 def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, cp: int = 1,
-                  real: PlanArrays | None = None) -> BatchPrediction:
+                  real: PlanArrays | None = None, memory: StageMemory | None = None) -> BatchPrediction:
     """`predict_many` for plans of one context-parallel degree `cp`: `model`, `training` and
     `arrays` are the context view (`perfmodels.context.view`) of the `real` plans when cp > 1."""
     m = arrays.num_microbatches(training).astype(np.float64)
@@ -603,7 +600,7 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
         "ep_comm_s": ep_total,
         "cp_comm_s": ring,
     }
-    mem = peak_memory(model, cluster, training, arrays, st.blocks, m)
+    mem = memory if memory is not None else peak_memory(model, cluster, training, arrays, st.blocks, m)
     byte_totals, call_totals = _per_group_totals(events, len(arrays))
     source = "preset" if prof is None else prof.source
     return BatchPrediction(

@@ -25,6 +25,7 @@ from collections import Counter
 
 import numpy as np
 
+from perfmodels.memory import StageMemory
 from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
@@ -225,7 +226,9 @@ def _score(model: Model, cluster: Cluster, training: Training, options: SearchOp
     where = np.flatnonzero(fits)
     arrays = arrays.take(where)
     index = index[where]
-    batch = predict_many(model, cluster, training, arrays)
+    fitting = StageMemory(**{f.name: getattr(mem, f.name)[where] for f in dataclasses.fields(mem)
+                             if f.name != "capacity_gib"}, capacity_gib=mem.capacity_gib)
+    batch = predict_many(model, cluster, training, arrays, memory=fitting)
     # exact ties go to the simpler plan: no ZeRO, no recomputation, default placement
     simpler = (arrays.zero_stage + arrays.recompute + (index != 0)
                + arrays.sequence_parallel + (arrays.G_cp > 1) + (arrays.G_ep > 1))
