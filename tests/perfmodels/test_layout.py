@@ -68,3 +68,29 @@ def test_expert_groups_fold_a_stage_innermost_first():
         assert sorted(r for g in groups[kind] for r in g) == list(range(8))
     with pytest.raises(ValueError, match=r"G_etp\*G_ep = 1\*8 = 8 does not divide the 4 ranks"):
         layout.expert_groups(deg, G_ep=8, G_etp=1)
+
+
+def test_group_geometry_orders_places_each_plan_under_its_own_order():
+    """One pass over plans under several placements gives what `group_geometry` gives each
+    placement's plans alone (the search prices families of every placement at once)."""
+    import itertools
+
+    from perfmodels.specs import AXES
+
+    rng = np.random.default_rng(0)
+    n = 400
+    degrees = {a: rng.choice([1, 2, 3, 4, 8, 16], n) for a in AXES}
+    orders = list(itertools.permutations(AXES))[::97]
+    which = rng.integers(0, len(orders), n)
+    together = layout.group_geometry_orders(degrees, orders, which, 8)
+    for k, order in enumerate(orders):
+        idx = which == k
+        alone = layout.group_geometry({a: v[idx] for a, v in degrees.items()}, order, 8)
+        for axis in AXES:
+            for field, values in alone[axis].items():
+                assert np.array_equal(values, together[axis][field][idx]), (order, axis, field)
+    # strides: the product of the degrees placed inside each axis, for one hand-checked plan
+    one = {a: np.asarray([d]) for a, d in zip(AXES, (2, 4, 1, 8, 3, 5))}
+    strides = layout.order_strides(one, [AXES, tuple(reversed(AXES))], np.asarray([1]))
+    assert {a: int(v[0]) for a, v in strides.items()} == {
+        "data": 1, "inter": 5, "depth": 15, "cp": 120, "row": 120, "col": 480}

@@ -342,3 +342,44 @@ def test_nothing_hides_behind_compute_on_cpu_ranks_that_fill_every_core():
     assert full.hidden_comm_s == 0.0
     # the same collectives cost the same; what hid on cores of their own is now all exposed
     assert full.exposed_comm_s == pytest.approx(own.exposed_comm_s + own.hidden_comm_s)
+
+
+def test_units_evaluated_once_per_run_give_every_row_its_own_values():
+    """`compute.stage_computes` evaluates the units once per run of rows equal in the columns they
+    read, and `bounds.grid_bound_s` once per run of grids that differ only in expert degrees: the
+    rows in grouped order (long runs) and shuffled (no runs) get the same values."""
+    from perfmodels import bounds
+    from perfmodels.compute import stage_computes
+    from perfmodels.plans import from_columns
+    from perfmodels.traffic import stage_shape
+
+    model = presets.model("deepseek-v3")
+    cluster = presets.cluster("eos").with_gpus(1024)
+    training = Training(global_batch_size=1024, stack="megatron-core")
+    grid = [(d, s, r, ep, etp, mb) for d, s, r in [(64, 8, 2), (32, 8, 4), (16, 16, 4)]
+            for ep in (8, 16, 32, 64) for etp in (0, 1) for mb in (1, 2)]
+    cols = {name: np.asarray([g[i] for g in grid]) for i, name in
+            enumerate(("G_data", "G_inter", "G_intra_r", "G_ep", "G_etp", "micro_batch_size"))}
+    grouped = from_columns(**cols, recompute=np.full(len(grid), 2))
+    shuffled_at = np.random.default_rng(1).permutation(len(grid))
+    shuffled = grouped.take(shuffled_at)
+
+    def compute(arrays):
+        st = stage_shape(model.num_layers, arrays, "busiest")
+        return stage_computes(model, cluster, training, arrays, [st])[0]
+
+    a, b = compute(grouped), compute(shuffled)
+    for field in ("fwd_s", "bwd_s", "recompute_s", "optimizer_s", "experts_fwd_s"):
+        assert np.array_equal(getattr(a, field)[shuffled_at], getattr(b, field)), field
+    # the grid bound: siblings (same six degrees, micro-batch sizes by parent) against no runs at all
+    by_parent = np.lexsort((np.arange(len(grid)), cols["micro_batch_size"], cols["G_data"]))
+    siblings = grouped.take(by_parent)
+    v = np.ones(len(grid), dtype=np.int64)
+    together = bounds.grid_bound_s(model, cluster, training, siblings, siblings, v, [False, True])
+    mixed = siblings.take(shuffled_at)
+    apart = bounds.grid_bound_s(model, cluster, training, mixed, mixed, v, [False, True])
+    assert bounds._expert_siblings(model, siblings, siblings) is not None
+    assert np.allclose(together[shuffled_at], apart, rtol=1e-12, atol=0.0)
+    pair_together = bounds.blocks_bound_s(model, cluster, training, siblings, v, [0, 1, 2], [False, True])
+    pair_apart = bounds.blocks_bound_s(model, cluster, training, mixed, v, [0, 1, 2], [False, True])
+    assert np.allclose(pair_together[..., shuffled_at], pair_apart, rtol=1e-12, atol=0.0)
