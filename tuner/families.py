@@ -305,8 +305,9 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("order_index", "pair", "bound_s")}
     out_of_memory = int((pr.plans[subset] * pr.placements[subset])[~any_fit].sum())
     part_row: list[np.ndarray] = []
+    placed = pr.placed[:, pr.parent[gi[fitting]]]  # (placements, fitting)
     for p in range(len(orders)):
-        local = np.flatnonzero(pr.placed[p][pr.parent[gi[fitting]]])  # index into `fitting`
+        local = np.flatnonzero(placed[p])  # index into `fitting`
         if parts is None or not len(local):
             continue
         out["order_index"].append(np.full(len(local), p))
