@@ -114,27 +114,26 @@ def cp_options(model: Model, training: Training, options: SearchOptions, num_gpu
 
 def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.ndarray:
     """The grids (six degree columns) with a G_ep and a G_etp column: (1, 0) for a dense model
-    unless pinned, else every (G_ep, G_etp) pair of the search (see the module docstring)."""
-    n = len(grids)
+    unless pinned, else every (G_ep, G_etp) pair of the search (see the module docstring), each
+    grid's pairs in a row (`tuner.families.grid_parents` relies on it)."""
     if not model.is_moe:
         eps = options.G_ep or (1,)
         etps = options.G_etp or (0,)
     else:
         eps = options.G_ep or tuple(divisors(int(model.num_moe_experts)))
         etps = options.G_etp or (0, 1)
-    pairs = np.asarray([(e, t) for e in eps for t in etps], dtype=np.int64)
-    g = np.repeat(grids, len(pairs), axis=0)
-    pair = np.tile(pairs, (n, 1))
-    out = np.concatenate([g, pair], axis=1)
+    pairs = np.asarray([(e, t) for e in eps for t in etps], dtype=np.int64).reshape(-1, 2)
+    keep = np.ones((len(grids), len(pairs)), dtype=bool)
     if model.is_moe and options.G_ep is None:  # pinned degrees stay, so a rule can say why they fail
-        tp = out[:, GRID_COLUMNS.index("G_intra_r")]
-        etp = np.where(out[:, -1] > 0, out[:, -1], tp)
-        stage = np.prod(out[:, : len(GRID_COLUMNS)], axis=1) // out[:, GRID_COLUMNS.index("G_inter")]
-        keep = stage % (out[:, -2] * etp) == 0
+        tp = grids[:, GRID_COLUMNS.index("G_intra_r")][:, None]
+        etp = np.where(pairs[None, :, 1] > 0, pairs[None, :, 1], tp)
+        world = np.prod(grids[:, : len(GRID_COLUMNS)], axis=1)
+        stage = (world // grids[:, GRID_COLUMNS.index("G_inter")])[:, None]
+        keep = stage % (pairs[None, :, 0] * etp) == 0
         # G_etp=1 where the tensor-parallel size is 1 is the default again
-        keep &= ~((out[:, -1] == 1) & (tp == 1) & (options.G_etp is None))
-        out = out[keep]
-    return out
+        keep &= ~((pairs[None, :, 1] == 1) & (tp == 1) & (options.G_etp is None))
+    g, k = np.nonzero(keep)  # grid-major: each grid's pairs in a row
+    return np.concatenate([grids[g], pairs[k]], axis=1)
 
 
 @dataclass(frozen=True)
