@@ -257,9 +257,10 @@ def test_moe_rows_state_the_recompute_of_their_containers_recipe():
 def test_the_25_11_moe_rows_read_the_layout_their_recipe_ran():
     """Qwen3-30B-A3B 25.11 H100: the table's MBS 2 / VP 24 / GA 32 repeat the 25.09 tokendrop line; the
     25.11 recipe (Megatron-Bridge v0.2.0 QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG) runs GBS 512, MBS 1,
-    PP 2, VP 12, EP 8 on 16 GPUs (DP 8, GA 64), FP8, no recompute. GPT-OSS-120B 25.11 H100: the table's MBS 4 / GA 2 contradict GBS 512 at PP 4 on 64 GPUs;
-    the 25.11 recipe (Megatron-Bridge v0.2.0 GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs MBS 1, so
-    DP 16 and GA 512 / (1 x 16) = 32 (validation/data/README.md)."""
+    PP 2, VP 12, EP 8 on 16 GPUs (DP 8, GA 64), FP8, no recompute. GPT-OSS-120B 25.11 H100: the
+    table's MBS 4 / GA 2 contradict GBS 512 at PP 4 on 64 GPUs; the 25.11 recipe (Megatron-Bridge
+    v0.2.0 GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs MBS 1, so DP 16 and
+    GA 512 / (1 x 16) = 32 (validation/data/README.md)."""
     cases = loader.load_file(loader.DATA_DIR / "published_megatron_bridge_moe.csv").cases
     rows = {c.case_id.split(":")[1]: c for c in cases}
     qwen, oss = rows["6"], rows["8"]
