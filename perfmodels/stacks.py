@@ -202,8 +202,9 @@ class Stack:
       `multi_stream_cublas_gemm`: one cuBLASLt GEMM per expert, set up and launched from the host
       in a loop over four streams (transformer_engine/common/gemm/cublaslt_gemm.cu at
       NVIDIA/TransformerEngine v2.9), beside `_GroupedLinear`'s per-expert Python loops
-      (module/grouped_linear.py); 1 for Megatron-Core (and NeMo), whose `TEGroupedMLP` runs them;
-      0 where one kernel runs all experts (`torch._grouped_mm`).
+      (module/grouped_linear.py); 1 for Megatron-Core (and NeMo), whose `TEGroupedMLP` runs them,
+      and for the stacks that loop over their experts (DeepSpeed-MoE, the engine); 0 where one
+      kernel runs all experts (torchtitan's `torch._grouped_mm`).
     - `grouped_linear_fp8_host_ops_per_expert`: the further ops per local expert in FP8: Transformer
       Engine quantizes each expert's input (forward) and output gradient (backward) as a tensor of
       its own, `split_quantize` -> `multi_tensor_quantize_impl`, which has a fused multi-tensor kernel
@@ -486,7 +487,11 @@ _PIPE_OUTERMOST = (("col", "row", "depth", "data", "inter"),)
 # DeepSpeed ZeRO-3 fetches parameters per submodule that owns them (each Linear, norm, embedding),
 # from the module's pre-forward/pre-backward hooks: one gather per parameter tensor, not per block
 _DEEPSPEED = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=2.0, grad_bytes_fp16=2.0,
-                  fp32_grad_bytes_bf16=4.0, zero2_grad_reduce="per_microbatch", zero3_gather="tensor")
+                  fp32_grad_bytes_bf16=4.0, zero2_grad_reduce="per_microbatch", zero3_gather="tensor",
+                  # DeepSpeed-MoE runs its local experts one module call at a time (`Experts.forward`
+                  # loops over `self.deepspeed_experts`, deepspeed/moe/experts.py at
+                  # microsoft/DeepSpeed 0e4271ad): a Linear launch per expert and projection
+                  grouped_linear_host_ops_per_expert=1.0)
 # FP8 under FSDP (torchao's float8 linears in torchtitan, Transformer Engine linears in LLM Foundry)
 # casts the gathered weights per use and keeps no FP8 copy between micro-batches
 _FSDP = dict(weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
@@ -676,6 +681,9 @@ STACK_PRESETS: dict[str, Stack] = {
             # torch.optim.AdamW (foreach) streams ~94 bytes per parameter
             host_scale=2.0 / 3.0,
             host_split_axis_costs=(0.2, 0.6, 0.3),
+            # engine.moe runs its local experts in a Python loop (select the rows, fc1, GELU, fc2,
+            # index_add per expert): a GEMM launch per expert and projection
+            grouped_linear_host_ops_per_expert=1.0,
             split_axis_memory_passes=1.0,
             optimizer_step_bytes=94.0,
         ),
