@@ -55,12 +55,18 @@ size, e = bytes per element (the byte contract of `perfmodels.traffic`):
   step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
        as Megatron's distributed optimizer shards expert parameters over the expert-data group.
 
-Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GEMM (TE
-`GroupedLinear` / `grouped_gemm`: one kernel launch for all local experts) at the per-expert token
-count m = G_etp x T x k x G_ep / E (T x k x G_ep / E where the etp group's tokens are alike), and
+Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GEMM at the per-expert
+token count m = G_etp x T x k x G_ep / E (T x k x G_ep / E where the etp group's tokens are alike),
+priced on the GPU as one kernel's work (`grouped_gemm_s`; Transformer Engine's `GroupedLinear` on
+Hopper runs one cuBLAS GEMM per expert over four streams, whose tails overlap), and
 the token permutation / unpermutation (`PERMUTE_PASSES` passes over the T x k x h dispatched
 activations). Expert compute and the all-to-all wait for the most loaded rank:
 `EXPERT_LOAD_IMBALANCE` (or `Training.expert_load_imbalance`) scales their time, never the bytes.
+
+Host: an MoE layer issues more ops than a dense block, its router, dispatcher and combine, and on
+stacks that launch the experts' GEMMs one expert at a time ops per local expert (`host_ops`); with
+many local experts in FP8 a layer takes the host longer to issue than the GPU to run, and the step is
+host-bound (`steptime._host_seconds_per_microbatch` is the floor of a micro-batch).
 """
 
 from __future__ import annotations
