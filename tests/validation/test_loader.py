@@ -272,3 +272,23 @@ def test_the_25_11_moe_rows_read_the_layout_their_recipe_ran():
     assert (oss.model.name, o.G_data, o.G_inter, o.G_intra_r, o.G_ep, o.G_etp, o.micro_batch_size,
             o.virtual_stages, o.recompute, o.zero_stage) == ("GPT-OSS-120B", 16, 4, 1, 8, 1, 1, 1, "none", 1)
     assert {(t.dtype, t.global_batch_size) for t in oss.trainings} == {("bf16", 512)}
+
+
+def test_a_cuda_graph_scope_column_states_what_the_run_replayed_from_graphs(tmp_path):
+    """`cuda_graph_scope` (space-separated Megatron scope names) sets `Training.cuda_graph_scope`;
+    rows without it run eager."""
+    import csv
+
+    source = loader.DATA_DIR / "published_megatron_bridge_moe.csv"
+    with source.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[3]["cuda_graph_scope"] = "attn moe_router moe_preprocess"
+    path = tmp_path / "graphs.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*rows[0].keys(), "cuda_graph_scope"])
+        writer.writeheader()
+        writer.writerows(rows)
+    cases = loader.load_file(path).cases
+    scopes = [{t.cuda_graph_scope for t in c.trainings} for c in cases]
+    assert scopes[3] == {("attn", "moe_router", "moe_preprocess")}
+    assert all(s == {()} for i, s in enumerate(scopes) if i != 3)
