@@ -400,6 +400,12 @@ def test_host_ops_of_a_moe_layer_hand_derived():
     assert list(experts.host_ops(qwen, fp8, arrays)) == pytest.approx(
         [30 + 12 + 2 * 4 * 16, 30 + 12 + 2 * 4 * 8])
     assert list(experts.host_ops(qwen, bf16, arrays)) == pytest.approx([30 + 12 + 2 * 16, 30 + 12 + 2 * 8])
+    # Megatron-Core as Megatron-LM runs it: the same Transformer Engine grouped linears
+    core = dataclasses.replace(fp8, stack="megatron-core")
+    assert list(experts.host_ops(qwen, core, arrays)) == pytest.approx(
+        [30 + 12 + 2 * 4 * 16, 30 + 12 + 2 * 4 * 8])
+    assert list(experts.host_ops(qwen, dataclasses.replace(core, dtype="bf16"), arrays)) == pytest.approx(
+        [30 + 12 + 2 * 16, 30 + 12 + 2 * 8])
     # one kernel for all experts (torch._grouped_mm): no per-expert ops
     titan = dataclasses.replace(fp8, stack="torchtitan")
     assert list(experts.host_ops(qwen, titan, arrays)) == pytest.approx([42, 42])
