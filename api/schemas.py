@@ -425,6 +425,8 @@ class TrainingIn(_In):
     full_recompute_repeats_layer: bool | None = None
     expert_load_imbalance: Annotated[float, Field(ge=1, le=64)] | None = None
     moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
+    cuda_graph_scope: list[Literal["attn", "mlp", "moe_router", "moe_preprocess"]] | None = Field(
+        default=None, max_length=4)
 
     @field_validator("stack", mode="before")
     @classmethod

@@ -107,6 +107,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, *, gpus_help: str = "number o
     g.add_argument("--expert-load-imbalance", type=float, metavar="X",
                    help="busiest expert-parallel rank's tokens over the mean (default 1.15; 1 where "
                    "routing is forced balanced, as in Megatron-Bridge's MoE benchmarks)")
+    g.add_argument("--cuda-graph-scope", metavar="SCOPES",
+                   help="parts of each layer replayed from CUDA graphs, comma-separated, Megatron's names: "
+                   "attn, mlp, moe_router, moe_preprocess (each costs the host one launch instead of "
+                   "its ops) (default: none, eager)")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -243,7 +247,15 @@ def training_from_args(args: argparse.Namespace) -> Training:
         "flash_kernel": getattr(args, "flash_kernel", None),
         "moe_token_dispatcher": getattr(args, "moe_token_dispatcher", None),
         "expert_load_imbalance": getattr(args, "expert_load_imbalance", None),
+        "cuda_graph_scope": _scopes(getattr(args, "cuda_graph_scope", None)),
     })
+
+
+def _scopes(text: str | None) -> tuple[str, ...] | None:
+    """'attn,moe_router' -> ("attn", "moe_router"); None when the flag is not given."""
+    if text is None:
+        return None
+    return tuple(filter(None, (part.strip() for part in text.split(","))))
 
 
 def parse_assignments(text: str, what: str) -> dict[str, str]:

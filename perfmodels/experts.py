@@ -55,12 +55,18 @@ size, e = bytes per element (the byte contract of `perfmodels.traffic`):
   step all-reduce over "edp" of the local expert gradients (ZeRO-1/2: reduce-scatter + all-gather),
        as Megatron's distributed optimizer shards expert parameters over the expert-data group.
 
-Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GEMM (TE
-`GroupedLinear` / `grouped_gemm`: one kernel launch for all local experts) at the per-expert token
-count m = G_etp x T x k x G_ep / E (T x k x G_ep / E where the etp group's tokens are alike), and
+Compute: the router GEMM, then each local expert's fc1 and fc2 as one grouped GEMM at the per-expert
+token count m = G_etp x T x k x G_ep / E (T x k x G_ep / E where the etp group's tokens are alike),
+priced on the GPU as one kernel's work (`grouped_gemm_s`; Transformer Engine's `GroupedLinear` on
+Hopper runs one cuBLAS GEMM per expert over four streams, whose tails overlap), and
 the token permutation / unpermutation (`PERMUTE_PASSES` passes over the T x k x h dispatched
 activations). Expert compute and the all-to-all wait for the most loaded rank:
 `EXPERT_LOAD_IMBALANCE` (or `Training.expert_load_imbalance`) scales their time, never the bytes.
+
+Host: an MoE layer issues more ops than a dense block, its router, dispatcher and combine, and on
+stacks that launch the experts' GEMMs one expert at a time ops per local expert (`host_ops`); with
+many local experts in FP8 a layer takes the host longer to issue than the GPU to run, and the step is
+host-bound (`steptime._host_seconds_per_microbatch` is the floor of a micro-batch).
 """
 
 from __future__ import annotations
@@ -86,6 +92,70 @@ sum) (Megatron-Core `moe_utils.permute` / `unpermute`)."""
 ROUTER_FP32_PASSES = 3.0
 """Passes over the T x E router logits in fp32 per forward: softmax (or sigmoid), top-k and the
 auxiliary-loss statistics."""
+
+
+HOST_OPS_PER_BLOCK = 30.0
+"""Host-side ops one transformer block's forward issues, in the unit `compute.HOST_US_PER_BLOCK` prices
+("about 30 ops at ~30 us each"): the scale in which the ops below are counted."""
+ATTENTION_HOST_OPS = 15.0
+"""The attention sublayer's share of a block's ops (input norm, QKV, rotary embedding, the attention
+kernel, output projection, residual; the MLP sublayer the other half): what a CUDA graph of scope
+"attn" (or "mlp", for a dense block's MLP) replaces by one graph launch."""
+MOE_ROUTER_HOST_OPS = 4.0
+"""An MoE layer's router per forward, in block ops: Megatron-Core's `TopKRouter.forward`
+(megatron/core/transformer/moe/router.py at NVIDIA/Megatron-LM core_v0.15.0) runs the gating GEMM
+and its fp32 cast, the fused top-k and score function (`moe_router_fusion`), the forced-balance
+random logits where set, the auxiliary-loss statistics and their tracker: about a dozen plain tensor
+ops, each (no module hooks, no autograd Function of Transformer Engine) about a third of a block's
+module-level op. A CUDA graph of scope "moe_router" replaces them by one launch."""
+MOE_PREPROCESS_HOST_OPS = 4.0
+"""The dispatcher's preprocessing per forward, in block ops (`MoEAlltoAllTokenDispatcher.preprocess`
+and `dispatch_preprocess`, token_dispatcher.py at core_v0.15.0): the routing map's counts per expert,
+their all-gather over the tensor/expert-parallel group, the reshapes, sums and index selections that
+give the all-to-all's split sizes, their non-blocking device-to-host copies and the fused token
+permutation: about a dozen plain ops. Scope "moe_preprocess" captures them."""
+MOE_DISPATCH_COMBINE_HOST_OPS = 4.0
+"""The rest of an MoE layer's forward besides its experts' GEMMs, in block ops: the dispatch
+all-to-all and the host synchronisation it waits for, the sort of the received chunks by local
+expert, the fused activation, the unsort, the combine all-to-all and the unpermutation (`MoELayer`
+`dispatch` / `routed_experts_compute` / `combine`, moe_layer.py at core_v0.15.0): about a dozen
+plain ops, never in a per-layer CUDA graph of a dropless layer (their shapes follow the routing)."""
+
+
+def host_ops(model: Model, training: Training, arrays: PlanArrays) -> np.ndarray:
+    """Host-side ops per forward of one transformer block of `model`, averaged over its dense and
+    MoE blocks (Model.moe_fraction), in `HOST_OPS_PER_BLOCK` units of `compute.HOST_US_PER_BLOCK`;
+    a backward issues twice as many (the passes of `steptime._host_seconds_per_microbatch`).
+
+    A dense block issues `HOST_OPS_PER_BLOCK`. An MoE layer issues, besides its attention sublayer
+    and the MLP-sized rest of a block, its router, dispatcher and combine (`MOE_ROUTER_HOST_OPS`,
+    `MOE_PREPROCESS_HOST_OPS`, `MOE_DISPATCH_COMBINE_HOST_OPS`), and, on a stack whose grouped
+    linears launch one GEMM per expert, ops per local expert (E / G_ep) in each of its two grouped
+    linears (`Stack.grouped_linear_host_ops_per_expert`, plus
+    `Stack.grouped_linear_fp8_host_ops_per_expert` in FP8). That is why a fine-grained MoE layer can
+    take the host longer to issue than the GPU to run: with 16 local experts in FP8 on Megatron-Core
+    an MoE layer is 30 + 12 + 2 x 4 x 16 = 170 ops, between five and six dense blocks' worth.
+
+    Parts captured in CUDA graphs (`Training.cuda_graph_scope`) cost one launch instead of their ops:
+    "attn" the attention half of every block, "mlp" the MLP half of a dense block, "moe_router" and
+    "moe_preprocess" those parts of an MoE layer."""
+    scopes = set(training.cuda_graph_scope)
+    graphed = lambda scope, ops: 1.0 if scope in scopes else ops  # noqa: E731
+    attention = graphed("attn", ATTENTION_HOST_OPS)
+    mlp_half = HOST_OPS_PER_BLOCK - ATTENTION_HOST_OPS
+    dense = attention + graphed("mlp", mlp_half)
+    if not model.is_moe:
+        return np.full(len(arrays), dense)
+    stack = training.effective_stack
+    per_expert = stack.grouped_linear_host_ops_per_expert
+    if training.dtype == "fp8":
+        per_expert = per_expert + stack.grouped_linear_fp8_host_ops_per_expert
+    local = float(model.num_moe_experts) / arrays.G_ep
+    moe = (attention + mlp_half + graphed("moe_router", MOE_ROUTER_HOST_OPS)
+           + graphed("moe_preprocess", MOE_PREPROCESS_HOST_OPS) + MOE_DISPATCH_COMBINE_HOST_OPS
+           + 2.0 * per_expert * local)
+    share = model.moe_fraction
+    return (1.0 - share) * dense + share * moe
 
 
 def load_imbalance(training: Training) -> float:

@@ -648,6 +648,11 @@ class Cluster:
 # --------------------------------------------------------------------------------------------
 
 
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
+"""The per-layer CUDA-graph scopes of Megatron-Core's Transformer Engine implementation that gridtune
+prices (megatron/core/transformer/transformer_config.py `cuda_graph_scope`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Training:
     """How the model is trained, independent of the layout: batch, precision and the software stack.
@@ -689,6 +694,13 @@ class Training:
     DeepEP or HybridEP backend: a token goes once to each remote node that holds one of its experts
     and is forwarded over NVLink there; `perfmodels.experts.node_dedup`). Both are dropless and wait
     for the received token counts on the host once per MoE layer forward (`experts.sync_wait_s`)."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """Parts of each layer captured in CUDA graphs and replayed (Megatron-Core's `--cuda-graph-impl
+    transformer_engine` with `--cuda-graph-scope`, Megatron-Bridge's `cuda_graph_scope`): "attn"
+    (the attention sublayer), "mlp" (a dense block's MLP), "moe_router" (an MoE layer's router),
+    "moe_preprocess" (its dispatcher's preprocessing before the all-to-all). A captured part costs the
+    host one graph launch instead of its ops (`perfmodels.experts.host_ops`); the GPU work is the
+    same. Empty: everything is issued op by op (eager)."""
     expert_load_imbalance: float | None = None
     """Tokens on the busiest expert-parallel rank over the mean (None: `experts.EXPERT_LOAD_IMBALANCE`;
     1.0 where the run forces balanced routing, as Megatron-Bridge's MoE benchmarks do with
@@ -697,6 +709,12 @@ class Training:
     def __post_init__(self) -> None:
         _positive_int("training", "global_batch_size", self.global_batch_size)
         _choice("training", "moe_token_dispatcher", self.moe_token_dispatcher, ("alltoall", "flex"))
+        if isinstance(self.cuda_graph_scope, str) or not isinstance(self.cuda_graph_scope, (tuple, list)):
+            raise ValueError(f"training.cuda_graph_scope must be a list of {list(CUDA_GRAPH_SCOPES)}, "
+                             f"got {self.cuda_graph_scope!r}")
+        for scope in self.cuda_graph_scope:
+            _choice("training", "cuda_graph_scope", scope, CUDA_GRAPH_SCOPES)
+        object.__setattr__(self, "cuda_graph_scope", tuple(dict.fromkeys(self.cuda_graph_scope)))
         if self.expert_load_imbalance is not None:
             value = self.expert_load_imbalance
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= 64.0:

@@ -195,6 +195,23 @@ class Stack:
       gate inside the expert, on the activation output before fc2 (Megatron-Core's `TEGroupedMLP`,
       which then unpermutes without probs), so fc2's output is not saved for backward; False: the
       gates weight the expert outputs after the combine, which saves them (`experts.activation_bytes`).
+    - `grouped_linear_host_ops_per_expert`: host ops (in `experts.HOST_OPS_PER_BLOCK` units) each
+      grouped linear of an MoE layer issues per local expert and forward, where the experts' GEMMs
+      are launched one expert at a time: Transformer Engine's `GroupedLinear` on Hopper runs
+      `nvte_multi_tensor_gemm`, which, unless `NVTE_USE_CUTLASS_GROUPED_GEMM` is set, calls
+      `multi_stream_cublas_gemm`: one cuBLASLt GEMM per expert, set up and launched from the host
+      in a loop over four streams (transformer_engine/common/gemm/cublaslt_gemm.cu at
+      NVIDIA/TransformerEngine v2.9), beside `_GroupedLinear`'s per-expert Python loops
+      (module/grouped_linear.py); 1 for Megatron-Core (and NeMo), whose `TEGroupedMLP` runs them,
+      and for the stacks that loop over their experts (DeepSpeed-MoE, the engine); 0 where one
+      kernel runs all experts (torchtitan's `torch._grouped_mm`).
+    - `grouped_linear_fp8_host_ops_per_expert`: the further ops per local expert in FP8: Transformer
+      Engine quantizes each expert's input (forward) and output gradient (backward) as a tensor of
+      its own, `split_quantize` -> `multi_tensor_quantize_impl`, which has a fused multi-tensor kernel
+      only for delayed scaling; under current scaling (the FP8 recipe of Megatron-Bridge's MoE
+      benchmarks, `fp8_cs`) `Float8CurrentScalingQuantizer::quantize` launches three kernels per
+      tensor: the amax, the scale from it and the cast (pytorch/csrc/quantizer.cpp and
+      extensions/cast.cpp at v2.9); 3 for Megatron-Core.
     - `fp8_weight_cache_bytes`: Transformer Engine keeps FP8 copies (and transposes) of the linear
       weights between micro-batches when training in FP8 (per linear-layer parameter).
     - `context_gib`: CUDA context, cuBLAS/cuDNN workspaces and the framework's own allocations.
@@ -307,6 +324,8 @@ class Stack:
     fp8_weight_cache_bytes: float = 2.0
     fp8_saves_fp8_inputs: bool = True
     moe_gates_in_experts: bool = False
+    grouped_linear_host_ops_per_expert: float = 0.0
+    grouped_linear_fp8_host_ops_per_expert: float = 0.0
     context_gib: float = 0.9
     comm_buffer_gib: float = 0.15
     fragmentation: float = 0.05
@@ -468,7 +487,11 @@ _PIPE_OUTERMOST = (("col", "row", "depth", "data", "inter"),)
 # DeepSpeed ZeRO-3 fetches parameters per submodule that owns them (each Linear, norm, embedding),
 # from the module's pre-forward/pre-backward hooks: one gather per parameter tensor, not per block
 _DEEPSPEED = dict(weight_bytes=2.0, master_bytes=4.0, grad_bytes_bf16=2.0, grad_bytes_fp16=2.0,
-                  fp32_grad_bytes_bf16=4.0, zero2_grad_reduce="per_microbatch", zero3_gather="tensor")
+                  fp32_grad_bytes_bf16=4.0, zero2_grad_reduce="per_microbatch", zero3_gather="tensor",
+                  # DeepSpeed-MoE runs its local experts one module call at a time (`Experts.forward`
+                  # loops over `self.deepspeed_experts`, deepspeed/moe/experts.py at
+                  # microsoft/DeepSpeed 0e4271ad): a Linear launch per expert and projection
+                  grouped_linear_host_ops_per_expert=1.0)
 # FP8 under FSDP (torchao's float8 linears in torchtitan, Transformer Engine linears in LLM Foundry)
 # casts the gathered weights per use and keeps no FP8 copy between micro-batches
 _FSDP = dict(weight_bytes=4.0, master_bytes=0.0, grad_bytes_bf16=4.0, grad_bytes_fp16=4.0,
@@ -489,6 +512,8 @@ _MEGATRON_CORE = Stack(
     expert_parallel=True,
     overlap_ep_comm=True,
     moe_gates_in_experts=True,
+    grouped_linear_host_ops_per_expert=1.0,
+    grouped_linear_fp8_host_ops_per_expert=3.0,
     # Megatron-LM's pretrain_gpt.py shards the optimizer (--use-distributed-optimizer) and nothing else
     launch_zero_stages=(0, 1),
     **_MEGATRON,
@@ -656,6 +681,9 @@ STACK_PRESETS: dict[str, Stack] = {
             # torch.optim.AdamW (foreach) streams ~94 bytes per parameter
             host_scale=2.0 / 3.0,
             host_split_axis_costs=(0.2, 0.6, 0.3),
+            # engine.moe runs its local experts in a Python loop (select the rows, fc1, GELU, fc2,
+            # index_add per expert): a GEMM launch per expert and projection
+            grouped_linear_host_ops_per_expert=1.0,
             split_axis_memory_passes=1.0,
             optimizer_step_bytes=94.0,
         ),

@@ -277,10 +277,14 @@ def _host_seconds_per_microbatch(model: Model, cluster: Cluster, training: Train
     none here (`Unit.issues_host_ops`)."""
     stack = training.effective_stack
     passes = 3.0 + (arrays.recompute == RECOMPUTE_CODE["full"])
+    # a transformer block's ops relative to a dense eager block's: an MoE layer's router, dispatch,
+    # combine and per-expert GEMM launches, less what CUDA graphs capture (perfmodels.experts.host_ops)
+    block_ops = experts.host_ops(model, training, arrays) / experts.HOST_OPS_PER_BLOCK
     blocks_issued = np.zeros(len(arrays))
     for unit in model.units:
         if unit.issues_host_ops:
-            blocks_issued = blocks_issued + units_on_stage(unit, st, arrays)
+            count = units_on_stage(unit, st, arrays)
+            blocks_issued = blocks_issued + (count * block_ops if unit.placement == "block" else count)
     cost_r, cost_c, cost_d = stack.host_split_axis_costs
     axis_factor = (
         1.0

@@ -203,10 +203,15 @@ def _preset_model(row: Mapping[str, str], model: Model) -> Model:
 
 def _with_routing(row: Mapping[str, str], trainings: tuple[Training, ...]) -> tuple[Training, ...]:
     """`moe_force_balance` true: the run forced balanced routing (Megatron-Bridge's MoE benchmarks,
-    `moe_router_force_load_balancing`), so no rank waits for a busier one."""
+    `moe_router_force_load_balancing`), so no rank waits for a busier one. `cuda_graph_scope`
+    (Megatron's scope names separated by spaces, e.g. "attn moe_router moe_preprocess"): the parts
+    of each layer the run replayed from CUDA graphs."""
     dispatcher = (row.get("moe_token_dispatcher") or "").strip()
     if dispatcher:
         trainings = tuple(replace(t, moe_token_dispatcher=dispatcher) for t in trainings)
+    scopes = tuple((row.get("cuda_graph_scope") or "").split())
+    if scopes:
+        trainings = tuple(replace(t, cuda_graph_scope=scopes) for t in trainings)
     if not parse_bool("moe_force_balance", row.get("moe_force_balance")):
         return trainings
     return tuple(replace(t, expert_load_imbalance=1.0) for t in trainings)

@@ -59,3 +59,24 @@ def test_a_layer_model_as_io_writes_it_is_accepted(client):
                               "vocab_size": 256}}
     r = client.post("/v1/predict", json=zero)
     assert r.status_code == 422 and "model.hidden_size must be a positive integer, got 0" in r.text
+
+
+def test_cuda_graph_scope_is_accepted_and_checked(client):
+    """`training.cuda_graph_scope` (Megatron's scope names) reaches the model; an unknown scope is a
+    422 naming the field."""
+    body = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"preset": "eos", "num_gpus": 16},
+            "training": {"global_batch_size": 512, "dtype": "fp8", "stack": "nemo",
+                         "expert_load_imbalance": 1.0},
+            "plan": {"G_data": 8, "G_inter": 2, "G_ep": 8, "G_etp": 1, "virtual_stages": 12,
+                     "schedule": "interleaved-1f1b"}}
+    eager = client.post("/v1/predict", json=body)
+    assert eager.status_code == 200, eager.text
+    graphed_body = {**body, "training": {**body["training"],
+                                         "cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]}}
+    graphed = client.post("/v1/predict", json=graphed_body)
+    assert graphed.status_code == 200, graphed.text
+    assert graphed.json()["iteration_time_s"] < 0.9 * eager.json()["iteration_time_s"]
+    bad_training = {**body["training"], "cuda_graph_scope": ["moe"]}
+    bad = client.post("/v1/predict", json={**body, "training": bad_training})
+    assert bad.status_code == 422
+    assert "cuda_graph_scope" in bad.text

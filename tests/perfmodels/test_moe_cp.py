@@ -385,3 +385,71 @@ def test_combined_1f1b_overlaps_each_all_to_all_with_its_partner_node():
     assert experts.overlapped_exposed_s(np.array([0.0]), 0.5, 0.25)[0] == pytest.approx(0.0)
     assert experts.overlapped_exposed_s(np.array([1.0]), 0.0, 0.0)[0] == pytest.approx(4.0)
     assert experts.overlapped_exposed_s(np.array([1.0]), 2.0, 2.0)[0] == pytest.approx(0.0)
+
+
+def test_host_ops_of_a_moe_layer_hand_derived():
+    """A block issues 30 ops a forward; an MoE layer 30 + 12 (router 4, dispatcher preprocessing 4,
+    dispatch / sort / combine 4) + 2 grouped linears x local experts x (1 cuBLAS GEMM launch, + 3
+    quantize launches in FP8 current scaling) on Megatron-Core; CUDA graphs replace a captured
+    part's ops by one launch."""
+    qwen = presets.model("qwen3-30b-a3b")  # 128 experts, every layer MoE
+    arrays = from_plans([Plan(G_data=8, G_inter=2, G_ep=8, G_etp=1), Plan(G_data=16, G_ep=16, G_etp=1)])
+    fp8 = Training(global_batch_size=512, stack="nemo", dtype="fp8")
+    bf16 = dataclasses.replace(fp8, dtype="bf16")
+    # 16 and 8 local experts
+    assert list(experts.host_ops(qwen, fp8, arrays)) == pytest.approx(
+        [30 + 12 + 2 * 4 * 16, 30 + 12 + 2 * 4 * 8])
+    assert list(experts.host_ops(qwen, bf16, arrays)) == pytest.approx([30 + 12 + 2 * 16, 30 + 12 + 2 * 8])
+    # Megatron-Core as Megatron-LM runs it: the same Transformer Engine grouped linears
+    core = dataclasses.replace(fp8, stack="megatron-core")
+    assert list(experts.host_ops(qwen, core, arrays)) == pytest.approx(
+        [30 + 12 + 2 * 4 * 16, 30 + 12 + 2 * 4 * 8])
+    assert list(experts.host_ops(qwen, dataclasses.replace(core, dtype="bf16"), arrays)) == pytest.approx(
+        [30 + 12 + 2 * 16, 30 + 12 + 2 * 8])
+    # one kernel for all experts (torch._grouped_mm): no per-expert ops
+    titan = dataclasses.replace(fp8, stack="torchtitan")
+    assert list(experts.host_ops(qwen, titan, arrays)) == pytest.approx([42, 42])
+    # the 2026 recipes' TE-scoped graphs: attention (15 ops), router (4) and preprocessing (4) one launch each
+    graphed = dataclasses.replace(fp8, cuda_graph_scope=("attn", "moe_router", "moe_preprocess"))
+    assert list(experts.host_ops(qwen, graphed, arrays)) == pytest.approx(
+        [1 + 15 + 1 + 1 + 4 + 2 * 4 * 16, 1 + 15 + 1 + 1 + 4 + 2 * 4 * 8])
+    dense = presets.model("llama3.1-8b")
+    assert list(experts.host_ops(dense, fp8, arrays)) == [30, 30]
+    both = dataclasses.replace(fp8, cuda_graph_scope=["attn", "mlp", "attn"])
+    assert both.cuda_graph_scope == ("attn", "mlp")
+    assert list(experts.host_ops(dense, both, arrays)) == [2, 2]
+    # an MoE layer's "mlp" is its MoE part, which no per-layer graph of a dropless layer captures
+    assert list(experts.host_ops(qwen, dataclasses.replace(fp8, cuda_graph_scope=("mlp",)), arrays)) == \
+        pytest.approx([170, 106])
+    with pytest.raises(ValueError, match="cuda_graph_scope"):
+        Training(global_batch_size=1, cuda_graph_scope=("moe",))
+    with pytest.raises(ValueError, match="cuda_graph_scope"):
+        Training(global_batch_size=1, cuda_graph_scope="attn")  # type: ignore[arg-type]
+
+
+def test_fine_grained_fp8_experts_make_the_step_host_bound_hand_derived():
+    """Qwen3-30B-A3B on 16 H100s as Megatron-Bridge's 25.11 recipe ran it (PP 2, VP 12, EP 8, MBS 1,
+    GBS 512, FP8): the busiest stage issues 24 MoE layers of 170 ops and the head (one block's 30) per
+    micro-batch, three passes of 0.9 ms per 30 ops: 0.0009 x 3 x (24 x 170 / 30 + 1) = 0.3699 s, more
+    than the GPU needs, so the 64 micro-batches take 64 x 0.3699 s plus the pipeline's fill and sends
+    (measured: 24.85 s a step, 5,275 tokens/s/GPU). With 4 local experts (EP 32) the same layer is 30 + 12 +
+    32 = 74 ops and the GPU, not the host, sets the pace."""
+    from perfmodels.steptime import _host_seconds_per_microbatch
+    from perfmodels.traffic import stage_shape
+
+    qwen = presets.model("qwen3-30b-a3b")
+    cluster = presets.cluster("eos").with_gpus(16)
+    order = ("col", "row", "cp", "depth", "data", "inter")
+    plan = Plan(G_data=8, G_inter=2, G_ep=8, G_etp=1, micro_batch_size=1, schedule="interleaved-1f1b",
+                virtual_stages=12, zero_stage=1, placement=order)
+    fp8 = Training(global_batch_size=512, stack="nemo", dtype="fp8", expert_load_imbalance=1.0)
+    arrays = from_plans([plan])
+    host = _host_seconds_per_microbatch(qwen, cluster, fp8, arrays, stage_shape(qwen.num_layers, arrays))
+    assert host[0] == pytest.approx(0.0009 * 3 * (24 * 170 / 30 + 1))
+    pred = predict(qwen, cluster, fp8, plan)
+    assert pred.breakdown.host_wait_s > 0.5 * pred.iteration_time_s
+    assert 64 * 0.3699 < pred.iteration_time_s < 64 * 0.3699 + 1.0
+    # bf16: one GEMM launch per expert, no quantize launches: 74 ops, 0.0009 x 3 x (24 x 74 / 30 + 1)
+    # = 0.1625 s a micro-batch, about the GPU's own pace: the host waits little
+    bf16 = predict(qwen, cluster, dataclasses.replace(fp8, dtype="bf16"), plan)
+    assert bf16.breakdown.host_wait_s < 0.02 * bf16.iteration_time_s

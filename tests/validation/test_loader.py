@@ -255,18 +255,40 @@ def test_moe_rows_state_the_recompute_of_their_containers_recipe():
 
 
 def test_the_25_11_moe_rows_read_the_layout_their_recipe_ran():
-    """Qwen3-30B-A3B 25.11 H100: GBS 512, MBS 2, PP 2, VP 24, EP 8 on 16 GPUs (DP 8, GA 32), FP8, no
-    recompute. GPT-OSS-120B 25.11 H100: the table's MBS 4 / GA 2 contradict GBS 512 at PP 4 on 64 GPUs;
-    the 25.11 recipe (Megatron-Bridge v0.2.0 GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs MBS 1, so
-    DP 16 and GA 512 / (1 x 16) = 32 (validation/data/README.md)."""
+    """Qwen3-30B-A3B 25.11 H100: the table's MBS 2 / VP 24 / GA 32 repeat the 25.09 tokendrop line; the
+    25.11 recipe (Megatron-Bridge v0.2.0 QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG) runs GBS 512, MBS 1,
+    PP 2, VP 12, EP 8 on 16 GPUs (DP 8, GA 64), FP8, no recompute. GPT-OSS-120B 25.11 H100: the
+    table's MBS 4 / GA 2 contradict GBS 512 at PP 4 on 64 GPUs; the 25.11 recipe (Megatron-Bridge
+    v0.2.0 GPT_OSS_120B_H100_BF16_BASE_CONFIG) runs MBS 1, so DP 16 and
+    GA 512 / (1 x 16) = 32 (validation/data/README.md)."""
     cases = loader.load_file(loader.DATA_DIR / "published_megatron_bridge_moe.csv").cases
     rows = {c.case_id.split(":")[1]: c for c in cases}
     qwen, oss = rows["6"], rows["8"]
     ((q,), (o,)) = (qwen.plans, oss.plans)
     assert (qwen.model.name, q.G_data, q.G_inter, q.G_intra_r, q.G_ep, q.G_etp, q.micro_batch_size,
             q.virtual_stages, q.schedule, q.recompute, q.zero_stage) == (
-        "Qwen3-30B-A3B", 8, 2, 1, 8, 1, 2, 24, "interleaved-1f1b", "none", 1)
+        "Qwen3-30B-A3B", 8, 2, 1, 8, 1, 1, 12, "interleaved-1f1b", "none", 1)
     assert {(t.dtype, t.global_batch_size) for t in qwen.trainings} == {("fp8", 512)}
     assert (oss.model.name, o.G_data, o.G_inter, o.G_intra_r, o.G_ep, o.G_etp, o.micro_batch_size,
             o.virtual_stages, o.recompute, o.zero_stage) == ("GPT-OSS-120B", 16, 4, 1, 8, 1, 1, 1, "none", 1)
     assert {(t.dtype, t.global_batch_size) for t in oss.trainings} == {("bf16", 512)}
+
+
+def test_a_cuda_graph_scope_column_states_what_the_run_replayed_from_graphs(tmp_path):
+    """`cuda_graph_scope` (space-separated Megatron scope names) sets `Training.cuda_graph_scope`;
+    rows without it run eager."""
+    import csv
+
+    source = loader.DATA_DIR / "published_megatron_bridge_moe.csv"
+    with source.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[3]["cuda_graph_scope"] = "attn moe_router moe_preprocess"
+    path = tmp_path / "graphs.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*rows[0].keys(), "cuda_graph_scope"])
+        writer.writeheader()
+        writer.writerows(rows)
+    cases = loader.load_file(path).cases
+    scopes = [{t.cuda_graph_scope for t in c.trainings} for c in cases]
+    assert scopes[3] == {("attn", "moe_router", "moe_preprocess")}
+    assert all(s == {()} for i, s in enumerate(scopes) if i != 3)
