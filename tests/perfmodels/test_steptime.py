@@ -383,3 +383,22 @@ def test_units_evaluated_once_per_run_give_every_row_its_own_values():
     pair_together = bounds.blocks_bound_s(model, cluster, training, siblings, v, [0, 1, 2], [False, True])
     pair_apart = bounds.blocks_bound_s(model, cluster, training, mixed, v, [0, 1, 2], [False, True])
     assert np.allclose(pair_together[..., shuffled_at], pair_apart, rtol=1e-12, atol=0.0)
+
+
+def test_predict_many_with_the_plans_memory_given_predicts_the_same():
+    """A search screens memory first (`memory_many`) and passes it on: the prediction is the one
+    `predict_many` makes alone, bit for bit."""
+    from perfmodels.plans import from_columns
+    from perfmodels.steptime import memory_many, predict_many
+
+    model = presets.model("mixtral-8x7b")
+    cluster = presets.cluster("eos").with_gpus(64)
+    training = Training(global_batch_size=256, stack="megatron-core")
+    arrays = from_columns(G_data=np.asarray([8, 4, 2]), G_inter=np.asarray([2, 2, 4]),
+                          G_intra_r=np.asarray([4, 8, 8]), G_ep=np.asarray([8, 4, 2]),
+                          micro_batch_size=np.asarray([1, 2, 1]))
+    alone = predict_many(model, cluster, training, arrays)
+    screened = memory_many(model, cluster, training, arrays)
+    given = predict_many(model, cluster, training, arrays, memory=screened)
+    assert np.array_equal(alone.iteration_time_s, given.iteration_time_s)
+    assert np.array_equal(alone.memory.total_gib, given.memory.total_gib)

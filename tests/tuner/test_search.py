@@ -188,3 +188,21 @@ def test_expert_weights_that_cannot_fit_are_pruned_before_expansion():
     reason = "the routed experts' 16-bit weights alone exceed the 80 GiB of a GPU"
     assert rec.pruned.get(reason, 0) > 0
     assert any("G_ep=1 " in example for example in rec.pruned_examples[reason])
+
+
+def test_a_search_leaves_the_garbage_collector_as_it_found_it():
+    """The search turns the cyclic collector off while it runs (`search._without_cycle_collection`)
+    and back on only where it was on."""
+    import gc
+
+    model, cluster = presets.model("gpt3-1.7b"), presets.cluster("selene", 16)
+    training = Training(global_batch_size=64)
+    assert gc.isenabled()
+    recommend(model, cluster, training, top_k=1)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        recommend(model, cluster, training, top_k=1)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
