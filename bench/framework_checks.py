@@ -85,10 +85,11 @@ MEGATRON_ARG_RULES: tuple[ArgRule, ...] = (
     ),
     ArgRule(
         "arguments.py:997",
-        "without uneven-stage or virtual-stage flags, --num-layers is divisible by "
+        "without uneven-stage, layout or virtual-stage flags, --num-layers is divisible by "
         "--pipeline-model-parallel-size",
         lambda a, w: (
             "--decoder-first-pipeline-num-layers" in a
+            or "--pipeline-model-parallel-layout" in a
             or "--num-layers-per-virtual-pipeline-stage" in a
             or "--num-virtual-stages-per-pipeline-rank" in a
             or _i(a, "--num-layers") % _i(a, "--pipeline-model-parallel-size") == 0

@@ -62,6 +62,15 @@ RULES: tuple[Rule, ...] = (
         "divisible by the middle stages, and per middle rank by the virtual size)",
     ),
     Rule(
+        name="megatron_layout_split",
+        applies="Stack.pipeline_layer_split == 'megatron-core'",
+        source="Megatron-LM megatron/training/arguments.py:927-950 and :3103 "
+        "(--pipeline-model-parallel-layout sets each chunk's layers and the virtual size) at d98e8a64; "
+        "megatron-core 0.16.0 "
+        "PipelineParallelLayerLayout.validate_layer_layout (the embedding first, the loss last, "
+        "every decoder layer once)",
+    ),
+    Rule(
         name="torchtitan_layer_split",
         applies="Stack.pipeline_layer_split == 'torchtitan'",
         source="torchtitan torchtitan/distributed/pipeline_parallel.py:223-252 (ceil((layers + weights) "
@@ -129,6 +138,7 @@ def stack_problems(model: Model, training: Training, plan: Plan) -> list[str]:
     if S > 1 and not rules.layer_split(stack.pipeline_layer_split, model.depth, S, v):
         how = {
             "megatron": "evenly or with Megatron's first/last-stage counts",
+            "megatron-core": "evenly, with first/last-stage counts or a layout of a layer per chunk at least",
             "torchtitan": "into ceil(layers / chunks)-layer stages",
         }.get(stack.pipeline_layer_split, "")
         problems.append(

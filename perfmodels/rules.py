@@ -162,6 +162,37 @@ def megatron_first_last(num_layers: int, G_inter: int, virtual_stages: int) -> t
     return first * v, (rest - first) * v
 
 
+def megatron_layout_split(num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
+    """Megatron-Core's custom pipeline layout (`--pipeline-model-parallel-layout`, Megatron-LM
+    megatron/training/arguments.py:927-950 and :3103 at NVIDIA/Megatron-LM d98e8a64; checked by
+    `PipelineParallelLayerLayout` in TransformerConfig, megatron-core 0.16.0) lists the layers of each
+    of the G_inter x virtual_stages chunks, the embedding in the first and the loss in the last:
+    `megatron_layout` cuts them with no chunk above the balanced split's ceil(L / (S v)) layers,
+    which holds every layer when there are at least as many layers as chunks."""
+    return G_inter * virtual_stages <= num_layers
+
+
+def megatron_layout(num_layers: int, G_inter: int, virtual_stages: int) -> str:
+    """The `--pipeline-model-parallel-layout` string of a balanced cut: every chunk ceil(L / (S v))
+    layers, less one, where the layers fall short, first for the last chunk (the loss's), then the
+    first (the embedding's), then alternately from the ends inwards. Chunk i runs on pipeline rank i
+    mod S as its virtual stage i // S (Megatron's order), so no rank holds more than the busiest
+    stage the model prices, ceil(L / (S v)) v layers. E.g. 61 layers over 8 x 4 chunks:
+    "Et|t*2|...|t*2|t|tL"."""
+    L, chunks = int(num_layers), int(G_inter) * int(virtual_stages)
+    if chunks > L:
+        raise ValueError(f"model.num_layers={L} is fewer than the G_inter*virtual_stages = {chunks} chunks")
+    per = -(-L // chunks)
+    counts = [per] * chunks
+    ends = [i for pair in zip(range(chunks - 1, -1, -1), range(chunks)) for i in pair]
+    for i in list(dict.fromkeys(ends))[: per * chunks - L]:
+        counts[i] -= 1
+    parts = [("t" if n == 1 else f"t*{n}" if n else "") for n in counts]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    return "|".join(parts)
+
+
 def torchtitan_layer_split(num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
     """torchtitan (`pipeline_parallel_layers_per_stage` = ceil(L / (S v)), no first/last weights)
     makes ceil(L / layers_per_stage) stages, which must be the S * v chunks of the plan."""
@@ -171,10 +202,14 @@ def torchtitan_layer_split(num_layers: Int, G_inter: Int, virtual_stages: Int) -
 
 
 def layer_split(kind: str, num_layers: Int, G_inter: Int, virtual_stages: Int) -> Any:
-    """The stack's `pipeline_layer_split` rule: "megatron", "torchtitan" or "any"."""
-    if kind == "megatron":
-        return (G_inter == 1) | even_layer_split(num_layers, G_inter, virtual_stages) | megatron_uneven_split(
+    """The stack's `pipeline_layer_split` rule: "megatron" (even, or Megatron's first/last-stage
+    counts), "megatron-core" (those, or a custom layout), "torchtitan" or "any"."""
+    if kind in ("megatron", "megatron-core"):
+        ok = (G_inter == 1) | even_layer_split(num_layers, G_inter, virtual_stages) | megatron_uneven_split(
             num_layers, G_inter, virtual_stages)
+        if kind == "megatron-core":
+            ok = ok | megatron_layout_split(num_layers, G_inter, virtual_stages)
+        return ok
     if kind == "torchtitan":
         return torchtitan_layer_split(num_layers, G_inter, virtual_stages)
     return np.ones(np.shape(G_inter), bool) if np.ndim(G_inter) else True

@@ -57,7 +57,7 @@ FlashKernel = Literal["native", "pre-hopper"]
 FLASH_KERNEL_VALUES: tuple[str, ...] = get_args(FlashKernel)
 """What `Stack.flash_kernel` may say (the one list the specs, the loader, the CLI and the REST schema use)."""
 SelectiveKind = Literal["attention-core", "per-op"]
-PipelineSplit = Literal["any", "megatron", "torchtitan"]
+PipelineSplit = Literal["any", "megatron", "megatron-core", "torchtitan"]
 PIPELINE_SPLIT_VALUES: tuple[str, ...] = get_args(PipelineSplit)
 """What `Stack.pipeline_layer_split` may say."""
 
@@ -516,7 +516,9 @@ _MEGATRON_CORE = Stack(
     grouped_linear_fp8_host_ops_per_expert=3.0,
     # Megatron-LM's pretrain_gpt.py shards the optimizer (--use-distributed-optimizer) and nothing else
     launch_zero_stages=(0, 1),
-    **_MEGATRON,
+    # and cuts the layers with a custom layout where neither an even nor a first/last split works
+    # (`rules.megatron_layout_split`)
+    **{**_MEGATRON, "pipeline_layer_split": "megatron-core"},
 )
 """Megatron-Core as Megatron-LM runs it; the `nemo` preset is this with NeMo's bf16 gradients."""
 

@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 
 import numpy as np
+import pytest
 
 from perfmodels import presets, rules
 from perfmodels.plans import SCHEDULE_CODE
@@ -75,3 +76,25 @@ def test_combination_problems_and_constraints_reject_the_same_layouts():
         cluster = dataclasses.replace(presets.cluster("local-cpu", num_gpus=1), num_gpus=plan.world_size,
                                       gpus_per_node=plan.world_size)
         assert bool(combination_problems(MODEL, cluster, training, plan)) == bool(rejected), plan
+
+
+def test_megatron_layout_cuts_any_split_no_chunk_above_the_balanced_one():
+    """The custom layout gridtune prints for Megatron-Core (`--pipeline-model-parallel-layout`):
+    DeepSeek-V3's 61 layers over 8 x 4 chunks the way NVIDIA cut them for 25.09 (one layer with the
+    embedding, two per chunk, the last ones short), every layer once, no pipeline rank above the
+    busiest stage the model prices, ceil(L / (S v)) v."""
+    from perfmodels.rules import layer_split, megatron_layout, megatron_layout_split
+
+    assert megatron_layout(61, 8, 4) == "Et|" + "t*2|" * 29 + "t|tL"
+    assert megatron_layout(3, 3, 1) == "Et|t|tL"
+    for L, S, v in [(61, 8, 4), (61, 8, 1), (94, 8, 4), (36, 4, 1), (48, 2, 12), (7, 2, 3)]:
+        chunks = megatron_layout(L, S, v).split("|")
+        counts = [int(c.strip("EL").split("*")[1]) if "*" in c else c.count("t") for c in chunks]
+        assert len(chunks) == S * v and sum(counts) == L
+        per_rank = [sum(counts[r::S]) for r in range(S)]
+        assert max(per_rank) <= -(-L // (S * v)) * v, (L, S, v, per_rank)
+    assert megatron_layout_split(61, 8, 4) and not megatron_layout_split(61, 8, 8)
+    # Megatron-LM's first/last counts cannot cut 61 layers over 8 x 4; megatron-core's layout can
+    assert not layer_split("megatron", 61, 8, 4) and layer_split("megatron-core", 61, 8, 4)
+    with pytest.raises(ValueError, match="fewer than"):
+        megatron_layout(61, 8, 8)

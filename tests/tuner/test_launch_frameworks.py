@@ -203,3 +203,48 @@ def test_the_rest_answer_carries_the_text_the_cli_prints(tmp_path, capsys):
             "--global-batch-size", "128", "--stack", "megatron-core", "--emit", "megatron", "--top", "3"]
     assert main(argv) == 0
     assert rec["launch"]["megatron"]["text"] in capsys.readouterr().out
+
+
+MOE_CASES = [  # (model, cluster, gpus, global batch): a few and many experts, shared experts
+    ("mixtral-8x7b", "eos", 64, 256),
+    ("qwen3-30b-a3b", "eos", 32, 512),
+    ("deepseek-v3", "eos", 1024, 8192),
+]
+
+
+@pytest.mark.parametrize("kind", ["megatron", "nemo"])
+@pytest.mark.parametrize("case", MOE_CASES, ids=[c[0] for c in MOE_CASES])
+def test_the_best_mixture_of_experts_plan_launches_as_ranked(kind, case):
+    """The best MoE plan's launch passes megatron-core's own checks (TransformerConfig with the MoE
+    fields, the expert layers' RankGenerator) and carries the expert layout it was ranked with (bf16:
+    TransformerConfig's FP8 checks need Transformer Engine, which a CPU test machine lacks)."""
+    _need(kind)
+    model, cluster, tr, rec = _best(*case, stack=TARGETS[kind].default_stack)
+    plan = rec.best.plan
+    assert launch_problems(kind, model, cluster, tr, plan) == []
+    launch = launch_for(kind, model, cluster, tr, plan)
+    assert fc.check(kind, launch, model, cluster, tr, plan) == []
+    if kind == "megatron":
+        text = launch.text
+        assert f"--num-experts {model.num_moe_experts}" in text
+        assert f"--moe-router-topk {model.moe_router_topk}" in text
+        if plan.G_ep > 1:
+            assert f"--expert-model-parallel-size {plan.G_ep}" in text, text
+
+
+def test_the_published_deepseek_v3_layout_launches_with_its_expert_arguments():
+    """NVIDIA's DeepSeek-V3 layout on 1,024 H100s (TP2 PP8 VP4 EP64, Megatron-Bridge 25.09): the
+    Megatron-LM arguments name the experts and their layout, and megatron-core accepts them."""
+    _need("megatron")
+    model, cluster = presets.model("deepseek-v3"), presets.cluster("eos", 1024)
+    tr = Training(global_batch_size=8192, stack="megatron-core")
+    plan = Plan(G_data=64, G_inter=8, G_intra_r=2, G_ep=64, G_etp=1, micro_batch_size=1,
+                schedule="interleaved-1f1b", virtual_stages=4, recompute="selective", sequence_parallel=True,
+                zero_stage=1, placement=("col", "row", "cp", "depth", "data", "inter"))
+    assert launch_problems("megatron", model, cluster, tr, plan) == []
+    launch = launch_for("megatron", model, cluster, tr, plan)
+    assert fc.check("megatron", launch, model, cluster, tr, plan) == []
+    for flag in ("--num-experts 256", "--moe-router-topk 8", "--moe-ffn-hidden-size 2048",
+                 "--expert-model-parallel-size 64", "--expert-tensor-parallel-size 1",
+                 "--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 8"):
+        assert flag in launch.text, (flag, launch.text)

@@ -49,6 +49,9 @@ class Layout:
     first_stage_layers: int | None
     last_stage_layers: int | None
     interleaved: bool
+    pipeline_layout: str | None = None
+    """Megatron-Core's `--pipeline-model-parallel-layout` where the layers split neither evenly nor
+    with first/last-stage counts (`perfmodels.rules.megatron_layout`)."""
 
     @property
     def uneven(self) -> bool:
@@ -57,16 +60,22 @@ class Layout:
 
 def layout_of(model: Model, training: Training, plan: Plan, *, uneven: bool = True) -> Layout:
     """The layout of `plan`; `uneven` asks for Megatron's first/last-stage counts where the layers do
-    not split evenly (ValueError when neither split works)."""
+    not split evenly, or, on a stack that has it, a custom pipeline layout where those do not work
+    either (ValueError when nothing works)."""
     cp = int(getattr(plan, "G_cp", 1) or 1)
     ep = int(getattr(plan, "G_ep", 1) or 1)
     etp = getattr(plan, "G_etp", None)
     dp = plan.G_data * plan.G_intra_d
     interleaved = plan.G_inter > 1 and plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1
     vpp = plan.virtual_stages if interleaved else 1
-    first = last = None
+    first = last = layout = None
     if uneven and plan.G_inter > 1 and model.num_layers:
-        split = rules.megatron_first_last(model.num_layers, plan.G_inter, vpp)
+        try:
+            split = rules.megatron_first_last(model.num_layers, plan.G_inter, vpp)
+        except ValueError:
+            if training.effective_stack.pipeline_layer_split != "megatron-core":
+                raise
+            split, layout = None, rules.megatron_layout(model.num_layers, plan.G_inter, vpp)
         if split is not None:
             first, last = split
     world = plan.G_data * plan.G_inter * plan.G_intra_d * plan.G_intra_r * plan.G_intra_c * cp
@@ -74,7 +83,8 @@ def layout_of(model: Model, training: Training, plan: Plan, *, uneven: bool = Tr
                   etp=None if etp is None else int(etp), dp=dp, world=world,
                   micro_batch_size=plan.micro_batch_size, global_batch_size=training.global_batch_size,
                   num_microbatches=training.global_batch_size // (dp * plan.micro_batch_size),
-                  first_stage_layers=first, last_stage_layers=last, interleaved=interleaved)
+                  first_stage_layers=first, last_stage_layers=last, interleaved=interleaved,
+                  pipeline_layout=layout)
 
 
 def nodes(cluster: Cluster, world: int) -> tuple[int, int]:

@@ -9,6 +9,7 @@ overrides, and tests/tuner/test_launch_frameworks.py builds a real `TransformerC
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from perfmodels.specs import Cluster, Model, Plan, Training
@@ -57,6 +58,8 @@ def transformer_config(model: Model, training: Training, plan: Plan, lay: Layout
     if lay.uneven:
         cfg["num_layers_in_first_pipeline_stage"] = lay.first_stage_layers
         cfg["num_layers_in_last_pipeline_stage"] = lay.last_stage_layers
+    if lay.pipeline_layout is not None:
+        cfg["pipeline_model_parallel_layout"] = lay.pipeline_layout
     if plan.recompute == "full":
         cfg.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif plan.recompute == "selective":
@@ -99,7 +102,9 @@ def megatron(model: Model, cluster: Cluster, training: Training, plan: Plan) -> 
         args.append(f"--expert-model-parallel-size {lay.ep}")
     if lay.etp is not None:
         args.append(f"--expert-tensor-parallel-size {lay.etp}")
-    if lay.vpp > 1:
+    if lay.pipeline_layout is not None:  # the layout sets the virtual size too (arguments.py:927-950)
+        args.append(f"--pipeline-model-parallel-layout {shlex.quote(lay.pipeline_layout)}")
+    elif lay.vpp > 1:
         if lay.uneven:  # arguments.py:955: uneven stages take the virtual size, not layers per chunk
             args.append(f"--num-virtual-stages-per-pipeline-rank {lay.vpp}")
         else:
