@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                         covered["pipeline"] += lay.pp > 1
                         covered["interleaved"] += lay.vpp > 1
                         covered["uneven first/last stages"] += bool(lay.uneven and megatron_like)
+                        covered["custom pipeline layout"] += bool(lay.pipeline_layout and megatron_like)
                         covered["tensor parallel"] += lay.tp > 1
                         covered["sequence parallel"] += bool(plan.sequence_parallel)
                         covered["ZeRO-1"] += plan.zero_stage == 1

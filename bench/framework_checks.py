@@ -536,7 +536,12 @@ def emitted_layout(kind: str, launch: Launch, world: int) -> dict[str, Any]:
                 "--context-parallel-size",
             )
         )
-        if "--num-virtual-stages-per-pipeline-rank" in a:
+        if "--pipeline-model-parallel-layout" in a:  # arguments.py:941-950: chunks / pp
+            from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+            layout = a["--pipeline-model-parallel-layout"]
+            vpp = PipelineParallelLayerLayout.get_num_stages_from_str(layout) // pp
+        elif "--num-virtual-stages-per-pipeline-rank" in a:
             vpp = _i(a, "--num-virtual-stages-per-pipeline-rank")
         elif "--num-layers-per-virtual-pipeline-stage" in a:
             vpp = _i(a, "--num-layers") // pp // _i(a, "--num-layers-per-virtual-pipeline-stage")
