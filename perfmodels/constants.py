@@ -21,6 +21,10 @@ cluster and stack) uses it through the ordinary formulas:
   the additive host cost per layer per micro-batch is their product;
 - `intra_node_busbw_GBps`, `intra_node_latency_us`: collectives inside a node (tensor parallelism):
   `Cluster.intra_node_bandwidth_GBps` x `link_efficiency_intra`, `Cluster.intra_node_latency_us`;
+  on a cluster whose profile measured in-node all-reduces (`gridtune profile`, or a preset that ships
+  nccl-tests tables such as `vtrain-a100`), those measurements are what `collectives.link_constants`
+  costs in-node collectives with, so there the parameter is the whole-node all-reduce's measured bus
+  bandwidth and a calibrated value scales every in-node fit by the same factor (`_measured_intra_busbw`);
 - `inter_node_busbw_GBps` (GB/s per GPU): `Cluster.inter_node_bandwidth_GBps` x `link_efficiency_inter`;
 - `p2p_latency_us` (us per pipeline transfer): the send/recv latency (`Profile.collectives`, op
   `send_recv`);
@@ -146,6 +150,23 @@ def _send_recv_alpha(cluster: Cluster) -> float:
     return float(cluster.inter_node_latency_us)
 
 
+def _measured_intra_busbw(cluster: Cluster) -> float | None:
+    """The bus bandwidth the cluster's profile measured for an all-reduce over the most GPUs of one
+    node, or None when it measured no in-node all-reduce.
+
+    Where a profile has such fits, `collectives.link_constants` costs in-node collectives with them
+    and not with `Cluster.intra_node_bandwidth_GBps` (vtrain-a100: 193-228 GB/s measured, 150 in the
+    field), so the tensor-parallel bandwidth a calibration fits must be read from, and written into,
+    those fits: as the link field alone it moved no all-reduce of such a cluster (a parameter the
+    runs could never identify, at a prior the model did not use)."""
+    prof = cluster.profile
+    fits = [f for f in (prof.collectives if prof is not None else ())
+            if f.op == "all_reduce" and f.level == "intra"]
+    if not fits:
+        return None
+    return float(max(fits, key=lambda f: f.group_size).busbw_GBps)
+
+
 def priors(cluster: Cluster, training: Training) -> dict[str, float]:
     """Each parameter's a-priori value for this cluster and stack (presets, the stack, a microbenchmark
     profile; never a calibration already attached), clipped into its plausible range."""
@@ -164,7 +185,8 @@ def priors(cluster: Cluster, training: Training) -> dict[str, float]:
         "attention_efficiency": min(gpu.flash_fwd_efficiency, _flash_cap(cluster, training)),
         "host_us_per_layer": HOST_PASSES * host_block_us,
         "host_exposed_fraction": stack.host_exposed_fraction,
-        "intra_node_busbw_GBps": cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra,
+        "intra_node_busbw_GBps": _measured_intra_busbw(cluster) or (
+            cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra),
         "intra_node_latency_us": cluster.intra_node_latency_us,
         "inter_node_busbw_GBps": cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter,
         "p2p_latency_us": _send_recv_alpha(cluster),
@@ -212,8 +234,20 @@ def apply_constants(cluster: Cluster, training: Training,
     if "host_exposed_fraction" in c:
         training_changes["host_exposed_fraction"] = c["host_exposed_fraction"]
     if "intra_node_busbw_GBps" in c:
-        intra = c["intra_node_busbw_GBps"] / cluster.link_efficiency_intra
-        cluster_changes["intra_node_bandwidth_GBps"] = intra
+        measured = _measured_intra_busbw(cluster)
+        if measured is None:
+            intra = c["intra_node_busbw_GBps"] / cluster.link_efficiency_intra
+            cluster_changes["intra_node_bandwidth_GBps"] = intra
+        else:
+            # every in-node fit and the link field by one factor: the measured size dependence is
+            # kept, and the whole-node all-reduce reads back the value (idempotent); pipeline sends
+            # keep their own constant (`p2p_latency_us`)
+            scale = c["intra_node_busbw_GBps"] / measured
+            cluster_changes["intra_node_bandwidth_GBps"] = cluster.intra_node_bandwidth_GBps * scale
+            profile_changes["collectives"] = tuple(
+                dataclasses.replace(f, busbw_GBps=f.busbw_GBps * scale)
+                if f.level == "intra" and f.op != "send_recv" else f
+                for f in profile.collectives)
     if "intra_node_latency_us" in c:
         cluster_changes["intra_node_latency_us"] = c["intra_node_latency_us"]
     if "inter_node_busbw_GBps" in c:
@@ -225,7 +259,9 @@ def apply_constants(cluster: Cluster, training: Training,
         cluster_changes["gpu"] = dataclasses.replace(gpu, **gpu_changes)
     out = dataclasses.replace(cluster, **cluster_changes) if cluster_changes else cluster
     if "p2p_latency_us" in c:
-        profile_changes["collectives"] = _with_p2p(out, profile, c["p2p_latency_us"])
+        kept = profile_changes.get("collectives", profile.collectives)  # in-node fits as scaled above
+        profile_changes["collectives"] = _with_p2p(out, dataclasses.replace(profile, collectives=kept),
+                                                   c["p2p_latency_us"])
     if profile_changes or cluster.profile is None:
         out = dataclasses.replace(out, profile=dataclasses.replace(profile, **profile_changes))
     if stack_changes:
