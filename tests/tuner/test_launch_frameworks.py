@@ -232,19 +232,33 @@ def test_the_best_mixture_of_experts_plan_launches_as_ranked(kind, case):
             assert f"--expert-model-parallel-size {plan.G_ep}" in text, text
 
 
-def test_the_published_deepseek_v3_layout_launches_with_its_expert_arguments():
-    """NVIDIA's DeepSeek-V3 layout on 1,024 H100s (TP2 PP8 VP4 EP64, Megatron-Bridge 25.09): the
-    Megatron-LM arguments name the experts and their layout, and megatron-core accepts them."""
-    _need("megatron")
+@pytest.mark.parametrize("kind", ["megatron", "nemo"])
+def test_the_published_deepseek_v3_layout_launches_with_its_expert_arguments(kind):
+    """NVIDIA's DeepSeek-V3 layout on 1,024 H100s (TP2 PP8 VP4 EP64, Megatron-Bridge 25.09): 61 layers
+    over 8 x 4 chunks take a custom pipeline layout; megatron-core accepts the launch, which names the
+    experts and their layout, and the printed command keeps the layout and the layer list one shell
+    word each (a pipe or a bracket unquoted would break it as pasted)."""
+    import shlex
+
+    _need(kind)
     model, cluster = presets.model("deepseek-v3"), presets.cluster("eos", 1024)
-    tr = Training(global_batch_size=8192, stack="megatron-core")
+    tr = Training(global_batch_size=8192, stack=TARGETS[kind].default_stack)
     plan = Plan(G_data=64, G_inter=8, G_intra_r=2, G_ep=64, G_etp=1, micro_batch_size=1,
                 schedule="interleaved-1f1b", virtual_stages=4, recompute="selective", sequence_parallel=True,
                 zero_stage=1, placement=("col", "row", "cp", "depth", "data", "inter"))
-    assert launch_problems("megatron", model, cluster, tr, plan) == []
-    launch = launch_for("megatron", model, cluster, tr, plan)
-    assert fc.check("megatron", launch, model, cluster, tr, plan) == []
-    for flag in ("--num-experts 256", "--moe-router-topk 8", "--moe-ffn-hidden-size 2048",
-                 "--expert-model-parallel-size 64", "--expert-tensor-parallel-size 1",
-                 "--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 8"):
-        assert flag in launch.text, (flag, launch.text)
+    assert launch_problems(kind, model, cluster, tr, plan) == []
+    launch = launch_for(kind, model, cluster, tr, plan)
+    assert fc.check(kind, launch, model, cluster, tr, plan) == []
+    words = shlex.split(launch.text.replace("\\\n", " "))
+    layout = "Et|" + "t*2|" * 29 + "t|tL"
+    if kind == "megatron":
+        assert words[words.index("--pipeline-model-parallel-layout") + 1] == layout
+        assert words[words.index("--moe-layer-freq") + 1].startswith("[0,0,0,1,")
+        for flag in ("--num-experts 256", "--moe-router-topk 8", "--moe-ffn-hidden-size 2048",
+                     "--expert-model-parallel-size 64", "--expert-tensor-parallel-size 1",
+                     "--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 8"):
+            assert flag in launch.text, (flag, launch.text)
+    else:
+        assert f"model.pipeline_model_parallel_layout={layout}" in words
+        assert "model.expert_model_parallel_size=64" in words and "model.num_moe_experts=256" in words
+        assert all(o in words for o in launch.args)

@@ -10,6 +10,7 @@ fsdp_dtensor: Megatron-LM arguments.py:1118-1170), ZeRO-1 the distributed optimi
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from perfmodels.specs import Cluster, Model, Plan, Training
@@ -68,7 +69,9 @@ def nemo(model: Model, cluster: Cluster, training: Training, plan: Plan) -> Laun
         overrides.append("dist.use_tp_pp_dp_mapping=true")
     env = cuda_connections_env(lay, fsdp)
     cmd = torchrun(cluster, lay.world, ["scripts/training/run_recipe.py", "--recipe", "RECIPE"])
-    text = " \\\n    ".join([" ".join([*env, *cmd]), *overrides])
+    # each override one shell word: a layout or a layer list holds |, *, [ and ] (shlex.quote leaves the
+    # plain ones as they are)
+    text = " \\\n    ".join([" ".join([*env, *cmd]), *(shlex.quote(o) for o in overrides)])
     notes = ("RECIPE: the Megatron-Bridge pretraining recipe of this model family (for example "
              "llama3_70b_pretrain_config); the model.* overrides give the shape gridtune ranked",
              "add your dataset and tokenizer overrides")
