@@ -36,10 +36,14 @@ of the family with a given recomputation and sequence-parallel setting:
 - data-parallel and depth gradient sync >= 0.
 
 A coarser bound, `blocks_bound_s`, costs one compute evaluation per (grid, micro-batch size) and
-recomputation, and holds for every placement, ZeRO stage and schedule: the blocks alone (num_layers
-/ G_inter of them: below both the busiest and the average stage), with what the recomputation reruns,
-set a floor to t_mb and, times (S - 1) / v_max, to the bubble; the host floor as above. A search
-takes its least over the options that fit in memory, so recomputation that memory forces counts.
+recomputation, and holds for every placement, ZeRO stage and schedule: the relaxed stage's compute
+with what the recomputation reruns, the all-to-alls' floor and the host's exposed share set a floor
+to t_mb (the host floor as above), and the bubble is (S - 1) / v_max x the blocks alone (num_layers /
+G_inter of them: below the average stage) x max(1, that floor / the busiest stage's most compute). A
+search takes its least over the options that fit in memory, so recomputation that memory forces
+counts. A mixture of experts' grids that differ only in their expert degrees hold the same units, so
+these bounds evaluate the units once per run of such siblings and the routed experts per row
+(`_by_siblings`; the search orders pairs by parent to make the runs).
 The coarsest, `grid_bound_s`, holds for every micro-batch size and option of a grid too:
 a micro-batch's compute C(b) grows with its size b while the compute per sample C(b) / b does not
 (every GEMM, attention and element-wise term is a non-negative cost per row plus a non-negative cost
