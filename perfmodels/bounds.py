@@ -70,13 +70,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from perfmodels import collectives, context, experts
-from perfmodels.compute import gemm_curve, hbm_rate, stage_computes
+from perfmodels.compute import StageCompute, gemm_curve, hbm_rate, stage_computes
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry_orders
 from perfmodels.memory import GIB, capacity_per_rank_gib, rest_bytes, state_bytes, unit_parts
 from perfmodels.pipeline import p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
-from perfmodels.specs import Cluster, Model, Training
+from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import (
     FIRST_GATHER_SHARE,
     PREFETCH_COVER,
@@ -86,7 +86,7 @@ from perfmodels.steptime import (
     _host_seconds_per_microbatch,
     scatter_geometry,
 )
-from perfmodels.traffic import CommEvent, StageShape, busiest_blocks, comm_events
+from perfmodels.traffic import CommEvent, StageShape, busiest_blocks, comm_events, expert_events
 
 TP_CATEGORIES = ("tp_exposed", "tp_fwd_half", "tp_bwd")
 P2P_KEY = ("inter", "send", "p2p")
@@ -383,38 +383,70 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
     optimizer = np.zeros(n)
     comm: list[list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]] = [[] for _ in recomputes]
     none = RECOMPUTE_CODE["none"]
+    # forward and backward do not depend on recomputation, which only adds `recompute_s`, nor the
+    # events of the other phases on it (`traffic.comm_events`): one entry per recomputation that
+    # repeats something ("none" alone where none does), per sequence-parallel setting, all of them
+    # stacked into one evaluation (each call costs a fixed overhead that grows with the model)
+    repeating = sorted(set(recomputes) - {none}, reverse=True) or [none]
+    entries = [(sp, rc) for sp in sequence_parallel for rc in repeating]
+    k = len(entries)
+    stacked = _stacked([with_options(arrays, recompute=rc, sequence_parallel=sp) for sp, rc in entries])
+    comps = stage_computes(model, cluster, training, stacked, [_tiled(relaxed, k), _tiled(average, k)])
+    once, again = _critical_comm(model, training, stacked, _tiled(relaxed, k))
+
+    def entry(x, e: int):
+        return x[e * n:(e + 1) * n] if isinstance(x, np.ndarray) and x.ndim == 1 else x
+
+    def sums(d: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]], e: int
+             ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:
+        # the keys some row of this entry calls (another entry's rows may call others)
+        return {key: (entry(b, e), entry(c, e)) for key, (b, c) in d.items() if np.any(entry(c, e))}
+
     for j, sp in enumerate(sequence_parallel):
-        # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
-        # evaluation per recomputation that repeats something (and one for "none" alone)
-        evaluated = {}
-        for rc in [r for r in recomputes if r != none] or [none]:
-            rep = with_options(arrays, recompute=rc, sequence_parallel=sp)
-            evaluated[rc] = tuple(stage_computes(model, cluster, training, rep, [relaxed, average]))
+        mine = [e for e, (x, _) in enumerate(entries) if x == sp]
+        evaluated = {entries[e][1]: tuple(StageCompute(**{f: entry(getattr(c, f), e) for f in STAGE_FIELDS})
+                                          for c in comps) for e in mine}
         for i, rc in enumerate(recomputes):
             comp, avg = evaluated.get(rc, next(iter(evaluated.values())))
-            again, again_avg = (comp.recompute_s, avg.recompute_s) if rc != none else (0.0, 0.0)
-            compute[i, j] = (comp.fwd_s + comp.bwd_s + again) * c_compute
+            again_s, again_avg = (comp.recompute_s, avg.recompute_s) if rc != none else (0.0, 0.0)
+            compute[i, j] = (comp.fwd_s + comp.bwd_s + again_s) * c_compute
             average_mb[i, j] = (avg.fwd_s + avg.bwd_s + again_avg) * c_compute
             optimizer = comp.optimizer_s * c_compute
             if j == 0:
                 host[i] = _host_seconds_per_microbatch(model, cluster, training,
                                                        with_options(arrays, recompute=rc), relaxed)
         # what recomputation repeats counts too (a reentrant layer's collectives, an MoE layer's
-        # combine all-to-all): the events of the other phases do not depend on it (`traffic.comm_events`)
-        # one evaluation per recomputation that repeats something, "none" repeating nothing
+        # combine all-to-all); "none" repeats nothing
+        base = sums(once, mine[0])
         repeats: dict[int, dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]] = {none: {}}
-        base: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] | None = None
-        for rc in sorted(set(recomputes) - {none}, reverse=True) or [none]:
-            rep = with_options(arrays, recompute=rc, sequence_parallel=sp)
-            once, again = _critical_comm(model, training, rep, relaxed, base is None)
-            base = once if base is None else base
-            repeats[rc] = again
+        repeats.update({entries[e][1]: sums(again, e) for e in mine if entries[e][1] != none})
         for i, rc in enumerate(recomputes):
             comm[i].append(_merged(base, repeats[rc]) if repeats[rc] else base)
     return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, average_mb_s=average_mb,
                       optimizer_s=optimizer, degrees=real.degrees(), comm=comm, plans=real,
                       max_virtual=np.asarray(max_virtual),
                       busiest_ratio=busiest_block_ratio(model.num_layers, S, np.asarray(max_virtual)))
+
+
+def _stacked(parts: list[PlanArrays]) -> PlanArrays:
+    """The rows of several PlanArrays (one placement, as the bounds' representatives have) one after
+    the other."""
+    if len(parts) == 1:
+        return parts[0]
+    columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in SCALAR_PLAN_FIELDS}
+    return parts[0].with_columns(**columns)
+
+
+def _tiled(st: StageShape, k: int) -> StageShape:
+    """`st` for `k` stacked copies of its plans (`_stacked`)."""
+    if k == 1:
+        return st
+
+    def tile(x):
+        return np.tile(np.asarray(x), k) if np.ndim(x) else x
+
+    return StageShape(blocks=tile(st.blocks), has_embedding=tile(st.has_embedding),
+                      has_head=tile(st.has_head), is_first=tile(st.is_first), is_last=tile(st.is_last))
 
 
 def busiest_block_ratio(num_layers: int, stages: np.ndarray, max_virtual: np.ndarray) -> np.ndarray:
@@ -430,8 +462,54 @@ def busiest_block_ratio(num_layers: int, stages: np.ndarray, max_virtual: np.nda
     return most / (num_layers / S.astype(np.float64))
 
 
+STAGE_FIELDS = tuple(StageCompute.__dataclass_fields__)
+
+_SIBLING_COLUMNS = tuple(f for f in SCALAR_PLAN_FIELDS if f not in ("G_ep", "G_etp"))
+"""Every plan column but the expert degrees: rows equal in these hold the same layers' units."""
+
+
+def _events_by_siblings(model: Model, training: Training, arrays: PlanArrays, stage: StageShape,
+                        siblings: bool = True) -> list[CommEvent]:
+    """`comm_events` of the rows of `arrays` (one context-parallel degree 1, a view), a mixture of
+    experts' evaluated as the units' events once per group of rows that differ only in their expert
+    degrees (`traffic.comm_events(..., with_experts=False)`: they do not read them), spread to every
+    row, plus the routed experts' events per row (`traffic.expert_events`). Where groups are too small
+    to pay (or not `siblings`), `comm_events` itself."""
+    n = len(arrays)
+    if not (siblings and model.is_moe and n > 1 and np.all(arrays.G_cp == 1)):
+        return comm_events(model, training, arrays, stage)
+    order = np.lexsort([getattr(arrays, f) for f in reversed(_SIBLING_COLUMNS)])
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for f in _SIBLING_COLUMNS:
+        col = getattr(arrays, f)[order]
+        change[1:] |= col[1:] != col[:-1]
+    if change.sum() * 2 > n:
+        return comm_events(model, training, arrays, stage)
+    run = np.empty(n, dtype=np.int64)
+    run[order] = np.cumsum(change) - 1
+    first = order[change]
+
+    def pick(x):
+        return np.asarray(x)[first] if np.ndim(x) else x
+
+    reps = arrays.take(first)
+    shape = StageShape(blocks=pick(stage.blocks), has_embedding=pick(stage.has_embedding),
+                       has_head=pick(stage.has_head), is_first=pick(stage.is_first),
+                       is_last=pick(stage.is_last))
+
+    def spread(x):
+        return x[run] if isinstance(x, np.ndarray) and x.ndim == 1 and len(x) == len(first) else x
+
+    units = [CommEvent(axis=ev.axis, op=ev.op, phase=ev.phase, tag=ev.tag,
+                       payload_bytes=spread(ev.payload_bytes), calls=spread(ev.calls))
+             for ev in comm_events(model, training, reps, shape, with_experts=False)]
+    return units + expert_events(model, training, arrays, stage)
+
+
 def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: StageShape,
-                   with_base: bool = True) -> tuple[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
+                   with_base: bool = True, siblings: bool = True
+                   ) -> tuple[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
                               dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]:
     """(bytes x calls, calls) per (axis, op, category) of the collectives the bound counts: the
     categories and axes `steptime._comm_by_kind` puts on the critical path per micro-batch; those of
@@ -443,7 +521,7 @@ def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: 
         return base, again
     overlap_tp = training.effective_stack.overlap_tp_comm
     n = len(arrays)
-    for ev in comm_events(model, training, arrays, stage):
+    for ev in _events_by_siblings(model, training, arrays, stage, siblings):
         repeat = ev.phase == "recompute"
         if not (repeat or with_base):
             continue

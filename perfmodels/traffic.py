@@ -298,14 +298,16 @@ class _Stage:
 
 
 def comm_events(
-    model: Model, training: Training, arrays: PlanArrays, stage: int | str | StageShape = "busiest"
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str | StageShape = "busiest",
+    with_experts: bool = True,
 ) -> list[CommEvent]:
     """All communication of one rank in one optimizer step (steady state): the Linears of the
     model's units (`_Stage.linear`), for a transformer also its norms, loss and pipeline transfers;
     then the gradient sync of every parameter the stage holds. Mixture-of-experts layers add their
     all-to-alls and expert gradients (`perfmodels.experts`); context parallelism (every plan of
     `arrays` with one G_cp) its ring over "cp" and the dp-cp gradient group under "data"
-    (`perfmodels.context`)."""
+    (`perfmodels.context`). Not `with_experts`: without the routed experts' events
+    (`expert_events`)."""
     from perfmodels import context
 
     cps = np.unique(arrays.G_cp)
@@ -313,9 +315,9 @@ def comm_events(
         raise ValueError("comm_events takes plans of one G_cp; bytes_per_group splits mixed ones")
     cp = int(cps[0]) if len(cps) else 1
     if cp == 1:
-        return _comm_events(model, training, arrays, stage)
+        return _comm_events(model, training, arrays, stage, with_experts)
     model_v, training_v, arrays_v = context.view(model, training, arrays, cp)
-    events = _comm_events(model_v, training_v, arrays_v, stage)
+    events = _comm_events(model_v, training_v, arrays_v, stage, with_experts)
     st = stage_shape(model.num_layers, arrays_v, stage)
     m = arrays_v.num_microbatches(training_v).astype(np.float64)
     full_rc = (arrays_v.recompute == RECOMPUTE_CODE["full"]).astype(np.float64)
@@ -323,9 +325,28 @@ def comm_events(
     return events + context.ring_events(model_v, training_v, arrays_v, cp, layers, m, full_rc)
 
 
+def expert_events(model: Model, training: Training, arrays: PlanArrays,
+                  stage: int | str | StageShape = "busiest") -> list[CommEvent]:
+    """The routed experts' events alone (`experts.add_events`: the all-to-alls, the expert
+    tensor-parallel collectives, the expert gradients over expert-data): what `comm_events` adds
+    for a mixture of experts to the events of the layers' units (`comm_events(..., experts=False)`),
+    which do not depend on the expert degrees. Plans of one context-parallel degree 1 (a view)."""
+    from perfmodels import experts
+
+    rank = _Stage(training, arrays)
+    st = stage_shape(model.num_layers, arrays, stage)
+    rank.ev.deg.update(experts.expert_degrees(arrays))
+    experts.add_events(rank.ev, model, training, arrays, st.blocks.astype(np.float64) * model.moe_fraction,
+                       rank.m, rank.full_rc)
+    return rank.ev.items
+
+
 def _comm_events(
-    model: Model, training: Training, arrays: PlanArrays, stage: int | str | StageShape = "busiest"
+    model: Model, training: Training, arrays: PlanArrays, stage: int | str | StageShape = "busiest",
+    with_experts: bool = True,
 ) -> list[CommEvent]:
+    """`comm_events` of plans of one context-parallel degree 1; without the routed experts' events
+    (`expert_events`) where not `with_experts`."""
     rank = _Stage(training, arrays)
     if model.layers:
         return _layer_list_events(model, training, rank)
@@ -378,8 +399,9 @@ def _comm_events(
     if model.is_moe:
         from perfmodels import experts
 
-        ev.deg.update(experts.expert_degrees(arrays))
-        experts.add_events(ev, model, training, arrays, blocks * model.moe_fraction, m, rank.full_rc)
+        if with_experts:
+            ev.deg.update(experts.expert_degrees(arrays))
+            experts.add_events(ev, model, training, arrays, blocks * model.moe_fraction, m, rank.full_rc)
         # the router's weight [E, h] is whole on every rank of the layer: reduced with the replicated
         # parameters (Megatron's TopKRouter is not split over tensor-parallel ranks)
         rank.replicated_params(blocks * model.moe_fraction * float(model.num_moe_experts) * h)

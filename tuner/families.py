@@ -116,6 +116,23 @@ class Pairs:
     """Plans of the pairs left out because none of their options fits in memory."""
 
 
+def merged_pairs(taken: list[tuple[Pairs, np.ndarray]]) -> tuple[Pairs, np.ndarray]:
+    """The pairs `rows` of several batches (`(batch, rows)`, as a search's pool hands them out) as
+    one batch and its rows, so their families are built in one pass (each costs a fixed overhead)."""
+    if len(taken) == 1:
+        return taken[0]
+    first = taken[0][0]
+
+    def cat(name: str, axis: int = 0) -> np.ndarray:
+        return np.concatenate([np.take(getattr(p, name), rows, axis=axis) for p, rows in taken], axis=axis)
+
+    merged = Pairs(grid=cat("grid"), micro_batch=cat("micro_batch"), plans=cat("plans"),
+                   placements=cat("placements"), bound_s=cat("bound_s"), max_virtual=cat("max_virtual"),
+                   max_zero=cat("max_zero"), schedules=cat("schedules"), placed=first.placed,
+                   parent=first.parent, options=first.options, fits=cat("fits", axis=-1), out_of_memory=0)
+    return merged, np.arange(len(merged.grid))
+
+
 Screen = Callable[[dict[str, np.ndarray], np.ndarray, str], np.ndarray]
 """`screen(columns, weights, level)`: the mask of rows, given as columns, that the schedule-level rules
 allow, each row standing for `weights` plans (for the counts); `level` "grid": (grid, schedule) rows

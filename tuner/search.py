@@ -33,7 +33,7 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
-from tuner.families import BOUND_SLACK, expand, families, grid_table, pairs, schedule_bounds
+from tuner.families import BOUND_SLACK, expand, families, grid_table, merged_pairs, pairs, schedule_bounds
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -441,10 +441,10 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             expanded = upto
             pair_pool.add(pr, pr.bound_s, pr.plans * pr.placements)
         elif next_pair <= next_family:
-            for pr, rows in pair_pool.take(open_pairs[:pair_batch]):
-                fam = families(model, cluster, training, grids, pr, rows, orders)
-                memory_skipped += fam.out_of_memory
-                family_pool.add(fam, fam.bound_s, fam.plans)
+            pr, rows = merged_pairs(pair_pool.take(open_pairs[:pair_batch]))  # one pass for every batch
+            fam = families(model, cluster, training, grids, pr, rows, orders)
+            memory_skipped += fam.out_of_memory
+            family_pool.add(fam, fam.bound_s, fam.plans)
             pair_batch *= 2
         else:
             size = FIRST_CHUNK_PLANS if evaluated == 0 else BOUND_CHUNK_PLANS

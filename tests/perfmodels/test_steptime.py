@@ -402,3 +402,45 @@ def test_predict_many_with_the_plans_memory_given_predicts_the_same():
     given = predict_many(model, cluster, training, arrays, memory=screened)
     assert np.array_equal(alone.iteration_time_s, given.iteration_time_s)
     assert np.array_equal(alone.memory.total_gib, given.memory.total_gib)
+
+
+def test_bound_parts_stack_their_entries_and_share_units_between_siblings():
+    """`bounds.bound_parts` evaluates every (recomputation, sequence-parallel) entry in one stacked
+    pass, and the collectives of grids that differ only in expert degrees once per group
+    (`bounds._events_by_siblings`): each entry's sums are those of its own rows counted alone, one
+    `traffic.comm_events` per row set (`siblings=False`)."""
+    from perfmodels import bounds
+    from perfmodels.plans import from_columns
+
+    model = presets.model("deepseek-v3")
+    cluster = presets.cluster("eos").with_gpus(1024)
+    training = Training(global_batch_size=8192, stack="megatron-core")
+    grid = [(d, s, r, ep, mb) for d, s, r in [(64, 8, 2), (32, 8, 4), (16, 16, 4)]
+            for ep in (8, 16, 32) for mb in (1, 2)]
+    cols = {name: np.asarray([g[i] for g in grid]) for i, name in
+            enumerate(("G_data", "G_inter", "G_intra_r", "G_ep", "micro_batch_size"))}
+    arrays = from_columns(**cols, zero_stage=np.ones(len(grid), dtype=np.int64))
+    arrays = arrays.take(np.random.default_rng(2).permutation(len(grid)))
+    v = np.full(len(grid), 2)
+    recomputes, sps = [0, 1, 2], [False, True]
+    parts = bounds.bound_parts(model, cluster, training, arrays, v, recomputes, sps)
+    relaxed = bounds._relaxed_stage(model, arrays)
+    compared = 0
+    for i, rc in enumerate(recomputes):
+        for j, sp in enumerate(sps):
+            rows = bounds.with_options(arrays, recompute=rc, sequence_parallel=sp)
+            once, again = bounds._critical_comm(model, training, rows, relaxed, True, siblings=False)
+            want = bounds._merged(once, again) if rc != 0 and again else once
+            assert parts.comm[i][j].keys() == want.keys(), (rc, sp)
+            for key, (b, c) in want.items():
+                assert np.allclose(parts.comm[i][j][key][0], b, rtol=1e-12), (rc, sp, key)
+                assert np.allclose(parts.comm[i][j][key][1], c, rtol=1e-12), (rc, sp, key)
+                compared += 1
+    assert compared > 20
+    a = bounds._critical_comm(model, training, arrays, relaxed, True, siblings=True)
+    b = bounds._critical_comm(model, training, arrays, relaxed, True, siblings=False)
+    for got, want in zip(a, b):
+        assert got.keys() == want.keys()
+        for key in got:
+            assert np.allclose(got[key][0], want[key][0], rtol=1e-12)
+            assert np.allclose(got[key][1], want[key][1], rtol=1e-12)
