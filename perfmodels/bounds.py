@@ -251,19 +251,33 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     evaluated: dict[tuple[int, bool, bool], list[tuple[np.ndarray, np.ndarray | float]]] = {}
     siblings = _expert_siblings(model, low, high)
 
+    def first_of(rc: int) -> int:
+        return next((r for r in recomputes if r != none), none) if rc == none else rc
+
+    # every (recomputation, sequence-parallel) entry of `low` (and of `high`) in one stacked
+    # evaluation: each call costs a fixed overhead that grows with the model
+    combos = list(dict.fromkeys((first_of(rc), sp) for rc in recomputes for sp in sequence_parallel))
+    k = len(combos)
+    shapes = [_tiled(blocks_only, k), _tiled(relaxed, k)]
+    for arrays in ([low] if high is low else [low, high]):
+        stacked = _stacked([with_options(arrays, recompute=rc, sequence_parallel=sp) for rc, sp in combos])
+        if siblings is not None:
+            first, run = siblings
+            groups = int(run.max()) + 1 if len(run) else 0
+            stacked_siblings = (np.concatenate([first + e * n for e in range(k)]),
+                                np.concatenate([run + e * groups for e in range(k)]))
+            results = _by_siblings(model, cluster, training, stacked, shapes, *stacked_siblings)
+        else:
+            results = [(c.fwd_s + c.bwd_s, c.recompute_s)
+                       for c in stage_computes(model, cluster, training, stacked, shapes)]
+        for e, (rc, sp) in enumerate(combos):
+            evaluated[(rc, sp, arrays is low)] = [
+                tuple(x[e * n:(e + 1) * n] if isinstance(x, np.ndarray) and x.ndim == 1 else x for x in pair)
+                for pair in results]
+
     def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
         """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
-        first = next((r for r in recomputes if r != none), none) if rc == none else rc
-        key = (first, sp, arrays is low)
-        if key not in evaluated:  # the relaxed stage and its blocks alone, in one evaluation
-            rep = with_options(arrays, recompute=first, sequence_parallel=sp)
-            if siblings is not None:
-                shapes = [blocks_only, relaxed]
-                evaluated[key] = _by_siblings(model, cluster, training, rep, shapes, *siblings)
-            else:
-                evaluated[key] = [(c.fwd_s + c.bwd_s, c.recompute_s) for c in stage_computes(
-                    model, cluster, training, rep, [blocks_only, relaxed])]
-        fwd_bwd, again = evaluated[key][int(head)]  # type: ignore[index]
+        fwd_bwd, again = evaluated[(first_of(rc), sp, arrays is low)][int(head)]
         return (fwd_bwd + (again if rc != none else 0.0)) * c_compute
 
     host_share = training.effective_stack.host_exposed_fraction
