@@ -75,7 +75,7 @@ from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry_orders
 from perfmodels.memory import GIB, capacity_per_rank_gib, rest_bytes, state_bytes, unit_parts
 from perfmodels.pipeline import p2p_transfers_on_critical_path
-from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, equal_runs
 from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import (
     FIRST_GATHER_SHARE,
@@ -271,9 +271,7 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
             results = [(c.fwd_s + c.bwd_s, c.recompute_s)
                        for c in stage_computes(model, cluster, training, stacked, shapes)]
         for e, (rc, sp) in enumerate(combos):
-            evaluated[(rc, sp, arrays is low)] = [
-                tuple(x[e * n:(e + 1) * n] if isinstance(x, np.ndarray) and x.ndim == 1 else x for x in pair)
-                for pair in results]
+            evaluated[(rc, sp, arrays is low)] = [tuple(_entry(x, e, n) for x in pair) for pair in results]
 
     def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
         """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
@@ -310,15 +308,9 @@ def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays) -> tuple[n
     for a mixture of experts where the runs are long enough to pay; else None."""
     if not model.is_moe:
         return None
-    n = len(low)
-    change = np.zeros(n, dtype=bool)
-    change[:1] = True
-    for arrays in (low, high):
-        for name in ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "micro_batch_size"):
-            col = getattr(arrays, name)
-            change[1:] |= col[1:] != col[:-1]
-    first = np.flatnonzero(change)
-    return (first, np.cumsum(change) - 1) if len(first) * 2 <= n else None
+    names = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "micro_batch_size")
+    first, run = equal_runs([getattr(arrays, name) for arrays in (low, high) for name in names])
+    return (first, run) if len(first) * 2 <= len(low) else None
 
 
 def _by_siblings(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -330,9 +322,7 @@ def _by_siblings(model: Model, cluster: Cluster, training: Training, arrays: Pla
     as `compute.stage_computes` adds them (moe_layers x the forward, twice it backward, the forward
     again under full recomputation)."""
     reps = arrays.take(first)
-    taken = [StageShape(blocks=np.asarray(st.blocks)[first], has_embedding=st.has_embedding[first],
-                        has_head=st.has_head[first], is_first=st.is_first[first], is_last=st.is_last[first])
-             for st in shapes]
+    taken = [st.per_plan(lambda x: x[first]) for st in shapes]
     curve, rate = gemm_curve(cluster, training), hbm_rate(cluster)
     e_gemm, e_mem = experts.layer_compute(model, training, arrays, curve, rate)
     e_fwd = e_gemm + e_mem
@@ -409,7 +399,7 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
     once, again = _critical_comm(model, training, stacked, _tiled(relaxed, k))
 
     def entry(x, e: int):
-        return x[e * n:(e + 1) * n] if isinstance(x, np.ndarray) and x.ndim == 1 else x
+        return _entry(x, e, n)
 
     def sums(d: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]], e: int
              ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:
@@ -453,14 +443,12 @@ def _stacked(parts: list[PlanArrays]) -> PlanArrays:
 
 def _tiled(st: StageShape, k: int) -> StageShape:
     """`st` for `k` stacked copies of its plans (`_stacked`)."""
-    if k == 1:
-        return st
+    return st if k == 1 else st.per_plan(lambda x: np.tile(x, k))
 
-    def tile(x):
-        return np.tile(np.asarray(x), k) if np.ndim(x) else x
 
-    return StageShape(blocks=tile(st.blocks), has_embedding=tile(st.has_embedding),
-                      has_head=tile(st.has_head), is_first=tile(st.is_first), is_last=tile(st.is_last))
+def _entry(x, e: int, n: int):
+    """The e-th of the stacked copies (`_stacked`) of an n-row result, scalars as they are."""
+    return x[e * n:(e + 1) * n] if isinstance(x, np.ndarray) and x.ndim == 1 else x
 
 
 def busiest_block_ratio(num_layers: int, stages: np.ndarray, max_virtual: np.ndarray) -> np.ndarray:
@@ -493,24 +481,14 @@ def _events_by_siblings(model: Model, training: Training, arrays: PlanArrays, st
     if not (siblings and model.is_moe and n > 1 and np.all(arrays.G_cp == 1)):
         return comm_events(model, training, arrays, stage)
     order = np.lexsort([getattr(arrays, f) for f in reversed(_SIBLING_COLUMNS)])
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for f in _SIBLING_COLUMNS:
-        col = getattr(arrays, f)[order]
-        change[1:] |= col[1:] != col[:-1]
-    if change.sum() * 2 > n:
+    firsts, runs = equal_runs([getattr(arrays, f)[order] for f in _SIBLING_COLUMNS])
+    if len(firsts) * 2 > n:
         return comm_events(model, training, arrays, stage)
     run = np.empty(n, dtype=np.int64)
-    run[order] = np.cumsum(change) - 1
-    first = order[change]
-
-    def pick(x):
-        return np.asarray(x)[first] if np.ndim(x) else x
-
+    run[order] = runs
+    first = order[firsts]
     reps = arrays.take(first)
-    shape = StageShape(blocks=pick(stage.blocks), has_embedding=pick(stage.has_embedding),
-                       has_head=pick(stage.has_head), is_first=pick(stage.is_first),
-                       is_last=pick(stage.is_last))
+    shape = stage.per_plan(lambda x: x[first])
 
     def spread(x):
         return x[run] if isinstance(x, np.ndarray) and x.ndim == 1 and len(x) == len(first) else x

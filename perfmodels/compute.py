@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodels.plans import RECOMPUTE_CODE, PlanArrays
+from perfmodels.plans import RECOMPUTE_CODE, PlanArrays, equal_runs
 from perfmodels.specs import Cluster, Model, Training
 from perfmodels.structure import Linear, Unit
 from perfmodels.traffic import StageShape, padded_vocab, units_on_stage
@@ -414,13 +414,7 @@ def dense_runs(arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
     search's rows come grouped (a mixture of experts' grids differ first in their expert degrees,
     a family's plans in their options), so the units' compute is evaluated once per run: no sort,
     and rows in any order still get their own values."""
-    n = len(arrays)
-    change = np.zeros(n, dtype=bool)
-    change[:1] = True
-    for name in DENSE_COLUMNS:
-        col = getattr(arrays, name)
-        change[1:] |= col[1:] != col[:-1]
-    return np.flatnonzero(change), np.cumsum(change) - 1
+    return equal_runs([getattr(arrays, name) for name in DENSE_COLUMNS])
 
 
 def _spread(u: UnitCompute, run: np.ndarray) -> UnitCompute:

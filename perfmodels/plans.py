@@ -131,6 +131,17 @@ class PlanArrays:
 _ARRAY_FIELDS = SCALAR_PLAN_FIELDS
 
 
+def equal_runs(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each run of consecutive rows equal in every one of `columns`, each row's run):
+    what the search evaluates once and spreads to the run's rows."""
+    n = len(columns[0]) if len(columns) else 0
+    change = np.zeros(n, dtype=bool)
+    change[:1] = True
+    for col in columns:
+        change[1:] |= col[1:] != col[:-1]
+    return np.flatnonzero(change), np.cumsum(change) - 1
+
+
 def from_plans(plans: Sequence[Plan]) -> PlanArrays:
     if not plans:
         raise ValueError("from_plans needs at least one plan")

@@ -107,6 +107,15 @@ class StageShape:
     is_first: np.ndarray
     is_last: np.ndarray
 
+    def per_plan(self, fn) -> StageShape:
+        """This shape with `fn` applied to every per-plan array (scalars kept): its rows taken, tiled."""
+        def each(x):
+            return fn(np.asarray(x)) if np.ndim(x) else x
+
+        return StageShape(blocks=each(self.blocks), has_embedding=each(self.has_embedding),
+                          has_head=each(self.has_head), is_first=each(self.is_first),
+                          is_last=each(self.is_last))
+
 
 def busiest_blocks(num_layers: int, stages: np.ndarray, virtual: np.ndarray) -> np.ndarray:
     """Blocks on the busiest stage: ceil(L / (S v)) per chunk, v chunks (arrays broadcast)."""

@@ -30,7 +30,7 @@ from perfmodels.bounds import (
     memory_bound,
     price_comm,
 )
-from perfmodels.plans import SCHEDULE_CODE, PlanArrays, from_columns
+from perfmodels.plans import SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
 from perfmodels.specs import Cluster, Model, Training
 from tuner.constraints import stack_runs_options
 from tuner.space import (
@@ -174,10 +174,7 @@ def grid_parents(model: Model, grids: np.ndarray) -> tuple[np.ndarray, np.ndarra
     n = len(grids)
     if not model.is_moe:
         return np.arange(n), np.arange(n)
-    dims = len(GRID_COLUMNS)
-    change = np.ones(n, dtype=bool)
-    change[1:] = np.any(grids[1:, :dims] != grids[:-1, :dims], axis=1)
-    return np.flatnonzero(change), np.cumsum(change) - 1
+    return equal_runs([grids[:, j] for j in range(len(GRID_COLUMNS))])
 
 
 def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, options: SearchOptions,

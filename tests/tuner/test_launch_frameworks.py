@@ -51,9 +51,9 @@ def _best(model_name: str, cluster_name: str, gpus: int, gb: int, stack: str, **
     return model, cluster, tr, rec
 
 
-@pytest.mark.parametrize("kind", list(TARGETS))
-@pytest.mark.parametrize("case", CASES, ids=[c[0] + f"-{c[2]}" for c in CASES])
-def test_every_emitter_passes_its_framework_for_the_best_plan(kind, case):
+def _best_launch_checked(kind: str, case: tuple):
+    """The best plan of `case` on `kind`'s default stack, launched: the launch passes the framework's
+    own checks, and the plan fits and predicts what the search ranked. (model, plan, launch)."""
     _need(kind)
     model, cluster, tr, rec = _best(*case, stack=TARGETS[kind].default_stack)
     plan = rec.best.plan
@@ -63,6 +63,13 @@ def test_every_emitter_passes_its_framework_for_the_best_plan(kind, case):
     pred = predict(model, cluster, tr, plan)
     assert pred.memory.per_gpu_gib <= cluster.gpu.memory_gib
     assert abs(pred.iteration_time_s - rec.best.prediction.iteration_time_s) < 1e-6 * pred.iteration_time_s
+    return model, plan, launch
+
+
+@pytest.mark.parametrize("kind", list(TARGETS))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] + f"-{c[2]}" for c in CASES])
+def test_every_emitter_passes_its_framework_for_the_best_plan(kind, case):
+    _best_launch_checked(kind, case)
 
 
 def test_the_megatron_checks_fail_on_a_broken_launch():
@@ -218,12 +225,7 @@ def test_the_best_mixture_of_experts_plan_launches_as_ranked(kind, case):
     """The best MoE plan's launch passes megatron-core's own checks (TransformerConfig with the MoE
     fields, the expert layers' RankGenerator) and carries the expert layout it was ranked with (bf16:
     TransformerConfig's FP8 checks need Transformer Engine, which a CPU test machine lacks)."""
-    _need(kind)
-    model, cluster, tr, rec = _best(*case, stack=TARGETS[kind].default_stack)
-    plan = rec.best.plan
-    assert launch_problems(kind, model, cluster, tr, plan) == []
-    launch = launch_for(kind, model, cluster, tr, plan)
-    assert fc.check(kind, launch, model, cluster, tr, plan) == []
+    model, plan, launch = _best_launch_checked(kind, case)
     if kind == "megatron":
         text = launch.text
         assert f"--num-experts {model.num_moe_experts}" in text
