@@ -12,7 +12,8 @@ mixture of experts DeepSeek-V3 on 16,384 Eos GPUs):
 - whether the default search's top 10 (plans, predicted times to the last bit, merged placements and
   ZeRO stages) is the exhaustive search's (`SearchOptions(exhaustive=True)`), and how many plans each
   scored, checked, and proved out;
-- the whole `gridtune recommend --json` command (process start included), median of `--rounds`.
+- the whole `gridtune recommend --json` command (process start included), median of `--rounds`;
+- the MoE / dense ratio at 16,384 GPUs, and the minor page faults per search (`tuner.allocator`).
 
 The baseline is checked out into a temporary `git worktree` (removed at the end). Cases the
 baseline cannot express (a mixture of experts before the MoE work) show "-".
@@ -41,7 +42,7 @@ CASES = [
 ]
 
 TIMER = r"""
-import json, statistics, sys, time
+import json, resource, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 from perfmodels import presets
 from perfmodels.specs import Training
@@ -55,12 +56,14 @@ cluster = presets.cluster(sys.argv[3], int(sys.argv[4]))
 training = Training(global_batch_size=int(sys.argv[5]))
 recommend(model, cluster, training, top_k=10)
 times = []
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(3):
     t0 = time.perf_counter()
     rec = recommend(model, cluster, training, top_k=10)
     times.append(time.perf_counter() - t0)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 3
 print(json.dumps({"s": statistics.median(times), "complete": getattr(rec, "complete", True),
-                  "best_s": rec.best.prediction.iteration_time_s}))
+                  "best_s": rec.best.prediction.iteration_time_s, "faults": faults}))
 """
 
 
@@ -148,7 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<28} {base if base else float('nan'):>11.3f} {this:>9.3f} {ratio} "
               f"{cli_seconds(case, args.rounds):>13.3f}  {same}")
     moe, dense = this_s[CASES[3]], this_s[CASES[1]]
-    print(f"DeepSeek-V3 / GPT-3 175B at 16,384 GPUs (this tree): {moe / dense:.1f}x")
+    per_round = [m["s"] / d["s"] for m, d in zip(samples[CASES[3]]["this"], samples[CASES[1]]["this"])]
+    print(f"DeepSeek-V3 / GPT-3 175B at 16,384 GPUs (this tree): {moe / dense:.2f}x of the medians, "
+          f"{statistics.median(per_round):.2f}x the median of each round's ratio")
+    for case in CASES:
+        faults = {w: statistics.median(r.get("faults", float("nan")) for r in samples[case][w])
+                  for w in ("base", "this") if any("s" in r for r in samples[case][w])}
+        print(f"page faults per search, {case[0]} @{case[2]:,}: "
+              + ", ".join(f"{w} {v:,.0f}" for w, v in faults.items()))
     return 0
 
 

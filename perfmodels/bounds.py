@@ -73,7 +73,16 @@ from perfmodels import collectives, context, experts
 from perfmodels.compute import StageCompute, gemm_curve, hbm_rate, stage_computes
 from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry_orders
-from perfmodels.memory import GIB, capacity_per_rank_gib, rest_bytes, state_bytes, unit_parts
+from perfmodels.memory import (
+    GIB,
+    capacity_per_rank_gib,
+    expert_rest_bytes,
+    expert_state_bytes,
+    rest_bytes,
+    state_bytes,
+    unit_parts,
+)
+from perfmodels.memory import in_flight as memory_in_flight
 from perfmodels.pipeline import p2p_transfers_on_critical_path
 from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, equal_runs
 from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
@@ -733,11 +742,32 @@ class MemoryBound:
     """GiB per GPU that no plan of each family goes below: `states_gib[z]` (weights, gradients,
     optimizer state) at the z-th ZeRO stage given, plus `rest_gib[i, j]` (activations, buffers,
     overhead) at the i-th recomputation and j-th sequence-parallel setting; and the capacity the
-    search compares a plan's memory with."""
+    search compares a plan's memory with. A plan running a schedule that holds more micro-batches
+    in flight than plain 1F1B adds `in_flight_gib[i, j]` for each (`schedule_in_flight`)."""
 
     states_gib: np.ndarray
     rest_gib: np.ndarray
+    in_flight_gib: np.ndarray
     capacity_gib: float
+
+
+def schedule_in_flight(num_layers: int, stages: np.ndarray, microbatches: np.ndarray,
+                       schedules: list[tuple[int, int]]) -> np.ndarray:
+    """(schedules, n): micro-batches' worth of the relaxed stage's activations that a plan running
+    each (schedule code, virtual stages) holds on its first stage beyond what `memory_bound` counts
+    (plain 1F1B's min(m, G_inter) on L / G_inter blocks): its own count (`memory.in_flight`) on
+    its busiest stage's blocks (`traffic.busiest_blocks`, at least L / G_inter), which the model
+    prices (`steptime.memory_many`). Never negative: GPipe holds m, interleaving G_inter + (G_inter -
+    1) / v, both at least 1F1B's."""
+    S = np.asarray(stages, dtype=np.int64)
+    m = np.asarray(microbatches, dtype=np.float64)
+    relaxed = num_layers / S.astype(np.float64)
+    plain = memory_in_flight(S, 1, SCHEDULE_CODE["1f1b"], m, "first")
+    out = np.zeros((len(schedules), len(S)))
+    for k, (code, v) in enumerate(schedules):
+        blocks = busiest_blocks(num_layers, S, max(int(v), 1))
+        out[k] = np.maximum(blocks / relaxed * memory_in_flight(S, v, code, m, "first") - plain, 0.0)
+    return out
 
 
 def memory_bound(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -754,29 +784,71 @@ def memory_bound(model: Model, cluster: Cluster, training: Training, arrays: Pla
     n = len(arrays)
     states = np.zeros((len(zero_stages), n))
     rest = np.zeros((len(recomputes), len(sequence_parallel), n))
-    for idx, (s, r) in pieces:
+    per_mb = np.zeros((len(recomputes), len(sequence_parallel), n))
+    for idx, (s, r, f) in pieces:
         states[:, idx] = s
         rest[..., idx] = r
-    return MemoryBound(states_gib=states, rest_gib=rest, capacity_gib=capacity_per_rank_gib(cluster))
+        per_mb[..., idx] = f
+    return MemoryBound(states_gib=states, rest_gib=rest, in_flight_gib=per_mb,
+                       capacity_gib=capacity_per_rank_gib(cluster))
 
 
 def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                    zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool]
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    n = len(arrays)
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(states (Z, n), rest (R, P, n), each micro-batch in flight (R, P, n)) in GiB on the relaxed
+    first stage. A mixture of experts' rows that differ only in their expert degrees hold the same
+    units: those are evaluated once per run of such siblings, and the routed experts' share
+    (`memory.expert_state_bytes`, `memory.expert_rest_bytes`) per row."""
+    siblings = _expert_siblings(model, arrays, arrays)
+    if siblings is None:
+        return _memory_parts(model, cluster, training, arrays, zero_stages, recomputes, sequence_parallel)
+    first, run = siblings
+    states, rest, per_mb = (x[..., run] for x in _memory_parts(
+        model, cluster, training, arrays.take(first), zero_stages, recomputes, sequence_parallel,
+        experts=False))
     m = arrays.num_microbatches(training).astype(np.float64)
+    stage, base = _relaxed_first(model, arrays)
+    blocks = stage.blocks
+    for k, z in enumerate(zero_stages):
+        held = expert_state_bytes(model, training, with_options(arrays, **{**base, "zero_stage": z}), blocks)
+        states[k] += (held.params + held.grads + held.optimizer) / GIB
+    for i, rc in enumerate(recomputes):
+        for j, sp in enumerate(sequence_parallel):
+            rep = with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
+            acts, comm, overhead, each = expert_rest_bytes(model, cluster, training, rep, stage, m, "first")
+            rest[i, j] += (acts + comm + overhead) / GIB
+            per_mb[i, j] += each / GIB
+    return states, rest, per_mb
+
+
+def _relaxed_first(model: Model, arrays: PlanArrays) -> tuple[StageShape, dict[str, int | bool]]:
+    """The relaxed first stage the memory bound takes (L / G_inter blocks, the embedding; the head
+    too without a pipeline), and the options it is evaluated at before each is varied."""
+    n = len(arrays)
     S = arrays.G_inter
     first = StageShape(blocks=model.num_layers / S.astype(np.float64), has_embedding=np.ones(n, bool),
                        has_head=S == 1, is_first=np.ones(n, bool), is_last=S == 1)
     base = dict(schedule=SCHEDULE_CODE["1f1b"], virtual_stages=1, recompute=RECOMPUTE_CODE["none"],
                 zero_stage=0, sequence_parallel=False)
+    return first, base
 
+
+def _memory_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                  zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool],
+                  experts: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_memory_one_cp` row by row (the routed experts left out unless `experts`)."""
+    n = len(arrays)
+    m = arrays.num_microbatches(training).astype(np.float64)
+    first, base = _relaxed_first(model, arrays)
     states = np.zeros((len(zero_stages), n))
     units = unit_parts(model, training, with_options(arrays, **base), first)  # the same for every ZeRO stage
     for k, z in enumerate(zero_stages):
-        held = state_bytes(model, training, with_options(arrays, **{**base, "zero_stage": z}), first, units)
+        held = state_bytes(model, training, with_options(arrays, **{**base, "zero_stage": z}), first, units,
+                           experts=experts)
         states[k] = (held.params + held.grads + held.optimizer) / GIB
     rest = np.zeros((len(recomputes), len(sequence_parallel), n))
+    per_mb = np.zeros((len(recomputes), len(sequence_parallel), n))
     # the units' memory depends on recomputation only through selective recomputation's dropped
     # activations (`memory.activation_bytes_per_layer`): "none" and "full" share them
     shared: dict[tuple[bool, bool], list] = {(False, False): units}
@@ -787,6 +859,8 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
             key = (rc == selective, sp)
             if key not in shared:
                 shared[key] = unit_parts(model, training, rep, first)
-            acts, comm, overhead = rest_bytes(model, cluster, training, rep, first, m, "first", shared[key])
+            acts, comm, overhead, each = rest_bytes(model, cluster, training, rep, first, m, "first",
+                                                    shared[key], experts=experts)
             rest[i, j] = (acts + comm + overhead) / GIB
-    return states, rest
+            per_mb[i, j] = each / GIB
+    return states, rest, per_mb

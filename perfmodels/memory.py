@@ -191,18 +191,25 @@ def peak_memory(model: Model, cluster: Cluster, training: Training, arrays: Plan
 
 
 def in_flight_layers(arrays: PlanArrays, m: np.ndarray, position: str) -> np.ndarray:
-    """Micro-batches' worth of a stage's activations held at the peak, on the first or last stage.
+    """Micro-batches' worth of a stage's activations held at the peak, on the first or last stage
+    (`in_flight`)."""
+    return in_flight(arrays.G_inter, arrays.virtual_stages, arrays.schedule, m, position)
+
+
+def in_flight(stages: np.ndarray, virtual: np.ndarray, schedule: np.ndarray | int, m: np.ndarray,
+              position: str) -> np.ndarray:
+    """Micro-batches' worth of a stage's activations held at the peak, on the first or last stage,
+    of pipelines of `stages` stages running `schedule` (a code) with `virtual` chunks per stage.
 
     GPipe keeps all m. 1F1B keeps min(m, G_inter - r) on stage r. Interleaved 1F1B with v chunks
     runs (G_inter - r - 1) * 2 + (v - 1) * G_inter warm-up chunk forwards before its first backward,
     each 1/v of the stage, so stage r holds (that + 1) / v stages' worth (Megatron's schedule)."""
-    S, v = arrays.G_inter.astype(np.float64), arrays.virtual_stages.astype(np.float64)
-    r = np.zeros(len(arrays)) if position == "first" else S - 1
-    sched = arrays.schedule
+    S, v = np.asarray(stages, dtype=np.float64), np.asarray(virtual, dtype=np.float64)
+    r = np.zeros(S.shape) if position == "first" else S - 1
     plain = np.minimum(m, S - r)
     interleaved = np.minimum(m, ((S - r - 1) * 2 + (v - 1) * S + 1) / v)
-    out = np.where(sched == SCHEDULE_CODE["gpipe"], m, plain)
-    return np.where(sched == SCHEDULE_CODE["interleaved-1f1b"], interleaved, out)
+    out = np.where(schedule == SCHEDULE_CODE["gpipe"], m, plain)
+    return np.where(schedule == SCHEDULE_CODE["interleaved-1f1b"], interleaved, out)
 
 
 @dataclass(frozen=True)
@@ -295,15 +302,18 @@ def _summed(parts: list[UnitMemory], name: str, n: int) -> np.ndarray:
 
 
 def state_bytes(model: Model, training: Training, arrays: PlanArrays, st: StageShape,
-                parts: list[UnitMemory]) -> ModelStates:
+                parts: list[UnitMemory], *, experts: bool = True) -> ModelStates:
     """The weights (with depth's gathered block and ZeRO-3's gather units), gradients and optimizer
-    state of the stage `st` in bytes, routed experts included: the part of `stage_memory` that the ZeRO
-    stage changes, on its own for bounds that try every ZeRO stage (`perfmodels.bounds`)."""
+    state of the stage `st` in bytes, routed experts included (unless not `experts`: then
+    `expert_state_bytes` is the rest): the part of `stage_memory` that the ZeRO stage changes, on its
+    own for bounds that try every ZeRO stage (`perfmodels.bounds`)."""
     n = len(arrays)
     local, linear_local = _summed(parts, "local", n), _summed(parts, "linear_local", n)
     states = model_state_bytes(training, local, arrays, linear_local)
-    if model.is_moe:
-        states = _expert_states(model, training, arrays, st.blocks.astype(np.float64), states)
+    if model.is_moe and experts:
+        e_states = expert_state_bytes(model, training, arrays, st.blocks)
+        states = ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
+                             optimizer=states.optimizer + e_states.optimizer)
     mixed = training.dtype not in ("fp32", "tf32")
     stored_b = training.effective_stack.weight_bytes if mixed else 4.0
     # depth gathers the stored shards (the engine keeps fp32 parameters); ZeRO-3 without a pipeline
@@ -326,7 +336,7 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
         parts = unit_parts(model, training, arrays, st)
     states = state_bytes(model, training, arrays, st, parts)
     params, grads, optimizer = states.params, states.grads, states.optimizer
-    activations, comm, overhead = rest_bytes(model, cluster, training, arrays, st, m, position, parts)
+    activations, comm, overhead, _ = rest_bytes(model, cluster, training, arrays, st, m, position, parts)
     total = params + grads + optimizer + activations + comm + overhead
     return StageMemory(
         params_gib=params / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
@@ -336,58 +346,75 @@ def stage_memory(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
 
 def rest_bytes(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
-               m: np.ndarray, position: str, parts: list[UnitMemory]
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               m: np.ndarray, position: str, parts: list[UnitMemory], *, experts: bool = True
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(activations, NCCL buffers, overhead) bytes of the stage `st`: the part of `stage_memory` that
     the ZeRO stage does not change, on its own for bounds that try every ZeRO stage
-    (`perfmodels.bounds`)."""
-    blocks = st.blocks.astype(np.float64)
-    stack = training.effective_stack
+    (`perfmodels.bounds`); and the bytes each micro-batch in flight adds to them (its activations
+    and their fragmentation), so the bounds can price another schedule's count (`in_flight`). The
+    routed experts are included unless not `experts` (then `expert_rest_bytes` is the rest)."""
     n = len(arrays)
     act_layer, layer_input, logits = (_summed(parts, name, n)
                                       for name in ("act_layer", "layer_input", "logits"))
-    if model.is_moe:
-        act_layer, expert_comms = _expert_activations(model, training, arrays, act_layer)
-    else:
-        expert_comms = 0.0
+    # one set of NCCL buffers per communicator this rank talks through (each axis with peers, and
+    # the pipeline's point-to-point pairs)
+    communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values())
+    if model.is_moe and experts:
+        e_act, e_comms = _expert_activations(model, training, arrays)
+        act_layer, communicators = act_layer + e_act, communicators + e_comms
+    return _rest_terms(cluster, training, arrays, st, m, position, act_layer, layer_input, logits,
+                       communicators, with_context=True)
 
+
+def expert_rest_bytes(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape,
+                      m: np.ndarray, position: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The routed experts' share of `rest_bytes` (which is linear in the per-layer activations and the
+    communicator count): `rest_bytes(..., experts=False)` plus this is `rest_bytes` (to rounding), so
+    bounds can evaluate the rest once for grids that differ only in their expert degrees."""
+    e_act, e_comms = _expert_activations(model, training, arrays)
+    return _rest_terms(cluster, training, arrays, st, m, position, e_act, 0.0, 0.0, e_comms,
+                       with_context=False)
+
+
+def _rest_terms(cluster: Cluster, training: Training, arrays: PlanArrays, st: StageShape, m: np.ndarray,
+                position: str, act_layer: np.ndarray, layer_input: np.ndarray | float,
+                logits: np.ndarray | float, communicators: np.ndarray, *, with_context: bool
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`rest_bytes` from the stage's per-layer activations (all of them, and the input that full
+    recomputation keeps), its logits and its communicator count."""
+    blocks = st.blocks.astype(np.float64)
+    stack = training.effective_stack
     in_flight = in_flight_layers(arrays, m, position)
     full = arrays.recompute == RECOMPUTE_CODE["full"]
     per_mb = np.where(full, blocks * layer_input, blocks * act_layer)
     working = np.where(full, act_layer, 0.0)  # one layer recomputed at a time
     activations = per_mb * in_flight + working + logits
-
     on_gpu = cluster.gpu.vendor != "cpu"
-    # one set of NCCL buffers per communicator this rank talks through (each axis with peers, and
-    # the pipeline's point-to-point pairs)
-    communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values()) + expert_comms
     comm = stack.comm_buffer_gib * GIB * communicators * (cluster.backend != "gloo")
-    overhead = stack.context_gib * GIB * on_gpu + stack.fragmentation * activations
-    return activations, comm, overhead
+    overhead = stack.context_gib * GIB * on_gpu * with_context + stack.fragmentation * activations
+    return activations, comm, overhead, per_mb * (1.0 + stack.fragmentation)
 
 
-def _expert_states(model: Model, training: Training, arrays: PlanArrays, blocks: np.ndarray,
-                   states: ModelStates) -> ModelStates:
-    """`states` plus a stage's routed experts' (`perfmodels.experts`) weights, gradients and optimizer
-    state: E / G_ep experts per MoE layer split over G_etp; ZeRO shards them over the expert-data
-    ranks, as Megatron's distributed optimizer does."""
+def expert_state_bytes(model: Model, training: Training, arrays: PlanArrays,
+                       blocks: np.ndarray) -> ModelStates:
+    """A stage's routed experts' (`perfmodels.experts`) weights, gradients and optimizer state, for
+    `blocks` blocks: E / G_ep experts per MoE layer split over G_etp; ZeRO shards them over the
+    expert-data ranks, as Megatron's distributed optimizer does."""
     from perfmodels import experts
 
     deg = experts.expert_degrees(arrays)
-    local = blocks * model.moe_fraction * experts.local_expert_params(model, arrays)
+    per_layer = experts.local_expert_params(model, arrays)
+    local = np.asarray(blocks, dtype=np.float64) * model.moe_fraction * per_layer
     folded = replace(arrays, G_data=deg["edp"])
-    e_states = model_state_bytes(training, local, folded)
-    return ModelStates(params=states.params + e_states.params, grads=states.grads + e_states.grads,
-                       optimizer=states.optimizer + e_states.optimizer)
+    return model_state_bytes(training, local, folded)
 
 
-def _expert_activations(model: Model, training: Training, arrays: PlanArrays,
-                        act_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The per-layer activations with the routed experts' (k copies of each token) averaged in by
-    the share of MoE layers, and the experts' communicators."""
+def _expert_activations(model: Model, training: Training,
+                        arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """The routed experts' (k copies of each token) per-layer activations, averaged in by the share of
+    MoE layers, and the experts' communicators."""
     from perfmodels import experts
 
     kept = experts.activation_bytes(model, training, arrays)  # selective recomputation keeps them too
-    acts = act_layer + model.moe_fraction * kept
     comms = sum((d > 1).astype(np.float64) for d in experts.expert_degrees(arrays).values())
-    return acts, comms
+    return model.moe_fraction * kept, comms

@@ -308,6 +308,14 @@ def stack_runs_options(training: Training, G_inter: np.ndarray, zero_stages: lis
     and sequence-parallel setting can pass `stack_can_run`, `stack_zero_stages` and `stack_recompute`,
     whatever its other columns. False means one of them rejects every such plan: the bounded search
     leaves those options out of a family's bound (tests/tuner/test_bounded_search.py checks it)."""
+    zero, rc, sp = stack_runs_masks(training, G_inter, zero_stages, recomputes, sequence_parallel)
+    return zero[:, None, None, :] & rc[None, :, None, None] & sp[None, None, :, None]
+
+
+def stack_runs_masks(training: Training, G_inter: np.ndarray, zero_stages: list[int], recomputes: list[int],
+                     sequence_parallel: list[bool]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`stack_runs_options` as its three factors: (Z, n) ZeRO stages per grid, (R,) recomputations,
+    (P,) sequence-parallel settings; an option runs where all three allow it."""
     stack = training.effective_stack
     S = np.asarray(G_inter)
     offered = stack.launch_zero_stages or stack.zero_stages
@@ -317,7 +325,7 @@ def stack_runs_options(training: Training, G_inter: np.ndarray, zero_stages: lis
     modes = stack.launch_recomputes or tuple(RECOMPUTE_CODE)
     rc = np.isin(recomputes, [RECOMPUTE_CODE[m] for m in modes])  # (R,)
     sp = np.asarray([stack.sequence_parallel or not x for x in sequence_parallel])  # (P,)
-    return zero[:, None, None, :] & rc[None, :, None, None] & sp[None, None, :, None]
+    return zero, rc, sp
 
 
 def stack_tp_with_pp(model: Model, cluster: Cluster, training: Training, cols: Columns) -> Rejection:

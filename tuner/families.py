@@ -29,10 +29,11 @@ from perfmodels.bounds import (
     lower_bound_s,
     memory_bound,
     price_comm,
+    schedule_in_flight,
 )
 from perfmodels.plans import SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
 from perfmodels.specs import Cluster, Model, Training
-from tuner.constraints import stack_runs_options
+from tuner.constraints import stack_runs_masks, stack_runs_options
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -76,15 +77,23 @@ class Families:
     """Row of `parts` (and of the pair in `fits`' last axis order) each family has."""
     priced: PricedComm | None
     """The families' collectives priced under their placements (`perfmodels.bounds.price_comm`)."""
-    fits: np.ndarray
-    """(Z, R, P, pairs): whether the memory bound leaves room for that (ZeRO, recompute,
-    sequence-parallel) choice (False too where the grid has no such plan: ZeRO > 0 without data
-    parallelism)."""
+    spare_gib: np.ndarray
+    """(Z, R, P, pairs): the room the memory bound leaves under plain 1F1B for that (ZeRO, recompute,
+    sequence-parallel) choice, negative where it does not fit (-inf where the grid has no such
+    plan: ZeRO > 0 without data parallelism)."""
+    in_flight_gib: np.ndarray
+    """(R, P, pairs): what each further micro-batch in flight adds to the bound
+    (`perfmodels.bounds.MemoryBound`)."""
     out_of_memory: int
     """Plans of the families left out because none of their options fits in memory."""
     schedules: np.ndarray
     """(F, schedule options): the schedules each family runs that the rules allow."""
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+
+    @property
+    def fits(self) -> np.ndarray:
+        """(Z, R, P, pairs): whether the memory bound leaves room for that choice under plain 1F1B."""
+        return self.spare_gib >= 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,12 +117,17 @@ class Pairs:
     parent: np.ndarray
     """(grids,) each grid's parent."""
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
-    fits: np.ndarray
-    """(Z, R, P, pairs): whether the memory bound leaves room for that (ZeRO, recompute,
-    sequence-parallel) choice (False too where the grid has no such plan: ZeRO > 0 without data
-    parallelism)."""
+    spare_gib: np.ndarray
+    """(Z, R, P, pairs): as `Families.spare_gib`."""
+    in_flight_gib: np.ndarray
+    """(R, P, pairs): as `Families.in_flight_gib`."""
     out_of_memory: int
     """Plans of the pairs left out because none of their options fits in memory."""
+
+    @property
+    def fits(self) -> np.ndarray:
+        """(Z, R, P, pairs): whether the memory bound leaves room for that choice under plain 1F1B."""
+        return self.spare_gib >= 0.0
 
 
 def merged_pairs(taken: list[tuple[Pairs, np.ndarray]]) -> tuple[Pairs, np.ndarray]:
@@ -129,7 +143,8 @@ def merged_pairs(taken: list[tuple[Pairs, np.ndarray]]) -> tuple[Pairs, np.ndarr
     merged = Pairs(grid=cat("grid"), micro_batch=cat("micro_batch"), plans=cat("plans"),
                    placements=cat("placements"), bound_s=cat("bound_s"), max_virtual=cat("max_virtual"),
                    max_zero=cat("max_zero"), schedules=cat("schedules"), placed=first.placed,
-                   parent=first.parent, options=first.options, fits=cat("fits", axis=-1), out_of_memory=0)
+                   parent=first.parent, options=first.options, spare_gib=cat("spare_gib", axis=-1),
+                   in_flight_gib=cat("in_flight_gib", axis=-1), out_of_memory=0)
     return merged, np.arange(len(merged.grid))
 
 
@@ -220,6 +235,52 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
                      total_plans=int((children * counts * sizes * placed.sum(axis=0)).sum()), options=lists)
 
 
+def grid_plans(table: GridTable, subset: np.ndarray) -> np.ndarray:
+    """How many plans each grid of `subset` expands into (every micro-batch size and placement)."""
+    par = table.parent[subset]
+    sizes = table.pair_start[par + 1] - table.pair_start[par]
+    return table.counts[par] * sizes * table.placed[:, par].sum(axis=0)
+
+
+def memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
+                 subset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whether any plan of each grid of `subset` may fit in memory, whether any the stack runs may):
+    the memory bound (`perfmodels.bounds.memory_bound`) at the grid's smallest micro-batch size,
+    which holds for every larger one (a stage's activations grow with b min(m, in flight) = min(b m,
+    b G_inter), b m fixed). Weights and the rest are apart, so the least total is the least states
+    (over the ZeRO stages) plus the least rest (over recomputation and sequence parallelism). A
+    search checks it before it expands a grid: most grids of a large mixture of experts that bound
+    cheapest hold too few experts' shards or activations per GPU to fit."""
+    # in grid order, so a mixture of experts' sibling grids come in runs the bound evaluates once
+    order = np.argsort(subset, kind="stable")
+    fits, runnable = np.empty(len(subset), dtype=bool), np.empty(len(subset), dtype=bool)
+    fits[order], runnable[order] = _memory_floor(model, cluster, training, grids, table, subset[order])
+    return fits, runnable
+
+
+def _memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
+                  subset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _, rc_opts, zero_opts, sp_opts = table.options
+    sps = [bool(x) for x in sp_opts]
+    par = table.parent[subset]
+    zero = np.where(grids[subset, 0] > 1, max(zero_opts), 0)
+    smallest = _representatives(grids, subset, table.pair_micro_batch[table.pair_start[par]], zero)
+    grids = grids[subset]
+    mem = memory_bound(model, cluster, training, smallest, zero_opts, rc_opts, sps)
+    room = mem.capacity_gib * (1.0 + BOUND_SLACK)
+    has_zero = np.asarray([(z == 0) | (grids[:, 0] > 1) for z in zero_opts])  # (Z, n)
+    z_ok, rc_ok, sp_ok = stack_runs_masks(training, grids[:, 1], zero_opts, rc_opts, sps)
+
+    def least(z_mask: np.ndarray, rp_mask: np.ndarray) -> np.ndarray:
+        states = np.min(np.where(z_mask, mem.states_gib, np.inf), axis=0)
+        rest = np.min(np.where(rp_mask[:, :, None], mem.rest_gib, np.inf), axis=(0, 1))
+        return states + rest
+
+    fits = least(has_zero, np.ones((len(rc_opts), len(sps)), dtype=bool)) <= room
+    runnable = least(has_zero & z_ok, rc_ok[:, None] & sp_ok[None, :]) <= room
+    return fits, runnable
+
+
 def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
           subset: np.ndarray, screen: Screen | None = None) -> Pairs:
     """The (grid, micro-batch size) pairs of the grids `subset` that expand into at least one plan
@@ -262,12 +323,13 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     sps = [bool(x) for x in sp_opts]
     mem = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps)
     has_zero = np.asarray([(z == 0) | (grids[gi, 0] > 1) for z in zero_opts])  # (Z, pairs)
-    fits = ((mem.states_gib[:, None, None, :] + mem.rest_gib[None, :, :, :])
-            <= mem.capacity_gib * (1.0 + BOUND_SLACK)) & has_zero[:, None, None, :]  # (Z, R, P, pairs)
-    fit = fits.any(axis=(0, 1, 2))
+    least = mem.states_gib[:, None, None, :] + mem.rest_gib[None, :, :, :]  # (Z, R, P, pairs)
+    spare = np.where(has_zero[:, None, None, :], mem.capacity_gib * (1.0 + BOUND_SLACK) - least, -np.inf)
+    fit = (spare >= 0.0).any(axis=(0, 1, 2))
     out_of_memory = int((plans * n_placed)[~fit].sum())
     gi, mb, allowed, n_placed, plans = gi[fit], mb[fit], allowed[fit], n_placed[fit], plans[fit]
-    fits, z_max, reps = fits[..., fit], z_max[fit], reps.take(np.flatnonzero(fit))
+    spare, z_max, reps = spare[..., fit], z_max[fit], reps.take(np.flatnonzero(fit))
+    fits = spare >= 0.0
     # the most virtual stages a pair's schedules run, its largest ZeRO stage (smallest optimizer)
     v_max = _max_virtual(allowed, sched)
     # the least over the options that fit and that the stack runs (`families`)
@@ -279,7 +341,7 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
         bound = np.min(np.where(runnable[used], per_option, np.inf), axis=(0, 1))
     return Pairs(grid=gi, micro_batch=mb, plans=plans, placements=n_placed, bound_s=bound, max_virtual=v_max,
                  max_zero=z_max, schedules=allowed, placed=table.placed, parent=table.parent,
-                 options=table.options, fits=fits,
+                 options=table.options, spare_gib=spare, in_flight_gib=mem.in_flight_gib[..., fit],
                  out_of_memory=out_of_memory)
 
 
@@ -344,7 +406,8 @@ def families(model: Model, cluster: Cluster, training: Training, grids: np.ndarr
         parts=parts, recomputes=need,
         part_row=np.concatenate(part_row) if pair.size else np.zeros(0, dtype=np.int64),
         priced=priced,
-        fits=fits, out_of_memory=out_of_memory, schedules=pr.schedules[subset][pair], options=pr.options)
+        spare_gib=pr.spare_gib[..., subset], in_flight_gib=pr.in_flight_gib[..., subset],
+        out_of_memory=out_of_memory, schedules=pr.schedules[subset][pair], options=pr.options)
 
 
 def schedule_bounds(model: Model, cluster: Cluster, training: Training, fam: Families, rows: np.ndarray
@@ -364,6 +427,22 @@ def schedule_bounds(model: Model, cluster: Cluster, training: Training, fam: Fam
     return out
 
 
+def schedule_fits(model: Model, training: Training, grids: np.ndarray, fam: Families, rows: np.ndarray
+                  ) -> np.ndarray:
+    """(F, schedules, Z, R, P): whether the memory bound of families `rows` leaves room for each
+    schedule with each (ZeRO, recompute, sequence-parallel) choice: a schedule that holds more
+    micro-batches in flight than plain 1F1B, or on a busier stage, adds their activations
+    (`perfmodels.bounds.schedule_in_flight`), so an interleaved plan that cannot fit is not scored."""
+    sched_opts = fam.options[0]
+    g = grids[fam.grid[rows]]
+    m = np.maximum(training.global_batch_size // (g[:, 0] * g[:, 2]) // fam.micro_batch[rows], 1)
+    extra = schedule_in_flight(model.num_layers, g[:, 1], m, sched_opts).T  # (F, s)
+    pair = fam.pair[rows]
+    spare = np.moveaxis(fam.spare_gib[..., pair], -1, 0)  # (F, Z, R, P)
+    per_mb = np.moveaxis(fam.in_flight_gib[..., pair], -1, 0)  # (F, R, P)
+    return spare[:, None] >= extra[:, :, None, None, None] * per_mb[:, None, None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Expanded:
     columns: dict[str, np.ndarray] | None
@@ -377,20 +456,18 @@ class Expanded:
 
 
 def expand(fam: Families, rows: np.ndarray, grids: np.ndarray, limit_s: float,
-           bounds: np.ndarray) -> Expanded:
+           bounds: np.ndarray, fits: np.ndarray) -> Expanded:
     """The plans of families `rows` that may fit and may beat `limit_s` (`bounds`: their
-    `schedule_bounds`), as columns in the order `tuner.space.combine` makes them (the schedules the
-    rules allow only)."""
+    `schedule_bounds`; `fits`: their `schedule_fits`), as columns in the order `tuner.space.combine`
+    makes them (the schedules the rules allow only)."""
     sched_opts, rc_opts, zero_opts, sp_opts = fam.options
     g = grids[fam.grid[rows]]
     sched = np.asarray(sched_opts, dtype=np.int64)
     valid = fam.schedules[rows]  # (F, s)
     has_zero = np.asarray([(z == 0) | (g[:, 0] > 1) for z in zero_opts]).T  # (F, Z)
-    n_sched = valid.sum(axis=1)
-    fits = np.moveaxis(fam.fits[..., fam.pair[rows]], -1, 0)  # (F, Z, R, P)
     fast = (bounds * (1.0 - BOUND_SLACK) <= limit_s) & valid[:, :, None, None]  # (F, s, R, P)
-    skipped_memory = int((n_sched * (has_zero[:, :, None, None] & ~fits).sum(axis=(1, 2, 3))).sum())
-    fits_rzp = np.transpose(fits, (0, 2, 1, 3))[:, None]  # (F, 1, R, Z, P)
+    skipped_memory = int((valid[:, :, None, None, None] & has_zero[:, None, :, None, None] & ~fits).sum())
+    fits_rzp = np.transpose(fits, (0, 1, 3, 2, 4))  # (F, s, R, Z, P)
     skipped_time = int((valid[:, :, None, None, None] & fits_rzp & ~fast[:, :, :, None, :]).sum())
     # (family, schedule, recompute, ZeRO, sequence parallel), combine's order
     f, si, ri, zi, pi = np.nonzero(fits_rzp & fast[:, :, :, None, :])

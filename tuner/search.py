@@ -33,7 +33,19 @@ from perfmodels.plans import from_columns
 from perfmodels.specs import AXES, SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import memory_many, predict_many
 from tuner import constraints as C
-from tuner.families import BOUND_SLACK, expand, families, grid_table, merged_pairs, pairs, schedule_bounds
+from tuner.allocator import keep_freed_memory
+from tuner.families import (
+    BOUND_SLACK,
+    expand,
+    families,
+    grid_plans,
+    grid_table,
+    memory_floor,
+    merged_pairs,
+    pairs,
+    schedule_bounds,
+    schedule_fits,
+)
 from tuner.space import (
     EXPERT_COLUMNS,
     GRID_COLUMNS,
@@ -266,6 +278,7 @@ def recommend(model: Model, cluster: Cluster, training: Training, top_k: int = 1
     counted, not scored. `SearchOptions(exhaustive=True)` scores every plan; both return the same
     top list with the same times. When pins leave no layout, the explanation says which rules reject
     each pinned value (`tuner.pins.diagnose_pins`; `diagnose=False` skips that)."""
+    keep_freed_memory()  # the search's temporaries reuse freed pages (`tuner.allocator`)
     with _without_cycle_collection():
         return _recommend(model, cluster, training, top_k, search, diagnose=diagnose)
 
@@ -434,11 +447,25 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
         if not best.rows and len(open_families):
             next_grid = next_pair = np.inf  # dive: score the best families found so far to set a limit
         if next_grid <= min(next_pair, next_family):
-            upto = min(reach, expanded + grid_batch)
+            # the next `grid_batch` grids in bound order that may fit in memory (`memory_floor`)
+            chosen: list[np.ndarray] = []
+            need = grid_batch
+            while expanded < reach and need > 0:
+                subset = by_grid[expanded:min(reach, expanded + 2 * need)]
+                fits, runnable = memory_floor(model, cluster, training, grids, table, subset)
+                cut = len(subset)
+                if runnable.sum() > need:  # the rest stay for a later round
+                    cut = int(np.flatnonzero(runnable)[need - 1]) + 1
+                memory_skipped += int(grid_plans(table, subset[:cut][~fits[:cut]]).sum())
+                chosen.append(subset[:cut][runnable[:cut]])
+                need -= len(chosen[-1])
+                expanded += cut
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
-            pr = pairs(model, cluster, training, grids, table, by_grid[expanded:upto], screen)
+            subset = np.concatenate(chosen)
+            if not len(subset):
+                continue
+            pr = pairs(model, cluster, training, grids, table, subset, screen)
             memory_skipped += pr.out_of_memory
-            expanded = upto
             pair_pool.add(pr, pr.bound_s, pr.plans * pr.placements)
         elif next_pair <= next_family:
             pr, rows = merged_pairs(pair_pool.take(open_pairs[:pair_batch]))  # one pass for every batch
@@ -452,7 +479,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             chunk = open_families[: max(1, int(np.searchsorted(plans, size, side="right")))]
             parts = []
             for fam, rows in family_pool.take(chunk):
-                part = expand(fam, rows, grids, limit, schedule_bounds(model, cluster, training, fam, rows))
+                part = expand(fam, rows, grids, limit, schedule_bounds(model, cluster, training, fam, rows),
+                              schedule_fits(model, training, grids, fam, rows))
                 memory_skipped += part.skipped_memory
                 time_skipped += part.skipped_time
                 if part.columns is not None:

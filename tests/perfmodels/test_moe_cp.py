@@ -82,10 +82,9 @@ def test_split_tokens_gather_over_etp_after_the_dispatch_hand_derived():
 def test_expert_memory_hand_derived():
     # ZeRO-0: E/G_ep = 2 experts of 3 x 64 x 32 per layer, 2 layers, 16 bytes each (gridtune stack)
     arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
-    zero = memory.ModelStates(params=np.zeros(1), grads=np.zeros(1), optimizer=np.zeros(1))
     blocks = np.array([2.0])
-    states = memory._expert_states(TINY_MOE, BF16, arrays, blocks, zero)
-    acts, comms = memory._expert_activations(TINY_MOE, BF16, arrays, np.zeros(1))
+    states = memory.expert_state_bytes(TINY_MOE, BF16, arrays, blocks)
+    acts, comms = memory._expert_activations(TINY_MOE, BF16, arrays)
     local = 2 * 3 * 64 * 32 * 2
     assert states.params[0] + states.grads[0] + states.optimizer[0] == local * 16
     assert comms[0] == 2  # the ep and edp groups
@@ -95,7 +94,7 @@ def test_expert_memory_hand_derived():
     assert acts[0] == 2 * (2 * T * k * h + T * k * 3 * f) + 4 * T * 4
     # ZeRO-1 shards the optimizer state over the 2 expert-data ranks (master 0 + Adam 8 bytes)
     z1 = from_plans([Plan(G_data=4, G_ep=2, G_etp=1, zero_stage=1)])
-    states1 = memory._expert_states(TINY_MOE, BF16, z1, blocks, zero)
+    states1 = memory.expert_state_bytes(TINY_MOE, BF16, z1, blocks)
     assert states1.optimizer[0] == local * 8 / 2
 
 

@@ -383,6 +383,14 @@ def test_units_evaluated_once_per_run_give_every_row_its_own_values():
     pair_together = bounds.blocks_bound_s(model, cluster, training, siblings, v, [0, 1, 2], [False, True])
     pair_apart = bounds.blocks_bound_s(model, cluster, training, mixed, v, [0, 1, 2], [False, True])
     assert np.allclose(pair_together[..., shuffled_at], pair_apart, rtol=1e-12, atol=0.0)
+    # the memory bound: the units once per run of siblings, the routed experts per row
+    zeros, rcs, sps = [0, 1, 2], [0, 1, 2], [False, True]
+    mem_together = bounds.memory_bound(model, cluster, training, siblings, zeros, rcs, sps)
+    mem_apart = bounds.memory_bound(model, cluster, training, mixed, zeros, rcs, sps)
+    for field in ("states_gib", "rest_gib", "in_flight_gib"):
+        a, b = getattr(mem_together, field)[..., shuffled_at], getattr(mem_apart, field)
+        assert np.allclose(a, b, rtol=1e-12, atol=0.0), field
+        assert len(np.unique(b)) > 10  # the siblings' experts do differ
 
 
 def test_predict_many_with_the_plans_memory_given_predicts_the_same():

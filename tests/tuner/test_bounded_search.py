@@ -24,6 +24,7 @@ from perfmodels.bounds import (
     grid_bound_s,
     lower_bound_s,
     memory_bound,
+    schedule_in_flight,
     with_options,
 )
 from perfmodels.plans import RECOMPUTE_CODE, from_columns
@@ -122,11 +123,27 @@ def test_bounds_never_exceed_the_prediction(name):
                 assert (own >= bound * (1 - 1e-9)).all()  # never looser than the any-schedule bound
                 for z in np.unique(part.zero_stage):
                     jdx = np.flatnonzero(part.zero_stage == z)
-                    low = memory_bound(model, cluster, training, part.take(jdx), [int(z)], [int(rc)],
-                                       [bool(sp)])
-                    low = low.states_gib[0] + low.rest_gib[0, 0]
+                    sub = part.take(jdx)
+                    bound_mem = memory_bound(model, cluster, training, sub, [int(z)], [int(rc)], [bool(sp)])
+                    low = bound_mem.states_gib[0] + bound_mem.rest_gib[0, 0]
                     assert (low <= mem.total_gib[idx][jdx] * (1 + 1e-9)).all()
+                    # at the plan's own schedule: the micro-batches it holds beyond 1F1B's, on its
+                    # busiest stage (`schedule_in_flight`)
+                    extra = schedule_in_flight(model.num_layers, sub.G_inter, sub.num_microbatches(training),
+                                               runs)
+                    own_extra = extra[[which[j] for j in jdx], np.arange(len(jdx))]
+                    with_schedule = low + own_extra * bound_mem.in_flight_gib[0, 0]
+                    assert (with_schedule <= mem.total_gib[idx][jdx] * (1 + 1e-9)).all()
+                    assert (own_extra >= 0).all()
                 checked += len(idx)
+        # the grid's floor (`tuner.families.memory_floor`): micro-batch size 1, the least over every
+        # ZeRO stage the grid has, recomputation and sequence-parallel setting
+        one = with_options(arrays, micro_batch_size=1)
+        floor = memory_bound(model, cluster, training, one, [0, 1, 2, 3], list(RECOMPUTE_CODE.values()),
+                             [False, True])
+        has_zero = np.asarray([(z == 0) | (arrays.G_data > 1) for z in range(4)])
+        least = np.min(np.where(has_zero, floor.states_gib, np.inf), axis=0) + floor.rest_gib.min(axis=(0, 1))
+        assert (least <= mem.total_gib * (1 + 1e-9)).all()
     assert checked > 500
 
 
