@@ -25,7 +25,10 @@ of the family with a given recomputation and sequence-parallel setting:
   compute (never below the first gather's share), and for a mixture of experts the expert
   tensor-parallel collectives and the all-to-alls (where the stack overlaps them under an
   interleaved schedule, less all of that most compute), all of the relaxed stage with what
-  recomputation repeats; the MoE wait, the ring and the data-parallel parts >= 0;
+  recomputation repeats; the ring and the data-parallel parts >= 0;
+- the MoE layers' wait for the host (`experts.sync_wait_s`: once per MoE layer forward, again under
+  full recomputation) >= that of the relaxed stage's MoE layers, and it adds to t_mb as it does in
+  the model;
 - host >= the relaxed stage's blocks, three passes (four under full recomputation);
 - bubble = (S - 1) / v t_mb (average / busiest compute) >= (S - 1) / v x the average stage's
   compute x max(1, the t_mb bound / the busiest stage's most compute), at v_max (the most virtual
@@ -77,7 +80,8 @@ from perfmodels.memory import (
     GIB,
     capacity_per_rank_gib,
     expert_rest_bytes,
-    expert_state_bytes,
+    expert_shards,
+    model_state_bytes,
     rest_bytes,
     state_bytes,
     unit_parts,
@@ -112,6 +116,9 @@ class BoundParts:
     """(R, P, n) seconds of a micro-batch's compute on the relaxed stage."""
     host_mb_s: np.ndarray
     """(R, n) host seconds to issue a micro-batch of the relaxed stage."""
+    sync_mb_s: np.ndarray
+    """(R, n) seconds a micro-batch's GPUs wait for the host in the relaxed stage's MoE layers
+    (`experts.sync_wait_s`; none for a dense model)."""
     average_mb_s: np.ndarray
     """(R, P, n) seconds of a micro-batch's compute on the average stage (what the bubble idles)."""
     optimizer_s: np.ndarray
@@ -130,7 +137,8 @@ class BoundParts:
     def take(self, index: np.ndarray) -> BoundParts:
         return BoundParts(
             microbatches=self.microbatches[index], compute_mb_s=self.compute_mb_s[..., index],
-            host_mb_s=self.host_mb_s[..., index], average_mb_s=self.average_mb_s[..., index],
+            host_mb_s=self.host_mb_s[..., index], sync_mb_s=self.sync_mb_s[..., index],
+            average_mb_s=self.average_mb_s[..., index],
             optimizer_s=self.optimizer_s[index],
             degrees={k: v[index] for k, v in self.degrees.items()},
             comm=[[{k: (b[index], c[index]) for k, (b, c) in per.items()} for per in by_rc]
@@ -293,20 +301,22 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     a2a = [_all_to_all_floor_s(model, cluster, training, with_options(high, sequence_parallel=sp),
                                max_virtual) for sp in sequence_parallel]
     for i, rc in enumerate(recomputes):
-        host = _host_seconds_per_microbatch(model, cluster, training, with_options(low, recompute=rc),
-                                            relaxed)
+        with_rc = with_options(low, recompute=rc)
+        host = _host_seconds_per_microbatch(model, cluster, training, with_rc, relaxed)
+        # the MoE layers' wait for the host, per micro-batch whatever its size (`experts.sync_wait_s`)
+        sync = experts.sync_wait_s(model, cluster, training, with_rc, relaxed.blocks)
         for j, sp in enumerate(sequence_parallel):
             # t_mb >= the busiest stage's compute >= the relaxed stage's (with the LM head); the
             # bubble idles the average stage, of which the blocks alone are a floor
             c_low = stage_seconds(low, rc, sp, head=False)
             c_high = stage_seconds(high, rc, sp, head=True)
             if high is not low:
-                out[i, j] = np.maximum(m_fewest * c_high + a2a[j], m_fewest * host) + fill * c_low
+                out[i, j] = np.maximum(m_fewest * (c_high + sync) + a2a[j], m_fewest * host) + fill * c_low
                 continue
             # one micro-batch size: t_mb >= its compute, the all-to-alls' floor and the host's share,
             # and the bubble scales the average stage by t_mb over the busiest stage's most compute
             # (`lower_bound_s`)
-            t_mb = np.maximum(c_high + a2a[j] / np.maximum(m_fewest, 1.0) + host_share * host, host)
+            t_mb = np.maximum(c_high + a2a[j] / np.maximum(m_fewest, 1.0) + sync + host_share * host, host)
             busiest = c_high * ratio  # type: ignore[operator]
             out[i, j] = m_fewest * t_mb + fill * c_low * np.maximum(1.0, t_mb / np.maximum(busiest, 1e-30))
     return out
@@ -374,7 +384,8 @@ def bound_parts(model: Model, cluster: Cluster, training: Training, arrays: Plan
              for j in range(len(sequence_parallel))] for i in range(len(recomputes))]
     return BoundParts(
         microbatches=scatter(lambda p: p.microbatches), compute_mb_s=scatter(lambda p: p.compute_mb_s),
-        host_mb_s=scatter(lambda p: p.host_mb_s), average_mb_s=scatter(lambda p: p.average_mb_s),
+        host_mb_s=scatter(lambda p: p.host_mb_s), sync_mb_s=scatter(lambda p: p.sync_mb_s),
+        average_mb_s=scatter(lambda p: p.average_mb_s),
         optimizer_s=scatter(lambda p: p.optimizer_s), degrees=arrays.degrees(), comm=comm, plans=arrays,
         max_virtual=np.asarray(max_virtual), busiest_ratio=scatter(lambda p: p.busiest_ratio))
 
@@ -393,6 +404,7 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
     compute = np.zeros((len(recomputes), len(sequence_parallel), n))
     average_mb = np.zeros_like(compute)
     host = np.zeros((len(recomputes), n))
+    sync = np.zeros((len(recomputes), n))
     optimizer = np.zeros(n)
     comm: list[list[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]] = [[] for _ in recomputes]
     none = RECOMPUTE_CODE["none"]
@@ -426,8 +438,9 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
             average_mb[i, j] = (avg.fwd_s + avg.bwd_s + again_avg) * c_compute
             optimizer = comp.optimizer_s * c_compute
             if j == 0:
-                host[i] = _host_seconds_per_microbatch(model, cluster, training,
-                                                       with_options(arrays, recompute=rc), relaxed)
+                with_rc = with_options(arrays, recompute=rc)
+                host[i] = _host_seconds_per_microbatch(model, cluster, training, with_rc, relaxed)
+                sync[i] = experts.sync_wait_s(model, cluster, training, with_rc, relaxed.blocks)
         # what recomputation repeats counts too (a reentrant layer's collectives, an MoE layer's
         # combine all-to-all); "none" repeats nothing
         base = sums(once, mine[0])
@@ -435,7 +448,8 @@ def _parts_one_cp(model: Model, cluster: Cluster, training: Training, arrays: Pl
         repeats.update({entries[e][1]: sums(again, e) for e in mine if entries[e][1] != none})
         for i, rc in enumerate(recomputes):
             comm[i].append(_merged(base, repeats[rc]) if repeats[rc] else base)
-    return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, average_mb_s=average_mb,
+    return BoundParts(microbatches=m, compute_mb_s=compute, host_mb_s=host, sync_mb_s=sync,
+                      average_mb_s=average_mb,
                       optimizer_s=optimizer, degrees=real.degrees(), comm=comm, plans=real,
                       max_virtual=np.asarray(max_virtual),
                       busiest_ratio=busiest_block_ratio(model.num_layers, S, np.asarray(max_virtual)))
@@ -479,50 +493,62 @@ _SIBLING_COLUMNS = tuple(f for f in SCALAR_PLAN_FIELDS if f not in ("G_ep", "G_e
 """Every plan column but the expert degrees: rows equal in these hold the same layers' units."""
 
 
-def _events_by_siblings(model: Model, training: Training, arrays: PlanArrays, stage: StageShape,
-                        siblings: bool = True) -> list[CommEvent]:
-    """`comm_events` of the rows of `arrays` (one context-parallel degree 1, a view), a mixture of
-    experts' evaluated as the units' events once per group of rows that differ only in their expert
-    degrees (`traffic.comm_events(..., with_experts=False)`: they do not read them), spread to every
-    row, plus the routed experts' events per row (`traffic.expert_events`). Where groups are too small
-    to pay (or not `siblings`), `comm_events` itself."""
+def _sibling_runs(model: Model, arrays: PlanArrays, siblings: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first row of each group of rows that differ only in their expert degrees, each row's group):
+    a mixture of experts' rows, of one context-parallel degree 1 (a view), where the groups are
+    large enough to pay; else None."""
     n = len(arrays)
     if not (siblings and model.is_moe and n > 1 and np.all(arrays.G_cp == 1)):
-        return comm_events(model, training, arrays, stage)
+        return None
     order = np.lexsort([getattr(arrays, f) for f in reversed(_SIBLING_COLUMNS)])
     firsts, runs = equal_runs([getattr(arrays, f)[order] for f in _SIBLING_COLUMNS])
     if len(firsts) * 2 > n:
-        return comm_events(model, training, arrays, stage)
+        return None
     run = np.empty(n, dtype=np.int64)
     run[order] = runs
-    first = order[firsts]
-    reps = arrays.take(first)
-    shape = stage.per_plan(lambda x: x[first])
+    return order[firsts], run
 
-    def spread(x):
-        return x[run] if isinstance(x, np.ndarray) and x.ndim == 1 and len(x) == len(first) else x
 
-    units = [CommEvent(axis=ev.axis, op=ev.op, phase=ev.phase, tag=ev.tag,
-                       payload_bytes=spread(ev.payload_bytes), calls=spread(ev.calls))
-             for ev in comm_events(model, training, reps, shape, with_experts=False)]
-    return units + expert_events(model, training, arrays, stage)
+Sums = dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]
 
 
 def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: StageShape,
-                   with_base: bool = True, siblings: bool = True
-                   ) -> tuple[dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
-                              dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]]:
+                   with_base: bool = True, siblings: bool = True) -> tuple[Sums, Sums]:
     """(bytes x calls, calls) per (axis, op, category) of the collectives the bound counts: the
     categories and axes `steptime._comm_by_kind` puts on the critical path per micro-batch; those of
     the forward and backward (unless not `with_base`), and those recomputation repeats. A layer list's
-    collectives are not counted (the bound stays below)."""
-    base: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
-    again: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
+    collectives are not counted (the bound stays below).
+
+    A mixture of experts' units are summed once per group of rows that differ only in their expert
+    degrees (`traffic.comm_events(..., with_experts=False)`: they do not read them) and the sums
+    spread to every row, then the routed experts' events (`traffic.expert_events`) are added per row:
+    each row sees the same additions in the same order as when its events are summed alone."""
+    base: Sums = {}
+    again: Sums = {}
     if model.layers:
         return base, again
+    groups = _sibling_runs(model, arrays, siblings)
+    if groups is None:
+        events = comm_events(model, training, arrays, stage)
+        _add_critical(events, base, again, len(arrays), training, with_base)
+        return base, again
+    first, run = groups
+    reps = arrays.take(first)
+    _add_critical(comm_events(model, training, reps, stage.per_plan(lambda x: x[first]), with_experts=False),
+                  base, again, len(first), training, with_base)
+    for sums in (base, again):
+        for key, (byte_calls, calls) in sums.items():
+            sums[key] = (byte_calls[run], calls[run])
+    events = expert_events(model, training, arrays, stage)
+    _add_critical(events, base, again, len(arrays), training, with_base)
+    return base, again
+
+
+def _add_critical(events: list[CommEvent], base: Sums, again: Sums, n: int, training: Training,
+                  with_base: bool) -> None:
+    """Add the critical-path collectives of `events` (arrays of `n`) to the sums (`_critical_comm`)."""
     overlap_tp = training.effective_stack.overlap_tp_comm
-    n = len(arrays)
-    for ev in _events_by_siblings(model, training, arrays, stage, siblings):
+    for ev in events:
         repeat = ev.phase == "recompute"
         if not (repeat or with_base):
             continue
@@ -540,7 +566,6 @@ def _critical_comm(model: Model, training: Training, arrays: PlanArrays, stage: 
         acc = (again if repeat else base).setdefault((ev.axis, ev.op, cat), (np.zeros(n), np.zeros(n)))
         acc[0][...] += ev.payload_bytes * ev.calls
         acc[1][...] += ev.calls
-    return base, again
 
 
 def _merged(base: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]],
@@ -674,7 +699,7 @@ def lower_bound_s(model: Model, cluster: Cluster, training: Training, parts: Bou
         hidden = np.maximum(a2a - m * busiest_mb, a2a * first)
         experts_s = np.where(priced.overlaps & interleaved, hidden, a2a)
         exposed_mb = (priced.tp_s[:, j] + experts_s + priced.etp_s[:, j] + depth) / m
-        t_mb = np.maximum(compute + exposed_mb + stack.host_exposed_fraction * host, host)
+        t_mb = np.maximum(compute + exposed_mb + parts.sync_mb_s + stack.host_exposed_fraction * host, host)
         # the bubble scales the busiest stage's micro-batch by the average stage's share of its compute
         # (`steptime._pipeline_seconds`): at least t_mb over the busiest stage's compute at its most,
         # and never below the average stage's compute
@@ -750,6 +775,17 @@ class MemoryBound:
     in_flight_gib: np.ndarray
     capacity_gib: float
 
+    def take(self, index: np.ndarray) -> MemoryBound:
+        return MemoryBound(states_gib=self.states_gib[..., index], rest_gib=self.rest_gib[..., index],
+                           in_flight_gib=self.in_flight_gib[..., index], capacity_gib=self.capacity_gib)
+
+    @staticmethod
+    def joined(parts: list[MemoryBound]) -> MemoryBound:
+        """The families of several bounds, one after the other."""
+        return MemoryBound(**{name: np.concatenate([getattr(p, name) for p in parts], axis=-1)
+                              for name in ("states_gib", "rest_gib", "in_flight_gib")},
+                           capacity_gib=parts[0].capacity_gib)
+
 
 def schedule_in_flight(num_layers: int, stages: np.ndarray, microbatches: np.ndarray,
                        schedules: list[tuple[int, int]]) -> np.ndarray:
@@ -807,18 +843,23 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     states, rest, per_mb = (x[..., run] for x in _memory_parts(
         model, cluster, training, arrays.take(first), zero_stages, recomputes, sequence_parallel,
         experts=False))
+    n = len(arrays)
     m = arrays.num_microbatches(training).astype(np.float64)
     stage, base = _relaxed_first(model, arrays)
-    blocks = stage.blocks
-    for k, z in enumerate(zero_stages):
-        held = expert_state_bytes(model, training, with_options(arrays, **{**base, "zero_stage": z}), blocks)
-        states[k] += (held.params + held.grads + held.optimizer) / GIB
-    for i, rc in enumerate(recomputes):
-        for j, sp in enumerate(sequence_parallel):
-            rep = with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
-            acts, comm, overhead, each = expert_rest_bytes(model, cluster, training, rep, stage, m, "first")
-            rest[i, j] += (acts + comm + overhead) / GIB
-            per_mb[i, j] += each / GIB
+    plain = with_options(arrays, **base)
+    # each ZeRO stage, then each (recomputation, sequence parallelism), stacked in one evaluation
+    local, folded = expert_shards(model, plain, stage.blocks)  # the same for every ZeRO stage
+    by_zero = _stacked([folded.with_columns(zero_stage=z) for z in zero_stages])
+    held = model_state_bytes(training, np.tile(local, len(zero_stages)), by_zero)
+    states += ((held.params + held.grads + held.optimizer) / GIB).reshape(len(zero_stages), n)
+    combos = _stacked([plain.with_columns(recompute=rc, sequence_parallel=sp)
+                       for rc in recomputes for sp in sequence_parallel])
+    k = len(recomputes) * len(sequence_parallel)
+    acts, comm, overhead, each = expert_rest_bytes(model, cluster, training, combos, _tiled(stage, k),
+                                                   np.tile(m, k), "first")
+    shape = (len(recomputes), len(sequence_parallel), n)
+    rest += ((acts + comm + overhead) / GIB).reshape(shape)
+    per_mb += (each / GIB).reshape(shape)
     return states, rest, per_mb
 
 
@@ -837,30 +878,22 @@ def _relaxed_first(model: Model, arrays: PlanArrays) -> tuple[StageShape, dict[s
 def _memory_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
                   zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool],
                   experts: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_memory_one_cp` row by row (the routed experts left out unless `experts`)."""
+    """`_memory_one_cp` row by row (the routed experts left out unless `experts`): every ZeRO stage,
+    then every (recomputation, sequence-parallel) setting, in one stacked evaluation each (a call
+    costs a fixed overhead that grows with the model; the values are each row's own)."""
     n = len(arrays)
     m = arrays.num_microbatches(training).astype(np.float64)
     first, base = _relaxed_first(model, arrays)
-    states = np.zeros((len(zero_stages), n))
-    units = unit_parts(model, training, with_options(arrays, **base), first)  # the same for every ZeRO stage
-    for k, z in enumerate(zero_stages):
-        held = state_bytes(model, training, with_options(arrays, **{**base, "zero_stage": z}), first, units,
-                           experts=experts)
-        states[k] = (held.params + held.grads + held.optimizer) / GIB
-    rest = np.zeros((len(recomputes), len(sequence_parallel), n))
-    per_mb = np.zeros((len(recomputes), len(sequence_parallel), n))
-    # the units' memory depends on recomputation only through selective recomputation's dropped
-    # activations (`memory.activation_bytes_per_layer`): "none" and "full" share them
-    shared: dict[tuple[bool, bool], list] = {(False, False): units}
-    selective = RECOMPUTE_CODE["selective"]
-    for i, rc in enumerate(recomputes):
-        for j, sp in enumerate(sequence_parallel):
-            rep = with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
-            key = (rc == selective, sp)
-            if key not in shared:
-                shared[key] = unit_parts(model, training, rep, first)
-            acts, comm, overhead, each = rest_bytes(model, cluster, training, rep, first, m, "first",
-                                                    shared[key], experts=experts)
-            rest[i, j] = (acts + comm + overhead) / GIB
-            per_mb[i, j] = each / GIB
-    return states, rest, per_mb
+    Z, k = len(zero_stages), len(recomputes) * len(sequence_parallel)
+    by_zero = _stacked([with_options(arrays, **{**base, "zero_stage": z}) for z in zero_stages])
+    first_z = _tiled(first, Z)
+    held = state_bytes(model, training, by_zero, first_z, unit_parts(model, training, by_zero, first_z),
+                       experts=experts)
+    states = ((held.params + held.grads + held.optimizer) / GIB).reshape(Z, n)
+    combos = _stacked([with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
+                       for rc in recomputes for sp in sequence_parallel])
+    first_k = _tiled(first, k)
+    acts, comm, overhead, each = rest_bytes(model, cluster, training, combos, first_k, np.tile(m, k), "first",
+                                            unit_parts(model, training, combos, first_k), experts=experts)
+    shape = (len(recomputes), len(sequence_parallel), n)
+    return states, ((acts + comm + overhead) / GIB).reshape(shape), (each / GIB).reshape(shape)

@@ -20,7 +20,7 @@ Parts:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -360,7 +360,7 @@ def rest_bytes(model: Model, cluster: Cluster, training: Training, arrays: PlanA
     # the pipeline's point-to-point pairs)
     communicators = sum((d > 1).astype(np.float64) for d in arrays.degrees().values())
     if model.is_moe and experts:
-        e_act, e_comms = _expert_activations(model, training, arrays)
+        e_act, e_comms = expert_activations(model, training, arrays)
         act_layer, communicators = act_layer + e_act, communicators + e_comms
     return _rest_terms(cluster, training, arrays, st, m, position, act_layer, layer_input, logits,
                        communicators, with_context=True)
@@ -371,7 +371,7 @@ def expert_rest_bytes(model: Model, cluster: Cluster, training: Training, arrays
     """The routed experts' share of `rest_bytes` (which is linear in the per-layer activations and the
     communicator count): `rest_bytes(..., experts=False)` plus this is `rest_bytes` (to rounding), so
     bounds can evaluate the rest once for grids that differ only in their expert degrees."""
-    e_act, e_comms = _expert_activations(model, training, arrays)
+    e_act, e_comms = expert_activations(model, training, arrays)
     return _rest_terms(cluster, training, arrays, st, m, position, e_act, 0.0, 0.0, e_comms,
                        with_context=False)
 
@@ -400,16 +400,22 @@ def expert_state_bytes(model: Model, training: Training, arrays: PlanArrays,
     """A stage's routed experts' (`perfmodels.experts`) weights, gradients and optimizer state, for
     `blocks` blocks: E / G_ep experts per MoE layer split over G_etp; ZeRO shards them over the
     expert-data ranks, as Megatron's distributed optimizer does."""
+    return model_state_bytes(training, *expert_shards(model, arrays, blocks))
+
+
+def expert_shards(model: Model, arrays: PlanArrays, blocks: np.ndarray) -> tuple[np.ndarray, PlanArrays]:
+    """(routed-expert parameters a rank holds on a stage of `blocks` blocks, the plans with G_data the
+    expert-data degree they are sharded over): what `model_state_bytes` takes for the experts, the
+    same for every ZeRO stage."""
     from perfmodels import experts
 
     deg = experts.expert_degrees(arrays)
     per_layer = experts.local_expert_params(model, arrays)
     local = np.asarray(blocks, dtype=np.float64) * model.moe_fraction * per_layer
-    folded = replace(arrays, G_data=deg["edp"])
-    return model_state_bytes(training, local, folded)
+    return local, arrays.with_columns(G_data=deg["edp"])
 
 
-def _expert_activations(model: Model, training: Training,
+def expert_activations(model: Model, training: Training,
                         arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
     """The routed experts' (k copies of each token) per-layer activations, averaged in by the share of
     MoE layers, and the experts' communicators."""

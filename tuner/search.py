@@ -138,6 +138,11 @@ FIRST_PAIRS = 500
 FIRST_CHUNK_PLANS = 3_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
 BOUND_CHUNK_PLANS = 80_000
+FLOOR_KEEPS = 0.8
+"""Once a memory floor check (`tuner.families.memory_floor`) keeps at least this share of the grids
+it looks at, the search expands the next grids without it: the pairs' memory bound drops the few
+that cannot fit at about the cost of checking them all first (a dense model's grids mostly fit; the
+cheapest-bound grids of a large mixture of experts mostly do not)."""
 
 
 ROW_TIME_MARGIN = 2e-5
@@ -434,6 +439,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     expanded = 0  # grids expanded into pairs, in `by_grid` order
     evaluated = valid = 0
     memory_skipped = time_skipped = 0
+    floor_pays = [True, 0]  # whether to check grids' memory floor first; how many checks so far
     grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
     while True:
         limit = best.threshold()
@@ -447,11 +453,17 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
         if not best.rows and len(open_families):
             next_grid = next_pair = np.inf  # dive: score the best families found so far to set a limit
         if next_grid <= min(next_pair, next_family):
-            # the next `grid_batch` grids in bound order that may fit in memory (`memory_floor`)
+            # the next `grid_batch` grids in bound order that may fit in memory (`memory_floor`); where
+            # nearly all do, the pairs' own memory bound drops the others as cheaply, so the search
+            # stops checking first
             chosen: list[np.ndarray] = []
             need = grid_batch
             while expanded < reach and need > 0:
-                subset = by_grid[expanded:min(reach, expanded + 2 * need)]
+                if not floor_pays[0]:
+                    chosen.append(by_grid[expanded:min(reach, expanded + need)])
+                    expanded += len(chosen[-1])
+                    break
+                subset = by_grid[expanded:min(reach, expanded + (need if not floor_pays[1] else 2 * need))]
                 fits, runnable = memory_floor(model, cluster, training, grids, table, subset)
                 cut = len(subset)
                 if runnable.sum() > need:  # the rest stay for a later round
@@ -460,6 +472,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
                 chosen.append(subset[:cut][runnable[:cut]])
                 need -= len(chosen[-1])
                 expanded += cut
+                floor_pays[1] += 1
+                floor_pays[0] = bool(runnable.mean() < FLOOR_KEEPS)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
             subset = np.concatenate(chosen)
             if not len(subset):

@@ -84,7 +84,7 @@ def test_expert_memory_hand_derived():
     arrays = from_plans([Plan(G_data=4, G_ep=2, G_etp=1)])
     blocks = np.array([2.0])
     states = memory.expert_state_bytes(TINY_MOE, BF16, arrays, blocks)
-    acts, comms = memory._expert_activations(TINY_MOE, BF16, arrays)
+    acts, comms = memory.expert_activations(TINY_MOE, BF16, arrays)
     local = 2 * 3 * 64 * 32 * 2
     assert states.params[0] + states.grads[0] + states.optimizer[0] == local * 16
     assert comms[0] == 2  # the ep and edp groups

@@ -415,7 +415,7 @@ def test_predict_many_with_the_plans_memory_given_predicts_the_same():
 def test_bound_parts_stack_their_entries_and_share_units_between_siblings():
     """`bounds.bound_parts` evaluates every (recomputation, sequence-parallel) entry in one stacked
     pass, and the collectives of grids that differ only in expert degrees once per group
-    (`bounds._events_by_siblings`): each entry's sums are those of its own rows counted alone, one
+    (`bounds._critical_comm`): each entry's sums are those of its own rows counted alone, one
     `traffic.comm_events` per row set (`siblings=False`)."""
     from perfmodels import bounds
     from perfmodels.plans import from_columns
