@@ -378,6 +378,38 @@ def _exhaustive(model: Model, cluster: Cluster, training: Training, options: Sea
     return _Outcome(evaluated=evaluated, valid=valid)
 
 
+class _GridOrder:
+    """The grids in the order of their bounds (ties by index, as a stable sort), sorted only as far as
+    the search reaches: a mixture of experts has tens of thousands of grids, of which it expands a
+    few thousand, and sorting them all costs about as much as a round of pairs. `order[:k]` are the
+    k cheapest, `bounds[:k]` their bounds less the slack."""
+
+    def __init__(self, bound_s: np.ndarray, first: int) -> None:
+        self._all = bound_s
+        self._cutoff = -np.inf  # every grid of bound <= this is in `order`
+        self.order = np.zeros(0, dtype=np.int64)
+        self.bounds = np.zeros(0)
+        self._sort(first)
+
+    def _sort(self, count: int) -> None:
+        n = len(self._all)
+        if count >= n:
+            self.order, self._cutoff = np.argsort(self._all, kind="stable"), np.inf
+        else:
+            self._cutoff = float(np.partition(self._all, count)[count])
+            idx = np.flatnonzero(self._all <= self._cutoff)
+            self.order = idx[np.lexsort((idx, self._all[idx]))]
+        self.bounds = self._all[self.order] * (1.0 - BOUND_SLACK)
+
+    def reach(self, limit: float, wanted: int) -> int:
+        """How many grids have a bound (less the slack) at or below `limit`, counting at least the
+        first `wanted` of them (sorting further where needed): the search asks again for more."""
+        while (limit >= self._cutoff * (1.0 - BOUND_SLACK) and np.isfinite(self._cutoff)
+               and len(self.order) < wanted):
+            self._sort(max(2 * len(self.order), wanted))
+        return int(np.searchsorted(self.bounds, limit, side="right"))
+
+
 class _Pool:
     """Items (pairs or families) of several batches, each with a lower bound, not yet expanded."""
 
@@ -433,8 +465,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
         return ok
 
     table = grid_table(model, cluster, training, grids, options, orders)
-    by_grid = np.argsort(table.bound_s, kind="stable")
-    grid_bounds = table.bound_s[by_grid] * (1.0 - BOUND_SLACK)
+    ordered = _GridOrder(table.bound_s, 2 * FIRST_GRIDS)
     pair_pool, family_pool = _Pool(), _Pool()
     expanded = 0  # grids expanded into pairs, in `by_grid` order
     evaluated = valid = 0
@@ -443,7 +474,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
     while True:
         limit = best.threshold()
-        reach = int(np.searchsorted(grid_bounds, limit, side="right"))
+        reach = ordered.reach(limit, expanded + 2 * grid_batch)
+        by_grid, grid_bounds = ordered.order, ordered.bounds
         open_pairs, open_families = pair_pool.open(limit), family_pool.open(limit)
         next_grid = grid_bounds[expanded] if expanded < reach else np.inf
         next_pair = pair_pool.bound[open_pairs[0]] if len(open_pairs) else np.inf
@@ -458,7 +490,11 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             # stops checking first
             chosen: list[np.ndarray] = []
             need = grid_batch
-            while expanded < reach and need > 0:
+            while need > 0:
+                reach = ordered.reach(limit, expanded + 2 * need)
+                by_grid = ordered.order
+                if expanded >= reach:
+                    break
                 if not floor_pays[0]:
                     chosen.append(by_grid[expanded:min(reach, expanded + need)])
                     expanded += len(chosen[-1])
