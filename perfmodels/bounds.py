@@ -88,7 +88,7 @@ from perfmodels.memory import (
 )
 from perfmodels.memory import in_flight as memory_in_flight
 from perfmodels.pipeline import p2p_transfers_on_critical_path
-from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, equal_runs
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, context_degrees, equal_runs
 from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import (
     FIRST_GATHER_SHARE,
@@ -173,7 +173,7 @@ def _rows(arrays: PlanArrays, idx: np.ndarray) -> PlanArrays:
 
 def _by_context_degree(arrays: PlanArrays, one):
     """Run `one(cp, index)` for each context-parallel degree of `arrays`; (index, result) pairs."""
-    return [(idx, one(int(cp), idx)) for cp in np.unique(arrays.G_cp)
+    return [(idx, one(int(cp), idx)) for cp in context_degrees(arrays)
             for idx in [np.flatnonzero(arrays.G_cp == cp)]]
 
 
@@ -186,7 +186,7 @@ def blocks_bound_s(model: Model, cluster: Cluster, training: Training, arrays: P
     memory, so recomputation that memory forces on a pair counts in its bound."""
     cluster, training = apply_constants(cluster, training)
     out = np.zeros((len(recomputes), len(sequence_parallel), len(arrays)))
-    for cp in np.unique(arrays.G_cp):
+    for cp in context_degrees(arrays):
         idx = np.flatnonzero(arrays.G_cp == cp)
         model_v, training_v, view = context.view(model, training, _rows(arrays, idx), int(cp))
         out[..., idx] = _grid_bound_one_cp(model_v, cluster, training_v, view, view, max_virtual[idx],
@@ -237,7 +237,7 @@ def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: P
     cluster, training = apply_constants(cluster, training)
     out = np.zeros(len(smallest))
     none = [RECOMPUTE_CODE["none"]]
-    for cp in np.unique(smallest.G_cp):
+    for cp in context_degrees(smallest):
         idx = np.flatnonzero(smallest.G_cp == cp)
         model_v, training_v, low = context.view(model, training, _rows(smallest, idx), int(cp))
         high = context.view(model, training, _rows(largest, idx), int(cp))[2]
@@ -274,21 +274,22 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     # every (recomputation, sequence-parallel) entry of `low` (and of `high`) in one stacked
     # evaluation: each call costs a fixed overhead that grows with the model
     combos = list(dict.fromkeys((first_of(rc), sp) for rc in recomputes for sp in sequence_parallel))
-    k = len(combos)
+    entries = [(arrays, rc, sp) for arrays in ([low] if high is low else [low, high]) for rc, sp in combos]
+    k = len(entries)
     shapes = [_tiled(blocks_only, k), _tiled(relaxed, k)]
-    for arrays in ([low] if high is low else [low, high]):
-        stacked = _stacked([with_options(arrays, recompute=rc, sequence_parallel=sp) for rc, sp in combos])
-        if siblings is not None:
-            first, run = siblings
-            groups = int(run.max()) + 1 if len(run) else 0
-            stacked_siblings = (np.concatenate([first + e * n for e in range(k)]),
-                                np.concatenate([run + e * groups for e in range(k)]))
-            results = _by_siblings(model, cluster, training, stacked, shapes, *stacked_siblings)
-        else:
-            results = [(c.fwd_s + c.bwd_s, c.recompute_s)
-                       for c in stage_computes(model, cluster, training, stacked, shapes)]
-        for e, (rc, sp) in enumerate(combos):
-            evaluated[(rc, sp, arrays is low)] = [tuple(_entry(x, e, n) for x in pair) for pair in results]
+    stacked = _stacked([with_options(arrays, recompute=rc, sequence_parallel=sp)
+                        for arrays, rc, sp in entries])
+    if siblings is not None:
+        first, run = siblings
+        groups = int(run.max()) + 1 if len(run) else 0
+        stacked_siblings = (np.concatenate([first + e * n for e in range(k)]),
+                            np.concatenate([run + e * groups for e in range(k)]))
+        results = _by_siblings(model, cluster, training, stacked, shapes, *stacked_siblings)
+    else:
+        results = [(c.fwd_s + c.bwd_s, c.recompute_s)
+                   for c in stage_computes(model, cluster, training, stacked, shapes)]
+    for e, (arrays, rc, sp) in enumerate(entries):
+        evaluated[(rc, sp, arrays is low)] = [tuple(_entry(x, e, n) for x in pair) for pair in results]
 
     def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
         """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
@@ -733,7 +734,7 @@ def _expert_geometry(model: Model, cluster: Cluster, training: Training, parts: 
     placed = replace(parts.plans, placement=orders[0], placements=tuple(orders),
                      placement_index=np.asarray(which))
     geo: dict[str, dict[str, np.ndarray]] = {}
-    for cp in np.unique(parts.plans.G_cp):
+    for cp in context_degrees(parts.plans):
         idx = np.flatnonzero(parts.plans.G_cp == cp)
         view = context.view(model, training, _rows(placed, idx), int(cp))[2]
         scatter_geometry(geo, experts.expert_geometry(view, cluster.gpus_per_node_used, int(cp)), idx, n)

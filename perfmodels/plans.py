@@ -131,6 +131,12 @@ class PlanArrays:
 _ARRAY_FIELDS = SCALAR_PLAN_FIELDS
 
 
+def context_degrees(arrays: PlanArrays) -> np.ndarray:
+    """The context-parallel degrees of `arrays`, ascending: a count per value, not a sort (a grid
+    table's column has tens of thousands of rows)."""
+    return np.flatnonzero(np.bincount(arrays.G_cp)) if len(arrays) else np.zeros(0, dtype=np.int64)
+
+
 def equal_runs(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(first row of each run of consecutive rows equal in every one of `columns`, each row's run):
     what the search evaluates once and spreads to the run's rows."""

@@ -46,7 +46,7 @@ from perfmodels.constants import apply_constants
 from perfmodels.layout import group_geometry, group_geometry_orders
 from perfmodels.memory import StageMemory, capacity_per_rank_gib, peak_memory
 from perfmodels.pipeline import bubble_s, p2p_transfers_on_critical_path
-from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, from_plans
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, context_degrees, from_plans
 from perfmodels.specs import (
     Cluster,
     MemoryBreakdown,
@@ -409,7 +409,7 @@ def predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pla
     plans' `memory_many`, where a caller already has it (used for plans without context
     parallelism, whose memory it is exactly)."""
     cluster, training = apply_constants(cluster, training)  # a calibrated profile's constants, if any
-    cps = np.unique(arrays.G_cp)
+    cps = context_degrees(arrays)
     if len(cps) == 1 and cps[0] == 1:
         return _predict_many(model, cluster, training, arrays, memory=memory)
     parts = []
@@ -618,7 +618,7 @@ def _predict_many(model: Model, cluster: Cluster, training: Training, arrays: Pl
 def memory_many(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays) -> StageMemory:
     """Only the memory part of `predict_many`: cheap enough to screen plans before timing them."""
     cluster, training = apply_constants(cluster, training)
-    cps = np.unique(arrays.G_cp)
+    cps = context_degrees(arrays)
     if not (len(cps) == 1 and cps[0] == 1):
         n = len(arrays)
         names = ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "comm_buffers_gib",
