@@ -76,7 +76,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from perfmodels.layout import order_strides
-from perfmodels.plans import PlanArrays
+from perfmodels.plans import PlanArrays, distinct_rows
 from perfmodels.specs import Cluster, Model, Training
 
 EXPERT_LOAD_IMBALANCE = 1.15
@@ -381,11 +381,29 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
     return local
 
 
+LAYER_COLUMNS = ("micro_batch_size", "G_intra_r", "G_ep", "G_etp", "sequence_parallel")
+DISTINCT_FROM = 4096
+"""Rows from which finding the distinct ones pays (below, numbering them costs what it saves)."""
+"""The plan columns `layer_compute` reads (tokens per rank, expert tensor parallelism, local experts)."""
+
+
 def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: object,
                   hbm_rate: float) -> tuple[np.ndarray, np.ndarray]:
     """(GEMM seconds, memory-bound seconds) of one MoE layer's router and routed experts per
     micro-batch forward on this rank, with the load imbalance (backward: twice the GEMMs and the
-    memory-bound passes, as for every block)."""
+    memory-bound passes, as for every block). For many rows, evaluated once per distinct combination
+    of `LAYER_COLUMNS` where that at least halves them (a mixture of experts' grid table repeats a
+    few hundred expert layouts over tens of thousands of grids), each row getting its own values."""
+    if len(arrays) >= DISTINCT_FROM:
+        some, which = distinct_rows([getattr(arrays, name) for name in LAYER_COLUMNS])
+        if len(some) * 2 <= len(arrays):
+            gemm, mem = _layer_compute(model, training, arrays.take(some), curve, hbm_rate)
+            return gemm[which], mem[which]
+    return _layer_compute(model, training, arrays, curve, hbm_rate)
+
+
+def _layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: object,
+                   hbm_rate: float) -> tuple[np.ndarray, np.ndarray]:
     from perfmodels.compute import gemm_time_s
 
     e = training.bytes_per_element

@@ -148,6 +148,27 @@ def equal_runs(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(change), np.cumsum(change) - 1
 
 
+def distinct_rows(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(a row of each distinct combination of values of `columns`, each row's combination), for
+    columns of small non-negative integers (degrees, micro-batch sizes, flags): each value numbered
+    by a count of the values present and the numbers combined, so no row is sorted (a column of the
+    grid table has tens of thousands of rows)."""
+    n = len(columns[0]) if len(columns) else 0
+    key = np.zeros(n, dtype=np.int64)
+    for col in columns:
+        col = np.asarray(col, dtype=np.int64)
+        present = np.bincount(col) > 0
+        number = np.cumsum(present) - 1  # each present value's number
+        key = key * int(present.sum()) + number[col]
+    slots = int(key.max(initial=-1)) + 1
+    some = np.full(slots, -1, dtype=np.int64)
+    some[key] = np.arange(n)  # any row of each combination: its rows agree in every column
+    used = np.flatnonzero(some >= 0)
+    which = np.empty(slots, dtype=np.int64)
+    which[used] = np.arange(len(used))
+    return some[used], which[key]
+
+
 def from_plans(plans: Sequence[Plan]) -> PlanArrays:
     if not plans:
         raise ValueError("from_plans needs at least one plan")

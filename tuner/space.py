@@ -132,8 +132,11 @@ def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.n
         keep = stage % (pairs[None, :, 0] * etp) == 0
         # G_etp=1 where the tensor-parallel size is 1 is the default again
         keep &= ~((pairs[None, :, 1] == 1) & (tp == 1) & (options.G_etp is None))
-    g, k = np.nonzero(keep)  # grid-major: each grid's pairs in a row
-    return np.concatenate([grids[g], pairs[k]], axis=1)
+    # grid-major: each grid's pairs in a row (its columns repeated, not gathered row by row)
+    out = np.empty((int(keep.sum()), grids.shape[1] + 2), dtype=np.int64)
+    out[:, : grids.shape[1]] = np.repeat(grids, keep.sum(axis=1), axis=0)
+    out[:, grids.shape[1]:] = pairs[np.nonzero(keep)[1]]
+    return out
 
 
 @dataclass(frozen=True)

@@ -452,3 +452,31 @@ def test_bound_parts_stack_their_entries_and_share_units_between_siblings():
         for key in got:
             assert np.allclose(got[key][0], want[key][0], rtol=1e-12)
             assert np.allclose(got[key][1], want[key][1], rtol=1e-12)
+
+
+def test_expert_layers_evaluated_once_per_distinct_layout():
+    """`experts.layer_compute` evaluates a large set of rows once per distinct combination of the
+    columns it reads (`plans.distinct_rows`, no sort): every row gets what it gets alone."""
+    from perfmodels import experts
+    from perfmodels.compute import gemm_curve, hbm_rate
+    from perfmodels.plans import distinct_rows, from_columns
+
+    model = presets.model("deepseek-v3")
+    cluster = presets.cluster("eos").with_gpus(4096)
+    training = Training(global_batch_size=4096)
+    rng = np.random.default_rng(3)
+    n = experts.DISTINCT_FROM + 500
+    cols = {"G_intra_r": rng.choice([1, 2, 4, 8], n), "G_ep": rng.choice([8, 16, 32, 64], n),
+            "G_etp": rng.choice([0, 1, 2], n), "micro_batch_size": rng.choice([1, 2, 4], n),
+            "sequence_parallel": rng.random(n) < 0.5, "G_data": rng.choice([4, 8, 16], n)}
+    arrays = from_columns(**cols)
+    some, which = distinct_rows([getattr(arrays, name) for name in experts.LAYER_COLUMNS])
+    keys = np.stack([np.asarray(getattr(arrays, name), dtype=np.int64) for name in experts.LAYER_COLUMNS],
+                    axis=1)
+    assert len(some) == len(np.unique(keys, axis=0)) < n // 2
+    assert np.array_equal(keys[some][which], keys)  # each row's combination is its own
+    curve, rate = gemm_curve(cluster, training), hbm_rate(cluster)
+    once = experts.layer_compute(model, training, arrays, curve, rate)
+    alone = experts._layer_compute(model, training, arrays, curve, rate)
+    for a, b in zip(once, alone):
+        assert np.array_equal(a, b)
