@@ -59,7 +59,12 @@ gradients + optimizer state, which depend on the ZeRO stage and not on the other
 activations, NCCL buffers and overhead, which depend on recomputation and sequence parallelism and
 grow with the micro-batches in flight, fewest under plain 1F1B (`memory.in_flight_layers`: min(m,
 G_inter) on the first stage, against m for GPipe and G_inter + (G_inter - 1) / v interleaved). Both
-are taken on the relaxed stage.
+are taken on the relaxed stage; `MemoryBound.in_flight_gib` is what each further micro-batch in flight
+adds, so a schedule's own count on its busiest stage (`schedule_in_flight`) tightens the bound per
+schedule. A mixture of experts' sibling rows share their units' memory (evaluated once per run) and
+differ in their routed experts' (`memory.expert_state_bytes`, `memory.expert_rest_bytes`, per row).
+At a grid's smallest micro-batch size the bound holds for all its sizes (activations grow with
+b min(m, in flight), b m fixed): the search's memory floor per grid (`tuner.families.memory_floor`).
 
 Nothing here is approximated: each bound is the model's own formula with terms dropped or taken at
 their smallest, and tests/tuner/test_bounded_search.py checks it against every plan of whole search
