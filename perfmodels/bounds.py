@@ -239,15 +239,25 @@ def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: P
                  largest: PlanArrays, max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
     """Seconds per step no plan of each grid can beat, under any micro-batch size between the
     `smallest` and the `largest` rows' (the same grids), placement or option (module docstring)."""
-    cluster, training = apply_constants(cluster, training)
-    out = np.zeros(len(smallest))
     none = [RECOMPUTE_CODE["none"]]
+    return grid_bounds_by_option(model, cluster, training, smallest, largest, max_virtual, none,
+                                 sequence_parallel).min(axis=(0, 1))
+
+
+def grid_bounds_by_option(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
+                          largest: PlanArrays, max_virtual: np.ndarray, recomputes: list[int],
+                          sequence_parallel: list[bool]) -> np.ndarray:
+    """(R, P, n): `grid_bound_s` of the plans with each recomputation and sequence-parallel setting:
+    where memory rules out the cheaper ones (no recomputation), a grid's bound is the least over
+    those that may fit."""
+    cluster, training = apply_constants(cluster, training)
+    out = np.zeros((len(recomputes), len(sequence_parallel), len(smallest)))
     for cp in context_degrees(smallest):
         idx = np.flatnonzero(smallest.G_cp == cp)
         model_v, training_v, low = context.view(model, training, _rows(smallest, idx), int(cp))
         high = context.view(model, training, _rows(largest, idx), int(cp))[2]
-        out[idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx], none,
-                                      sequence_parallel).min(axis=(0, 1))
+        out[..., idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx],
+                                           recomputes, sequence_parallel)
     return out
 
 

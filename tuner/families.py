@@ -26,12 +26,13 @@ from perfmodels.bounds import (
     blocks_bound_s,
     bound_parts,
     grid_bound_s,
+    grid_bounds_by_option,
     lower_bound_s,
     memory_bound,
     price_comm,
     schedule_in_flight,
 )
-from perfmodels.plans import SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
+from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
 from perfmodels.specs import Cluster, Model, Training
 from tuner.constraints import stack_runs_masks, stack_runs_options
 from tuner.space import (
@@ -243,7 +244,7 @@ def grid_plans(table: GridTable, subset: np.ndarray) -> np.ndarray:
 
 
 def memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
-                 subset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 subset: np.ndarray) -> GridFloor:
     """(whether any plan of each grid of `subset` may fit in memory, whether any the stack runs may):
     the memory bound (`perfmodels.bounds.memory_bound`) at the grid's smallest micro-batch size,
     which holds for every larger one (a stage's activations grow with b min(m, in flight) = min(b m,
@@ -253,13 +254,54 @@ def memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.n
     cheapest hold too few experts' shards or activations per GPU to fit."""
     # in grid order, so a mixture of experts' sibling grids come in runs the bound evaluates once
     order = np.argsort(subset, kind="stable")
-    fits, runnable = np.empty(len(subset), dtype=bool), np.empty(len(subset), dtype=bool)
-    fits[order], runnable[order] = _memory_floor(model, cluster, training, grids, table, subset[order])
-    return fits, runnable
+    fits, runnable, options = _memory_floor(model, cluster, training, grids, table, subset[order])
+    back = np.empty(len(subset), dtype=np.int64)
+    back[order] = np.arange(len(subset))
+    return GridFloor(fits=fits[back], runnable=runnable[back], options=options[..., back])
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridFloor:
+    """The memory floor of some grids (`memory_floor`), arrays over them (last axis)."""
+
+    fits: np.ndarray
+    """Whether any plan of the grid may fit in memory."""
+    runnable: np.ndarray
+    """Whether any plan the stack runs may."""
+    options: np.ndarray
+    """(R, P, n): which (recomputation, sequence-parallel) settings the stack runs may fit."""
+
+
+def forced_bounds(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
+                  subset: np.ndarray, floor: GridFloor) -> np.ndarray:
+    """The grids' bounds (`GridTable.bound_s`) raised where memory leaves no room without recomputation
+    at any micro-batch size (`memory_floor`): the least over the settings that may fit
+    (`perfmodels.bounds.grid_bounds_by_option`). Most grids of a large mixture of experts run only
+    with full recomputation, a third more compute than the table's bound counts."""
+    _, rc_opts, zero_opts, sp_opts = table.options
+    bound = table.bound_s[subset].copy()
+    none = rc_opts.index(RECOMPUTE_CODE["none"]) if RECOMPUTE_CODE["none"] in rc_opts else None
+    forced = np.flatnonzero(floor.runnable & (~floor.options[none].any(axis=0) if none is not None else True))
+    if not len(forced):
+        return bound
+    used = [i for i in range(len(rc_opts)) if floor.options[i][:, forced].any() and i != none]
+    if not used:
+        return bound
+    gi = subset[forced]
+    par = table.parent[gi]
+    zero = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
+    smallest = _representatives(grids, gi, table.pair_micro_batch[table.pair_start[par]], zero)
+    largest = _representatives(grids, gi, table.pair_micro_batch[table.pair_start[par + 1] - 1], zero)
+    v_max = _max_virtual(table.runs, np.asarray(table.options[0], dtype=np.int64))[par]
+    by_option = grid_bounds_by_option(model, cluster, training, smallest, largest, v_max,
+                                      [rc_opts[i] for i in used], [bool(x) for x in sp_opts])
+    least = np.min(np.where(floor.options[used][..., forced], by_option, np.inf), axis=(0, 1))
+    bound[forced] = np.maximum(bound[forced], least)
+    return bound
 
 
 def _memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
-                  subset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  subset: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     _, rc_opts, zero_opts, sp_opts = table.options
     sps = [bool(x) for x in sp_opts]
     par = table.parent[subset]
@@ -278,7 +320,9 @@ def _memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.
 
     fits = least(has_zero, np.ones((len(rc_opts), len(sps)), dtype=bool)) <= room
     runnable = least(has_zero & z_ok, rc_ok[:, None] & sp_ok[None, :]) <= room
-    return fits, runnable
+    states = np.min(np.where(has_zero & z_ok, mem.states_gib, np.inf), axis=0)
+    options = ((states + mem.rest_gib <= room) & rc_ok[:, None, None] & sp_ok[None, :, None])  # (R, P, n)
+    return fits, runnable, options
 
 
 def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,

@@ -38,6 +38,7 @@ from tuner.families import (
     BOUND_SLACK,
     expand,
     families,
+    forced_bounds,
     grid_plans,
     grid_table,
     memory_floor,
@@ -500,7 +501,11 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
                     expanded += len(chosen[-1])
                     break
                 subset = by_grid[expanded:min(reach, expanded + (need if not floor_pays[1] else 2 * need))]
-                fits, runnable = memory_floor(model, cluster, training, grids, table, subset)
+                floor = memory_floor(model, cluster, training, grids, table, subset)
+                fits, runnable = floor.fits, floor.runnable
+                if np.isfinite(limit):  # and those whose memory forces recomputation cannot win
+                    forced = forced_bounds(model, cluster, training, grids, table, subset, floor)
+                    runnable = runnable & (forced * (1.0 - BOUND_SLACK) <= limit)
                 cut = len(subset)
                 if runnable.sum() > need:  # the rest stay for a later round
                     cut = int(np.flatnonzero(runnable)[need - 1]) + 1
@@ -509,7 +514,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
                 need -= len(chosen[-1])
                 expanded += cut
                 floor_pays[1] += 1
-                floor_pays[0] = bool(runnable.mean() < FLOOR_KEEPS)
+                floor_pays[0] = bool(floor.runnable.mean() < FLOOR_KEEPS)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
             subset = np.concatenate(chosen)
             if not len(subset):

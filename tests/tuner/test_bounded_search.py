@@ -22,6 +22,7 @@ from perfmodels.bounds import (
     blocks_bound_s,
     bound_parts,
     grid_bound_s,
+    grid_bounds_by_option,
     lower_bound_s,
     memory_bound,
     schedule_in_flight,
@@ -109,6 +110,12 @@ def test_bounds_never_exceed_the_prediction(name):
                 if not len(idx):
                     continue
                 part = arrays.take(idx)
+                # the grid's bound at the plan's own recomputation and sequence-parallel setting (the
+                # search raises a grid's bound to it where memory rules out the cheaper settings)
+                forced = grid_bounds_by_option(
+                    model, cluster, training, with_options(part, micro_batch_size=1),
+                    with_options(part, micro_batch_size=largest[idx]), v[idx], [int(rc)], [bool(sp)])[0, 0]
+                assert (forced <= batch.iteration_time_s[idx] * (1 + 1e-9)).all()
                 parts = bound_parts(model, cluster, training, part, v[idx], [int(rc)], [bool(sp)])
                 bound = lower_bound_s(model, cluster, training, parts, part.placement)[0, 0]
                 t = batch.iteration_time_s[idx]
