@@ -226,7 +226,7 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
         par = parent[has]
         zero = np.where(grids[has, 0] > 1, max(zero_opts), 0)
         smallest = _representatives(grids, has, mb[start[par]], zero)
-        largest = _representatives(grids, has, mb[start[par + 1] - 1], zero)
+        largest = smallest.with_columns(micro_batch_size=mb[start[par + 1] - 1])  # the same grids
         v_max = _max_virtual(runs, sched)[par]
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
                                   [bool(x) for x in sp_opts])
@@ -397,6 +397,8 @@ def _max_virtual(runs: np.ndarray, sched: np.ndarray) -> np.ndarray:
 
 
 def _representatives(grids: np.ndarray, gi: np.ndarray, mb: np.ndarray, zero: np.ndarray) -> PlanArrays:
+    """The grids `gi` at micro-batch size `mb` and ZeRO stage `zero`, the other options at their
+    defaults."""
     columns = {name: grids[gi, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
     return from_columns(**columns, micro_batch_size=mb, zero_stage=zero)
 
