@@ -344,7 +344,8 @@ def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays) -> tuple[n
     if not model.is_moe:
         return None
     names = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "micro_batch_size")
-    first, run = equal_runs([getattr(arrays, name) for arrays in (low, high) for name in names])
+    sets = (low,) if high is low else (low, high)
+    first, run = equal_runs([getattr(arrays, name) for arrays in sets for name in names])
     return (first, run) if len(first) * 2 <= len(low) else None
 
 
@@ -791,17 +792,6 @@ class MemoryBound:
     in_flight_gib: np.ndarray
     capacity_gib: float
 
-    def take(self, index: np.ndarray) -> MemoryBound:
-        return MemoryBound(states_gib=self.states_gib[..., index], rest_gib=self.rest_gib[..., index],
-                           in_flight_gib=self.in_flight_gib[..., index], capacity_gib=self.capacity_gib)
-
-    @staticmethod
-    def joined(parts: list[MemoryBound]) -> MemoryBound:
-        """The families of several bounds, one after the other."""
-        return MemoryBound(**{name: np.concatenate([getattr(p, name) for p in parts], axis=-1)
-                              for name in ("states_gib", "rest_gib", "in_flight_gib")},
-                           capacity_gib=parts[0].capacity_gib)
-
 
 def schedule_in_flight(num_layers: int, stages: np.ndarray, microbatches: np.ndarray,
                        schedules: list[tuple[int, int]]) -> np.ndarray:
@@ -852,7 +842,7 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     first stage. A mixture of experts' rows that differ only in their expert degrees hold the same
     units: those are evaluated once per run of such siblings, and the routed experts' share
     (`memory.expert_state_bytes`, `memory.expert_rest_bytes`) per row."""
-    siblings = _expert_siblings(model, arrays, arrays)
+    siblings = _expert_siblings(model, arrays, arrays)  # one set of rows
     if siblings is None:
         return _memory_parts(model, cluster, training, arrays, zero_stages, recomputes, sequence_parallel)
     first, run = siblings

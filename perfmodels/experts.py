@@ -382,9 +382,9 @@ def add_events(ev: object, model: Model, training: Training, arrays: PlanArrays,
 
 
 LAYER_COLUMNS = ("micro_batch_size", "G_intra_r", "G_ep", "G_etp", "sequence_parallel")
+"""The plan columns `layer_compute` reads (tokens per rank, expert tensor parallelism, local experts)."""
 DISTINCT_FROM = 4096
 """Rows from which finding the distinct ones pays (below, numbering them costs what it saves)."""
-"""The plan columns `layer_compute` reads (tokens per rank, expert tensor parallelism, local experts)."""
 
 
 def layer_compute(model: Model, training: Training, arrays: PlanArrays, curve: object,

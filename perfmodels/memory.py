@@ -415,8 +415,7 @@ def expert_shards(model: Model, arrays: PlanArrays, blocks: np.ndarray) -> tuple
     return local, arrays.with_columns(G_data=deg["edp"])
 
 
-def expert_activations(model: Model, training: Training,
-                        arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+def expert_activations(model: Model, training: Training, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
     """The routed experts' (k copies of each token) per-layer activations, averaged in by the share of
     MoE layers, and the experts' communicators."""
     from perfmodels import experts

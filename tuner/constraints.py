@@ -322,8 +322,8 @@ def stack_runs_masks(training: Training, G_inter: np.ndarray, zero_stages: list[
     zero = np.stack([(int(z) in stack.zero_stages and int(z) in offered)
                      & rules.pipeline_zero(S, z, stack.pipeline_max_zero_stage)
                      for z in zero_stages])  # (Z, n)
-    modes = stack.launch_recomputes or tuple(RECOMPUTE_CODE)
-    rc = np.asarray([int(r) in {RECOMPUTE_CODE[m] for m in modes} for r in recomputes], dtype=bool)  # (R,)
+    runs = {RECOMPUTE_CODE[m] for m in stack.launch_recomputes or tuple(RECOMPUTE_CODE)}
+    rc = np.asarray([int(r) in runs for r in recomputes], dtype=bool)  # (R,)
     sp = np.asarray([stack.sequence_parallel or not x for x in sequence_parallel])  # (P,)
     return zero, rc, sp
 

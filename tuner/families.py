@@ -219,21 +219,37 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     sizes = np.bincount(pi, minlength=len(pg))
     start = np.concatenate([[0], np.cumsum(sizes)])
     runs = schedule_mask(pg[:, 1], sched_opts, model.depth, uneven)
-    sched = np.asarray(sched_opts, dtype=np.int64)
     bound = np.full(len(grids), np.inf)
     has = np.flatnonzero(sizes[parent] > 0)
     if len(has):
-        par = parent[has]
-        zero = np.where(grids[has, 0] > 1, max(zero_opts), 0)
-        smallest = _representatives(grids, has, mb[start[par]], zero)
-        largest = smallest.with_columns(micro_batch_size=mb[start[par + 1] - 1])  # the same grids
-        v_max = _max_virtual(runs, sched)[par]
+        smallest, largest, v_max = _extremes(grids, has, parent, mb, start, runs, lists)
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
                                   [bool(x) for x in sp_opts])
     children = np.bincount(parent, minlength=len(pg))
     return GridTable(bound_s=bound, parent=parent, counts=counts, runs=runs, placed=placed,
                      pair_micro_batch=mb, pair_start=start,
                      total_plans=int((children * counts * sizes * placed.sum(axis=0)).sum()), options=lists)
+
+
+def _extremes(grids: np.ndarray, gi: np.ndarray, parent: np.ndarray, pair_micro_batch: np.ndarray,
+              pair_start: np.ndarray, runs: np.ndarray,
+              options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+              ) -> tuple[PlanArrays, PlanArrays, np.ndarray]:
+    """The grids `gi` at their smallest and at their largest micro-batch size (their largest ZeRO
+    stage), and the most virtual stages their schedules run: what a grid's bounds take
+    (`GridTable`'s per-parent arrays)."""
+    sched_opts, _, zero_opts, _ = options
+    par = parent[gi]
+    zero = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
+    smallest = _representatives(grids, gi, pair_micro_batch[pair_start[par]], zero)
+    largest = smallest.with_columns(micro_batch_size=pair_micro_batch[pair_start[par + 1] - 1])
+    return smallest, largest, _max_virtual(runs, np.asarray(sched_opts, dtype=np.int64))[par]
+
+
+def _table_extremes(grids: np.ndarray, table: GridTable, gi: np.ndarray
+                    ) -> tuple[PlanArrays, PlanArrays, np.ndarray]:
+    return _extremes(grids, gi, table.parent, table.pair_micro_batch, table.pair_start, table.runs,
+                     table.options)
 
 
 def grid_plans(table: GridTable, subset: np.ndarray) -> np.ndarray:
@@ -243,33 +259,47 @@ def grid_plans(table: GridTable, subset: np.ndarray) -> np.ndarray:
     return table.counts[par] * sizes * table.placed[:, par].sum(axis=0)
 
 
-def memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
-                 subset: np.ndarray) -> GridFloor:
-    """(whether any plan of each grid of `subset` may fit in memory, whether any the stack runs may):
-    the memory bound (`perfmodels.bounds.memory_bound`) at the grid's smallest micro-batch size,
-    which holds for every larger one (a stage's activations grow with b min(m, in flight) = min(b m,
-    b G_inter), b m fixed). Weights and the rest are apart, so the least total is the least states
-    (over the ZeRO stages) plus the least rest (over recomputation and sequence parallelism). A
-    search checks it before it expands a grid: most grids of a large mixture of experts that bound
-    cheapest hold too few experts' shards or activations per GPU to fit."""
-    # in grid order, so a mixture of experts' sibling grids come in runs the bound evaluates once
-    order = np.argsort(subset, kind="stable")
-    fits, runnable, options = _memory_floor(model, cluster, training, grids, table, subset[order])
-    back = np.empty(len(subset), dtype=np.int64)
-    back[order] = np.arange(len(subset))
-    return GridFloor(fits=fits[back], runnable=runnable[back], options=options[..., back])
-
-
 @dataclass(frozen=True, kw_only=True)
 class GridFloor:
     """The memory floor of some grids (`memory_floor`), arrays over them (last axis)."""
 
     fits: np.ndarray
     """Whether any plan of the grid may fit in memory."""
-    runnable: np.ndarray
-    """Whether any plan the stack runs may."""
     options: np.ndarray
-    """(R, P, n): which (recomputation, sequence-parallel) settings the stack runs may fit."""
+    """(R, P, n): which (recomputation, sequence-parallel) settings the stack runs may fit, with some
+    ZeRO stage it runs."""
+    runnable: np.ndarray
+    """Whether any plan the stack runs may fit (any of `options`)."""
+
+
+def memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
+                 subset: np.ndarray) -> GridFloor:
+    """Whether any plan of each grid of `subset` may fit in memory, and with which settings the stack
+    runs: the memory bound (`perfmodels.bounds.memory_bound`) at the grid's smallest micro-batch size,
+    which holds for every larger one (a stage's activations grow with b min(m, in flight) = min(b m,
+    b G_inter), b m fixed). Weights and the rest are apart, so the least total is the least states
+    (over the ZeRO stages) plus the least rest (over recomputation and sequence parallelism). A
+    search checks it before it expands a grid: most grids of a large mixture of experts that bound
+    cheapest hold too few experts' shards or activations per GPU to fit."""
+    _, rc_opts, zero_opts, sp_opts = table.options
+    sps = [bool(x) for x in sp_opts]
+    # in grid order, so a mixture of experts' sibling grids come in runs the bound evaluates once
+    order = np.argsort(subset, kind="stable")
+    back = np.empty(len(subset), dtype=np.int64)
+    back[order] = np.arange(len(subset))
+    ordered = subset[order]
+    smallest = _table_extremes(grids, table, ordered)[0]
+    mem = memory_bound(model, cluster, training, smallest, zero_opts, rc_opts, sps)
+    g = grids[ordered]
+    room = mem.capacity_gib * (1.0 + BOUND_SLACK)
+    has_zero = np.asarray([(z == 0) | (g[:, 0] > 1) for z in zero_opts])  # (Z, n)
+    z_ok, rc_ok, sp_ok = stack_runs_masks(training, g[:, 1], zero_opts, rc_opts, sps)
+    least_rest = mem.rest_gib.min(axis=(0, 1))
+    fits = np.min(np.where(has_zero, mem.states_gib, np.inf), axis=0) + least_rest <= room
+    run_states = np.min(np.where(has_zero & z_ok, mem.states_gib, np.inf), axis=0)
+    options = (run_states + mem.rest_gib <= room) & rc_ok[:, None, None] & sp_ok[None, :, None]  # (R, P, n)
+    options = options[..., back]
+    return GridFloor(fits=fits[back], options=options, runnable=options.any(axis=(0, 1)))
 
 
 def forced_bounds(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
@@ -278,51 +308,21 @@ def forced_bounds(model: Model, cluster: Cluster, training: Training, grids: np.
     at any micro-batch size (`memory_floor`): the least over the settings that may fit
     (`perfmodels.bounds.grid_bounds_by_option`). Most grids of a large mixture of experts run only
     with full recomputation, a third more compute than the table's bound counts."""
-    _, rc_opts, zero_opts, sp_opts = table.options
+    _, rc_opts, _, sp_opts = table.options
     bound = table.bound_s[subset].copy()
-    none = rc_opts.index(RECOMPUTE_CODE["none"]) if RECOMPUTE_CODE["none"] in rc_opts else None
-    forced = np.flatnonzero(floor.runnable & (~floor.options[none].any(axis=0) if none is not None else True))
-    if not len(forced):
-        return bound
-    used = [i for i in range(len(rc_opts)) if floor.options[i][:, forced].any() and i != none]
+    none = RECOMPUTE_CODE["none"]
+    unforced = floor.options[rc_opts.index(none)].any(axis=0) if none in rc_opts else False
+    forced = np.flatnonzero(floor.runnable & ~unforced)
+    # the settings some forced grid may run (never "none": a forced grid has no room without it)
+    used = [i for i in range(len(rc_opts)) if floor.options[i][:, forced].any()]
     if not used:
         return bound
-    gi = subset[forced]
-    par = table.parent[gi]
-    zero = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
-    smallest = _representatives(grids, gi, table.pair_micro_batch[table.pair_start[par]], zero)
-    largest = _representatives(grids, gi, table.pair_micro_batch[table.pair_start[par + 1] - 1], zero)
-    v_max = _max_virtual(table.runs, np.asarray(table.options[0], dtype=np.int64))[par]
+    smallest, largest, v_max = _table_extremes(grids, table, subset[forced])
     by_option = grid_bounds_by_option(model, cluster, training, smallest, largest, v_max,
                                       [rc_opts[i] for i in used], [bool(x) for x in sp_opts])
     least = np.min(np.where(floor.options[used][..., forced], by_option, np.inf), axis=(0, 1))
     bound[forced] = np.maximum(bound[forced], least)
     return bound
-
-
-def _memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
-                  subset: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    _, rc_opts, zero_opts, sp_opts = table.options
-    sps = [bool(x) for x in sp_opts]
-    par = table.parent[subset]
-    zero = np.where(grids[subset, 0] > 1, max(zero_opts), 0)
-    smallest = _representatives(grids, subset, table.pair_micro_batch[table.pair_start[par]], zero)
-    grids = grids[subset]
-    mem = memory_bound(model, cluster, training, smallest, zero_opts, rc_opts, sps)
-    room = mem.capacity_gib * (1.0 + BOUND_SLACK)
-    has_zero = np.asarray([(z == 0) | (grids[:, 0] > 1) for z in zero_opts])  # (Z, n)
-    z_ok, rc_ok, sp_ok = stack_runs_masks(training, grids[:, 1], zero_opts, rc_opts, sps)
-
-    def least(z_mask: np.ndarray, rp_mask: np.ndarray) -> np.ndarray:
-        states = np.min(np.where(z_mask, mem.states_gib, np.inf), axis=0)
-        rest = np.min(np.where(rp_mask[:, :, None], mem.rest_gib, np.inf), axis=(0, 1))
-        return states + rest
-
-    fits = least(has_zero, np.ones((len(rc_opts), len(sps)), dtype=bool)) <= room
-    runnable = least(has_zero & z_ok, rc_ok[:, None] & sp_ok[None, :]) <= room
-    states = np.min(np.where(has_zero & z_ok, mem.states_gib, np.inf), axis=0)
-    options = ((states + mem.rest_gib <= room) & rc_ok[:, None, None] & sp_ok[None, :, None])  # (R, P, n)
-    return fits, runnable, options
 
 
 def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
@@ -473,16 +473,16 @@ def schedule_bounds(model: Model, cluster: Cluster, training: Training, fam: Fam
     return out
 
 
-def schedule_fits(model: Model, training: Training, grids: np.ndarray, fam: Families, rows: np.ndarray
-                  ) -> np.ndarray:
+def schedule_fits(model: Model, fam: Families, rows: np.ndarray) -> np.ndarray:
     """(F, schedules, Z, R, P): whether the memory bound of families `rows` leaves room for each
     schedule with each (ZeRO, recompute, sequence-parallel) choice: a schedule that holds more
     micro-batches in flight than plain 1F1B, or on a busier stage, adds their activations
     (`perfmodels.bounds.schedule_in_flight`), so an interleaved plan that cannot fit is not scored."""
-    sched_opts = fam.options[0]
-    g = grids[fam.grid[rows]]
-    m = np.maximum(training.global_batch_size // (g[:, 0] * g[:, 2]) // fam.micro_batch[rows], 1)
-    extra = schedule_in_flight(model.num_layers, g[:, 1], m, sched_opts).T  # (F, s)
+    parts = fam.parts
+    assert parts is not None  # a family exists only where its bound parts do
+    at = fam.part_row[rows]
+    extra = schedule_in_flight(model.num_layers, parts.plans.G_inter[at], parts.microbatches[at],
+                               fam.options[0]).T  # (F, s)
     pair = fam.pair[rows]
     spare = np.moveaxis(fam.spare_gib[..., pair], -1, 0)  # (F, Z, R, P)
     per_mb = np.moveaxis(fam.in_flight_gib[..., pair], -1, 0)  # (F, R, P)

@@ -471,7 +471,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     expanded = 0  # grids expanded into pairs, in `by_grid` order
     evaluated = valid = 0
     memory_skipped = time_skipped = 0
-    floor_pays = [True, 0]  # whether to check grids' memory floor first; how many checks so far
+    check_floor, floor_checks = True, 0  # whether to check grids' memory floor first; checks so far
     grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
     while True:
         limit = best.threshold()
@@ -496,11 +496,11 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
                 by_grid = ordered.order
                 if expanded >= reach:
                     break
-                if not floor_pays[0]:
+                if not check_floor:
                     chosen.append(by_grid[expanded:min(reach, expanded + need)])
                     expanded += len(chosen[-1])
                     break
-                subset = by_grid[expanded:min(reach, expanded + (need if not floor_pays[1] else 2 * need))]
+                subset = by_grid[expanded:min(reach, expanded + (2 * need if floor_checks else need))]
                 floor = memory_floor(model, cluster, training, grids, table, subset)
                 fits, runnable = floor.fits, floor.runnable
                 if np.isfinite(limit):  # and those whose memory forces recomputation cannot win
@@ -513,8 +513,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
                 chosen.append(subset[:cut][runnable[:cut]])
                 need -= len(chosen[-1])
                 expanded += cut
-                floor_pays[1] += 1
-                floor_pays[0] = bool(floor.runnable.mean() < FLOOR_KEEPS)
+                floor_checks += 1
+                check_floor = bool(floor.runnable.mean() < FLOOR_KEEPS)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
             subset = np.concatenate(chosen)
             if not len(subset):
@@ -535,7 +535,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             parts = []
             for fam, rows in family_pool.take(chunk):
                 part = expand(fam, rows, grids, limit, schedule_bounds(model, cluster, training, fam, rows),
-                              schedule_fits(model, training, grids, fam, rows))
+                              schedule_fits(model, fam, rows))
                 memory_skipped += part.skipped_memory
                 time_skipped += part.skipped_time
                 if part.columns is not None:
