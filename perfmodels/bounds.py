@@ -46,7 +46,7 @@ G_inter of them: below the average stage) x max(1, that floor / the busiest stag
 search takes its least over the options that fit in memory, so recomputation that memory forces
 counts. A mixture of experts' grids that differ only in their expert degrees hold the same units, so
 these bounds evaluate the units once per run of such siblings and the routed experts per row
-(`_by_siblings`; the search orders pairs by parent to make the runs).
+(`_entries_by_siblings`; the search orders pairs by parent to make the runs).
 The coarsest, `grid_bound_s`, holds for every micro-batch size and option of a grid too:
 a micro-batch's compute C(b) grows with its size b while the compute per sample C(b) / b does not
 (every GEMM, attention and element-wise term is a non-negative cost per row plus a non-negative cost
@@ -63,8 +63,9 @@ are taken on the relaxed stage; `MemoryBound.in_flight_gib` is what each further
 adds, so a schedule's own count on its busiest stage (`schedule_in_flight`) tightens the bound per
 schedule. A mixture of experts' sibling rows share their units' memory (evaluated once per run) and
 differ in their routed experts' (`memory.expert_state_bytes`, `memory.expert_rest_bytes`, per row).
-At a grid's smallest micro-batch size the bound holds for all its sizes (activations grow with
-b min(m, in flight), b m fixed): the search's memory floor per grid (`tuner.families.memory_floor`).
+The states alone (`states_bound`) hold for every micro-batch size, recomputation and schedule of a
+grid: a mixture of experts' grid table drops the grids whose states exceed the memory at every ZeRO
+stage the stack runs (`tuner.families.grid_table`).
 
 Nothing here is approximated: each bound is the model's own formula with terms dropped or taken at
 their smallest, and tests/tuner/test_bounded_search.py checks it against every plan of whole search
@@ -93,7 +94,14 @@ from perfmodels.memory import (
 )
 from perfmodels.memory import in_flight as memory_in_flight
 from perfmodels.pipeline import p2p_transfers_on_critical_path
-from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, context_degrees, equal_runs
+from perfmodels.plans import (
+    RECOMPUTE_CODE,
+    SCHEDULE_CODE,
+    PlanArrays,
+    context_degrees,
+    distinct_rows,
+    equal_runs,
+)
 from perfmodels.specs import SCALAR_PLAN_FIELDS, Cluster, Model, Training
 from perfmodels.steptime import (
     FIRST_GATHER_SHARE,
@@ -291,20 +299,17 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     combos = list(dict.fromkeys((first_of(rc), sp) for rc in recomputes for sp in sequence_parallel))
     entries = [(arrays, rc, sp) for arrays in ([low] if high is low else [low, high]) for rc, sp in combos]
     k = len(entries)
-    shapes = [_tiled(blocks_only, k), _tiled(relaxed, k)]
-    stacked = _stacked([with_options(arrays, recompute=rc, sequence_parallel=sp)
-                        for arrays, rc, sp in entries])
     if siblings is not None:
-        first, run = siblings
-        groups = int(run.max()) + 1 if len(run) else 0
-        stacked_siblings = (np.concatenate([first + e * n for e in range(k)]),
-                            np.concatenate([run + e * groups for e in range(k)]))
-        results = _by_siblings(model, cluster, training, stacked, shapes, *stacked_siblings)
+        per_entry = _entries_by_siblings(model, cluster, training, [low, high], entries,
+                                         [blocks_only, relaxed], *siblings)
     else:
-        results = [(c.fwd_s + c.bwd_s, c.recompute_s)
-                   for c in stage_computes(model, cluster, training, stacked, shapes)]
+        stacked = _stacked([with_options(arrays, recompute=rc, sequence_parallel=sp)
+                            for arrays, rc, sp in entries])
+        results = [(c.fwd_s + c.bwd_s, c.recompute_s) for c in stage_computes(
+            model, cluster, training, stacked, [_tiled(blocks_only, k), _tiled(relaxed, k)])]
+        per_entry = [[tuple(_entry(x, e, n) for x in pair) for pair in results] for e in range(k)]
     for e, (arrays, rc, sp) in enumerate(entries):
-        evaluated[(rc, sp, arrays is low)] = [tuple(_entry(x, e, n) for x in pair) for pair in results]
+        evaluated[(rc, sp, arrays is low)] = per_entry[e]
 
     def stage_seconds(arrays: PlanArrays, rc: int, sp: bool, head: bool) -> np.ndarray:
         """A micro-batch's compute on the relaxed stage (`head`) or of its blocks alone."""
@@ -349,28 +354,52 @@ def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays) -> tuple[n
     return (first, run) if len(first) * 2 <= len(low) else None
 
 
-def _by_siblings(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                 shapes: list[StageShape], first: np.ndarray, run: np.ndarray
-                 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(forward + backward, recomputation) seconds per micro-batch of each of `shapes` (blocks and LM
-    head alike for siblings; one recomputation for all rows): the units once per run of siblings
-    (grids that differ only in their expert degrees hold the same units), the routed experts per row
-    as `compute.stage_computes` adds them (moe_layers x the forward, twice it backward, the forward
-    again under full recomputation)."""
-    reps = arrays.take(first)
-    taken = [st.per_plan(lambda x: x[first]) for st in shapes]
-    curve, rate = gemm_curve(cluster, training), hbm_rate(cluster)
-    e_gemm, e_mem = experts.layer_compute(model, training, arrays, curve, rate)
-    e_fwd = e_gemm + e_mem
-    again = np.where(arrays.recompute == RECOMPUTE_CODE["full"], e_fwd, 0.0)
+def _entries_by_siblings(model: Model, cluster: Cluster, training: Training, row_sets: list[PlanArrays],
+                         entries: list[tuple[PlanArrays, int, bool]], shapes: list[StageShape],
+                         first: np.ndarray, run: np.ndarray) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """For each (rows, recomputation, sequence parallelism) of `entries` (`rows` one of `row_sets`,
+    the same grids at different micro-batch sizes) and each of `shapes` (blocks and LM head alike for
+    siblings), the (forward + backward, recomputation) seconds per micro-batch of each row: the units
+    once per run of siblings (grids that differ only in their expert degrees hold the same units),
+    every entry's first rows in one evaluation; the routed experts once per distinct expert layout
+    of all entries (`_routed_forward_s`), each row getting its own, added as
+    `compute.stage_computes` adds them (moe_layers x the forward, twice it backward, the forward
+    again under full recomputation). No entry's rows are stacked: a grid table has tens of
+    thousands."""
+    k, g = len(entries), len(first)
+    full = RECOMPUTE_CODE["full"]
+    reps = _stacked([with_options(rows.take(first), recompute=rc, sequence_parallel=sp)
+                     for rows, rc, sp in entries])
+    taken = [_tiled(st.per_plan(lambda x: x[first]), k) for st in shapes]
+    comps = stage_computes(model, cluster, training, reps, taken)
+    e_fwd = _routed_forward_s(model, cluster, training, row_sets, entries)
+    moe_layers = [np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction for st in shapes]
     out = []
-    for st, comp in zip(shapes, stage_computes(model, cluster, training, reps, taken)):
-        routed = np.asarray(comp.experts_fwd_s)
-        units = comp.fwd_s + comp.bwd_s - 3.0 * routed
-        units_again = comp.recompute_s - np.where(reps.recompute == RECOMPUTE_CODE["full"], routed, 0.0)
-        moe_layers = np.asarray(st.blocks, dtype=np.float64) * model.moe_fraction
-        out.append((units[run] + moe_layers * 3.0 * e_fwd, units_again[run] + moe_layers * again))
+    for e, (_, rc, _) in enumerate(entries):
+        at = slice(e * g, (e + 1) * g)
+        again = e_fwd[e] if rc == full else np.zeros(len(run))
+        pairs = []
+        for layers, comp in zip(moe_layers, comps):
+            routed = np.asarray(comp.experts_fwd_s)[at]
+            units = comp.fwd_s[at] + comp.bwd_s[at] - 3.0 * routed
+            units_again = comp.recompute_s[at] - (routed if rc == full else 0.0)
+            pairs.append((units[run] + layers * 3.0 * e_fwd[e], units_again[run] + layers * again))
+        out.append(pairs)
     return out
+
+
+def _routed_forward_s(model: Model, cluster: Cluster, training: Training, row_sets: list[PlanArrays],
+                      entries: list[tuple[PlanArrays, int, bool]]) -> list[np.ndarray]:
+    """One MoE layer's routed-expert forward seconds (`experts.layer_compute`, GEMM + memory-bound)
+    of each entry's rows at its sequence-parallel setting, evaluated once per distinct expert layout
+    over all entries (the layout columns `experts.LAYER_COLUMNS` of every row set)."""
+    columns = {id(c): c for rows in row_sets for name in experts.LAYER_COLUMNS
+               if name != "sequence_parallel" for c in [getattr(rows, name)]}
+    some, which = distinct_rows(list(columns.values()))
+    reps = _stacked([with_options(rows.take(some), sequence_parallel=sp) for rows, _, sp in entries])
+    gemm, mem = experts.layer_compute(model, training, reps, gemm_curve(cluster, training), hbm_rate(cluster))
+    fwd = (gemm + mem).reshape(len(entries), len(some))
+    return [f[which] for f in fwd]
 
 
 def bound_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
@@ -843,21 +872,17 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     units: those are evaluated once per run of such siblings, and the routed experts' share
     (`memory.expert_state_bytes`, `memory.expert_rest_bytes`) per row."""
     siblings = _expert_siblings(model, arrays, arrays)  # one set of rows
+    states = _states_one_cp(model, training, arrays, zero_stages, siblings)
     if siblings is None:
-        return _memory_parts(model, cluster, training, arrays, zero_stages, recomputes, sequence_parallel)
+        return (states, *_rest_parts(model, cluster, training, arrays, recomputes, sequence_parallel))
     first, run = siblings
-    states, rest, per_mb = (x[..., run] for x in _memory_parts(
-        model, cluster, training, arrays.take(first), zero_stages, recomputes, sequence_parallel,
-        experts=False))
+    rest, per_mb = (x[..., run] for x in _rest_parts(model, cluster, training, arrays.take(first), recomputes,
+                                                     sequence_parallel, experts=False))
     n = len(arrays)
     m = arrays.num_microbatches(training).astype(np.float64)
     stage, base = _relaxed_first(model, arrays)
     plain = with_options(arrays, **base)
-    # each ZeRO stage, then each (recomputation, sequence parallelism), stacked in one evaluation
-    local, folded = expert_shards(model, plain, stage.blocks)  # the same for every ZeRO stage
-    by_zero = _stacked([folded.with_columns(zero_stage=z) for z in zero_stages])
-    held = model_state_bytes(training, np.tile(local, len(zero_stages)), by_zero)
-    states += ((held.params + held.grads + held.optimizer) / GIB).reshape(len(zero_stages), n)
+    # each (recomputation, sequence parallelism) stacked in one evaluation
     combos = _stacked([plain.with_columns(recompute=rc, sequence_parallel=sp)
                        for rc in recomputes for sp in sequence_parallel])
     k = len(recomputes) * len(sequence_parallel)
@@ -867,6 +892,72 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     rest += ((acts + comm + overhead) / GIB).reshape(shape)
     per_mb += (each / GIB).reshape(shape)
     return states, rest, per_mb
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatesBound:
+    """`MemoryBound.states_gib` alone (weights, gradients and optimizer state per ZeRO stage), with
+    the capacity: more than the capacity rules a grid out whatever its activations."""
+
+    states_gib: np.ndarray
+    capacity_gib: float
+
+
+def states_bound(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
+                 zero_stages: list[int]) -> StatesBound:
+    """`memory_bound`'s states alone, (Z, n) GiB, the same values: what a search checks for every grid
+    of a mixture of experts before it bounds their time (`tuner.families.grid_table`). A grid's
+    states do not depend on its micro-batch size, recomputation or schedule, and the units' share is
+    evaluated once per run of sibling grids, the routed experts' once per expert layout
+    (`_expert_states_gib`), so this costs far less than the whole memory bound."""
+    cluster, training = apply_constants(cluster, training)
+
+    def one(cp: int, idx: np.ndarray) -> np.ndarray:
+        model_v, training_v, part = context.view(model, training, _rows(arrays, idx), cp)
+        return _states_one_cp(model_v, training_v, part, zero_stages, _expert_siblings(model_v, part, part))
+
+    states = np.zeros((len(zero_stages), len(arrays)))
+    for idx, s in _by_context_degree(arrays, one):
+        states[:, idx] = s
+    return StatesBound(states_gib=states, capacity_gib=capacity_per_rank_gib(cluster))
+
+
+def _states_one_cp(model: Model, training: Training, arrays: PlanArrays, zero_stages: list[int],
+                   siblings: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """(Z, n) states in GiB on the relaxed first stage (`_memory_one_cp`'s), the units once per run of
+    `siblings` (`_expert_siblings`) where given."""
+    if siblings is None:
+        return _states_parts(model, training, arrays, zero_stages)
+    first, run = siblings
+    states = _states_parts(model, training, arrays.take(first), zero_stages, experts=False)[:, run]
+    stage, base = _relaxed_first(model, arrays)
+    plain = with_options(arrays, **base)
+    return states + _expert_states_gib(model, training, plain, stage.blocks, zero_stages)
+
+
+_EXPERT_STATE_COLUMNS = ("G_inter", "G_ep", "expert_tp", "edp")
+"""What the routed experts' states of a row depend on (`memory.expert_shards`, `model_state_bytes`):
+its stage's blocks, the experts and shards it holds, the expert-data degree ZeRO shards them over."""
+
+
+def _expert_states_gib(model: Model, training: Training, arrays: PlanArrays, blocks: np.ndarray,
+                       zero_stages: list[int]) -> np.ndarray:
+    """(Z, n) GiB of the routed experts' weights, gradients and optimizer state per row at each ZeRO
+    stage (`memory.expert_state_bytes`), worked out once per distinct `_EXPERT_STATE_COLUMNS` where
+    that at least halves the rows (a grid table's tens of thousands of rows hold a few hundred)."""
+    n = len(arrays)
+    if n >= experts.DISTINCT_FROM:
+        degrees = experts.expert_degrees(arrays)
+        columns = {"G_inter": arrays.G_inter, "G_ep": degrees["ep"], "expert_tp": degrees["etp"],
+                   "edp": degrees["edp"]}
+        some, which = distinct_rows([columns[name] for name in _EXPERT_STATE_COLUMNS])
+        if len(some) * 2 <= n:
+            blocks = np.broadcast_to(np.asarray(blocks, dtype=np.float64), (n,))
+            return _expert_states_gib(model, training, arrays.take(some), blocks[some], zero_stages)[:, which]
+    local, folded = expert_shards(model, arrays, blocks)  # the same for every ZeRO stage
+    by_zero = _stacked([folded.with_columns(zero_stage=z) for z in zero_stages])
+    held = model_state_bytes(training, np.tile(local, len(zero_stages)), by_zero)
+    return ((held.params + held.grads + held.optimizer) / GIB).reshape(len(zero_stages), n)
 
 
 def _relaxed_first(model: Model, arrays: PlanArrays) -> tuple[StageShape, dict[str, int | bool]]:
@@ -881,25 +972,34 @@ def _relaxed_first(model: Model, arrays: PlanArrays) -> tuple[StageShape, dict[s
     return first, base
 
 
-def _memory_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                  zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool],
-                  experts: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_memory_one_cp` row by row (the routed experts left out unless `experts`): every ZeRO stage,
-    then every (recomputation, sequence-parallel) setting, in one stacked evaluation each (a call
-    costs a fixed overhead that grows with the model; the values are each row's own)."""
+def _states_parts(model: Model, training: Training, arrays: PlanArrays, zero_stages: list[int],
+                  experts: bool = True) -> np.ndarray:
+    """`_memory_one_cp`'s states row by row (the routed experts left out unless `experts`): every
+    ZeRO stage in one stacked evaluation (a call costs a fixed overhead that grows with the model)."""
+    n = len(arrays)
+    first, base = _relaxed_first(model, arrays)
+    Z = len(zero_stages)
+    plain = with_options(arrays, **base)
+    by_zero = _stacked([plain.with_columns(zero_stage=z) for z in zero_stages])
+    # the units' memory does not read the ZeRO stage: worked out once, its arrays repeated per stage
+    parts = [replace(p, **{f: np.tile(v, Z) for f, v in vars(p).items() if np.ndim(v)})
+             for p in unit_parts(model, training, plain, first)]
+    held = state_bytes(model, training, by_zero, _tiled(first, Z), parts, experts=experts)
+    return ((held.params + held.grads + held.optimizer) / GIB).reshape(Z, n)
+
+
+def _rest_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, recomputes: list[int],
+                sequence_parallel: list[bool], experts: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`_memory_one_cp`'s rest and each micro-batch in flight row by row (the routed experts left out
+    unless `experts`): every (recomputation, sequence-parallel) setting in one stacked evaluation."""
     n = len(arrays)
     m = arrays.num_microbatches(training).astype(np.float64)
     first, base = _relaxed_first(model, arrays)
-    Z, k = len(zero_stages), len(recomputes) * len(sequence_parallel)
-    by_zero = _stacked([with_options(arrays, **{**base, "zero_stage": z}) for z in zero_stages])
-    first_z = _tiled(first, Z)
-    held = state_bytes(model, training, by_zero, first_z, unit_parts(model, training, by_zero, first_z),
-                       experts=experts)
-    states = ((held.params + held.grads + held.optimizer) / GIB).reshape(Z, n)
+    k = len(recomputes) * len(sequence_parallel)
     combos = _stacked([with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
                        for rc in recomputes for sp in sequence_parallel])
     first_k = _tiled(first, k)
     acts, comm, overhead, each = rest_bytes(model, cluster, training, combos, first_k, np.tile(m, k), "first",
                                             unit_parts(model, training, combos, first_k), experts=experts)
     shape = (len(recomputes), len(sequence_parallel), n)
-    return states, ((acts + comm + overhead) / GIB).reshape(shape), (each / GIB).reshape(shape)
+    return ((acts + comm + overhead) / GIB).reshape(shape), (each / GIB).reshape(shape)

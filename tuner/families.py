@@ -26,13 +26,13 @@ from perfmodels.bounds import (
     blocks_bound_s,
     bound_parts,
     grid_bound_s,
-    grid_bounds_by_option,
     lower_bound_s,
     memory_bound,
     price_comm,
     schedule_in_flight,
+    states_bound,
 )
-from perfmodels.plans import RECOMPUTE_CODE, SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
+from perfmodels.plans import SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
 from perfmodels.specs import Cluster, Model, Training
 from tuner.constraints import stack_runs_masks, stack_runs_options
 from tuner.space import (
@@ -166,7 +166,8 @@ class GridTable:
     degrees share one (a dense model's grids are their own parents)."""
 
     bound_s: np.ndarray
-    """(grids,) seconds no plan of the grid can beat (inf: the grid expands into no plan)."""
+    """(grids,) seconds no plan of the grid can beat (inf: the grid expands into no plan the stack
+    runs that may fit in memory)."""
     parent: np.ndarray
     """(grids,) each grid's parent (index into the per-parent arrays below)."""
     counts: np.ndarray
@@ -180,6 +181,9 @@ class GridTable:
     """(parents + 1,): the micro-batch sizes of parent P's grids are
     pair_micro_batch[pair_start[P]:pair_start[P + 1]]."""
     total_plans: int
+    out_of_memory: int = 0
+    """Plans of the grids whose weights, gradients and optimizer state alone exceed the memory at
+    every ZeRO stage they have (`_states_floor`)."""
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
 
 
@@ -221,14 +225,47 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     runs = schedule_mask(pg[:, 1], sched_opts, model.depth, uneven)
     bound = np.full(len(grids), np.inf)
     has = np.flatnonzero(sizes[parent] > 0)
+    plans = counts * sizes * placed.sum(axis=0)  # (parents,) each grid's plans
+    out_of_memory = 0
     if len(has):
         smallest, largest, v_max = _extremes(grids, has, parent, mb, start, runs, lists)
+        if model.is_moe:
+            fits, runnable = _states_floor(model, cluster, training, smallest, lists)
+            out_of_memory = int(plans[parent[has[~fits]]].sum())
+            keep = np.flatnonzero(runnable)
+            # the largest rows from the smallest kept (their columns shared, as `_extremes` makes them)
+            has, smallest, v_max = has[keep], smallest.take(keep), v_max[keep]
+            largest = smallest.with_columns(micro_batch_size=largest.micro_batch_size[keep])
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
                                   [bool(x) for x in sp_opts])
     children = np.bincount(parent, minlength=len(pg))
     return GridTable(bound_s=bound, parent=parent, counts=counts, runs=runs, placed=placed,
-                     pair_micro_batch=mb, pair_start=start,
-                     total_plans=int((children * counts * sizes * placed.sum(axis=0)).sum()), options=lists)
+                     pair_micro_batch=mb, pair_start=start, total_plans=int((children * plans).sum()),
+                     out_of_memory=out_of_memory, options=lists)
+
+
+def _states_floor(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
+                  options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(whether the weights, gradients and optimizer state of each grid (`smallest`: a row of each)
+    may fit in memory at some ZeRO stage it has, and at some stage the stack runs):
+    `perfmodels.bounds.states_bound`, which every plan's memory holds whatever its activations
+    (`memory_floor` adds their least). Most of a large mixture of experts' grids hold too many
+    experts per GPU for that: checked for all of them at once, they are never bounded or expanded."""
+    _, rc_opts, zero_opts, sp_opts = options
+    states = states_bound(model, cluster, training, smallest, zero_opts)
+    sharded = smallest.G_data > 1  # a ZeRO stage above 0 shards over G_data
+    z_ok = stack_runs_masks(training, smallest.G_inter, zero_opts, rc_opts, [bool(x) for x in sp_opts])[0]
+    least = run = np.full(len(smallest), np.inf)
+    for i, z in enumerate(zero_opts):
+        held = states.states_gib[i] if z == 0 else np.where(sharded, states.states_gib[i], np.inf)
+        least = np.minimum(least, held)
+        if z_ok[i].all():
+            run = np.minimum(run, held)
+        elif z_ok[i].any():
+            run = np.minimum(run, np.where(z_ok[i], held, np.inf))
+    room = states.capacity_gib * (1.0 + BOUND_SLACK)
+    return least <= room, run <= room
 
 
 def _extremes(grids: np.ndarray, gi: np.ndarray, parent: np.ndarray, pair_micro_batch: np.ndarray,
@@ -244,85 +281,6 @@ def _extremes(grids: np.ndarray, gi: np.ndarray, parent: np.ndarray, pair_micro_
     smallest = _representatives(grids, gi, pair_micro_batch[pair_start[par]], zero)
     largest = smallest.with_columns(micro_batch_size=pair_micro_batch[pair_start[par + 1] - 1])
     return smallest, largest, _max_virtual(runs, np.asarray(sched_opts, dtype=np.int64))[par]
-
-
-def _table_extremes(grids: np.ndarray, table: GridTable, gi: np.ndarray
-                    ) -> tuple[PlanArrays, PlanArrays, np.ndarray]:
-    return _extremes(grids, gi, table.parent, table.pair_micro_batch, table.pair_start, table.runs,
-                     table.options)
-
-
-def grid_plans(table: GridTable, subset: np.ndarray) -> np.ndarray:
-    """How many plans each grid of `subset` expands into (every micro-batch size and placement)."""
-    par = table.parent[subset]
-    sizes = table.pair_start[par + 1] - table.pair_start[par]
-    return table.counts[par] * sizes * table.placed[:, par].sum(axis=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GridFloor:
-    """The memory floor of some grids (`memory_floor`), arrays over them (last axis)."""
-
-    fits: np.ndarray
-    """Whether any plan of the grid may fit in memory."""
-    options: np.ndarray
-    """(R, P, n): which (recomputation, sequence-parallel) settings the stack runs may fit, with some
-    ZeRO stage it runs."""
-    runnable: np.ndarray
-    """Whether any plan the stack runs may fit (any of `options`)."""
-
-
-def memory_floor(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
-                 subset: np.ndarray) -> GridFloor:
-    """Whether any plan of each grid of `subset` may fit in memory, and with which settings the stack
-    runs: the memory bound (`perfmodels.bounds.memory_bound`) at the grid's smallest micro-batch size,
-    which holds for every larger one (a stage's activations grow with b min(m, in flight) = min(b m,
-    b G_inter), b m fixed). Weights and the rest are apart, so the least total is the least states
-    (over the ZeRO stages) plus the least rest (over recomputation and sequence parallelism). A
-    search checks it before it expands a grid: most grids of a large mixture of experts that bound
-    cheapest hold too few experts' shards or activations per GPU to fit."""
-    _, rc_opts, zero_opts, sp_opts = table.options
-    sps = [bool(x) for x in sp_opts]
-    # in grid order, so a mixture of experts' sibling grids come in runs the bound evaluates once
-    order = np.argsort(subset, kind="stable")
-    back = np.empty(len(subset), dtype=np.int64)
-    back[order] = np.arange(len(subset))
-    ordered = subset[order]
-    smallest = _table_extremes(grids, table, ordered)[0]
-    mem = memory_bound(model, cluster, training, smallest, zero_opts, rc_opts, sps)
-    g = grids[ordered]
-    room = mem.capacity_gib * (1.0 + BOUND_SLACK)
-    has_zero = np.asarray([(z == 0) | (g[:, 0] > 1) for z in zero_opts])  # (Z, n)
-    z_ok, rc_ok, sp_ok = stack_runs_masks(training, g[:, 1], zero_opts, rc_opts, sps)
-    least_rest = mem.rest_gib.min(axis=(0, 1))
-    fits = np.min(np.where(has_zero, mem.states_gib, np.inf), axis=0) + least_rest <= room
-    run_states = np.min(np.where(has_zero & z_ok, mem.states_gib, np.inf), axis=0)
-    options = (run_states + mem.rest_gib <= room) & rc_ok[:, None, None] & sp_ok[None, :, None]  # (R, P, n)
-    options = options[..., back]
-    return GridFloor(fits=fits[back], options=options, runnable=options.any(axis=(0, 1)))
-
-
-def forced_bounds(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,
-                  subset: np.ndarray, floor: GridFloor) -> np.ndarray:
-    """The grids' bounds (`GridTable.bound_s`) raised where memory leaves no room without recomputation
-    at any micro-batch size (`memory_floor`): the least over the settings that may fit
-    (`perfmodels.bounds.grid_bounds_by_option`). Most grids of a large mixture of experts run only
-    with full recomputation, a third more compute than the table's bound counts."""
-    _, rc_opts, _, sp_opts = table.options
-    bound = table.bound_s[subset].copy()
-    none = RECOMPUTE_CODE["none"]
-    unforced = floor.options[rc_opts.index(none)].any(axis=0) if none in rc_opts else False
-    forced = np.flatnonzero(floor.runnable & ~unforced)
-    # the settings some forced grid may run (never "none": a forced grid has no room without it)
-    used = [i for i in range(len(rc_opts)) if floor.options[i][:, forced].any()]
-    if not used:
-        return bound
-    smallest, largest, v_max = _table_extremes(grids, table, subset[forced])
-    by_option = grid_bounds_by_option(model, cluster, training, smallest, largest, v_max,
-                                      [rc_opts[i] for i in used], [bool(x) for x in sp_opts])
-    least = np.min(np.where(floor.options[used][..., forced], by_option, np.inf), axis=(0, 1))
-    bound[forced] = np.maximum(bound[forced], least)
-    return bound
 
 
 def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray, table: GridTable,

@@ -38,10 +38,7 @@ from tuner.families import (
     BOUND_SLACK,
     expand,
     families,
-    forced_bounds,
-    grid_plans,
     grid_table,
-    memory_floor,
     merged_pairs,
     pairs,
     schedule_bounds,
@@ -139,13 +136,6 @@ FIRST_PAIRS = 500
 FIRST_CHUNK_PLANS = 3_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
 BOUND_CHUNK_PLANS = 80_000
-FLOOR_KEEPS = 0.8
-"""Once a memory floor check (`tuner.families.memory_floor`) keeps at least this share of the grids
-it looks at, the search expands the next grids without it: the pairs' memory bound drops the few
-that cannot fit at about the cost of checking them all first (a dense model's grids mostly fit; the
-cheapest-bound grids of a large mixture of experts mostly do not)."""
-
-
 ROW_TIME_MARGIN = 2e-5
 """Relative margin above the k-th row's time within which a plan could still fold into a row: rows
 merge plans whose times agree to 6 significant digits (`_merge_placements`)."""
@@ -470,8 +460,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     pair_pool, family_pool = _Pool(), _Pool()
     expanded = 0  # grids expanded into pairs, in `by_grid` order
     evaluated = valid = 0
-    memory_skipped = time_skipped = 0
-    check_floor, floor_checks = True, 0  # whether to check grids' memory floor first; checks so far
+    memory_skipped, time_skipped = table.out_of_memory, 0
     grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
     while True:
         limit = best.threshold()
@@ -486,39 +475,12 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
         if not best.rows and len(open_families):
             next_grid = next_pair = np.inf  # dive: score the best families found so far to set a limit
         if next_grid <= min(next_pair, next_family):
-            # the next `grid_batch` grids in bound order that may fit in memory (`memory_floor`); where
-            # nearly all do, the pairs' own memory bound drops the others as cheaply, so the search
-            # stops checking first
-            chosen: list[np.ndarray] = []
-            need = grid_batch
-            while need > 0:
-                reach = ordered.reach(limit, expanded + 2 * need)
-                by_grid = ordered.order
-                if expanded >= reach:
-                    break
-                if not check_floor:
-                    chosen.append(by_grid[expanded:min(reach, expanded + need)])
-                    expanded += len(chosen[-1])
-                    break
-                subset = by_grid[expanded:min(reach, expanded + (2 * need if floor_checks else need))]
-                floor = memory_floor(model, cluster, training, grids, table, subset)
-                fits, runnable = floor.fits, floor.runnable
-                if np.isfinite(limit):  # and those whose memory forces recomputation cannot win
-                    forced = forced_bounds(model, cluster, training, grids, table, subset, floor)
-                    runnable = runnable & (forced * (1.0 - BOUND_SLACK) <= limit)
-                cut = len(subset)
-                if runnable.sum() > need:  # the rest stay for a later round
-                    cut = int(np.flatnonzero(runnable)[need - 1]) + 1
-                memory_skipped += int(grid_plans(table, subset[:cut][~fits[:cut]]).sum())
-                chosen.append(subset[:cut][runnable[:cut]])
-                need -= len(chosen[-1])
-                expanded += cut
-                floor_checks += 1
-                check_floor = bool(floor.runnable.mean() < FLOOR_KEEPS)
+            # the next `grid_batch` grids in bound order (a mixture of experts' grids whose states
+            # cannot fit are bounded at infinity by the table, `tuner.families.grid_table`; the pairs'
+            # own memory bound drops the few others that cannot fit)
+            subset = by_grid[expanded:min(reach, expanded + grid_batch)]
+            expanded += len(subset)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
-            subset = np.concatenate(chosen)
-            if not len(subset):
-                continue
             pr = pairs(model, cluster, training, grids, table, subset, screen)
             memory_skipped += pr.out_of_memory
             pair_pool.add(pr, pr.bound_s, pr.plans * pr.placements)
