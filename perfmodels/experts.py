@@ -262,19 +262,21 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     for name in ("etp", "ep", "edp"):
         p = deg[name].astype(np.int64)
         s = stride
-        # a group is `a` members at stride s inside a block, repeated `outer` times a block apart
-        within = s * p <= inner
-        a = np.where(within, p, np.where(s >= inner, 1, np.maximum(inner // s, 1)))
-        outer = np.maximum(p // np.maximum(a, 1), 1)
-        outer_stride = np.where(s >= inner, (s // np.maximum(inner, 1)) * block_stride, block_stride)
-        intra = np.where(outer > 1, (outer * outer_stride <= n) & (n % (outer * outer_stride) == 0),
-                         (s * p <= n) & (n % np.maximum(s * p, 1) == 0))
-        q_inner = np.minimum(a, np.clip(n // np.maximum(s, 1), 1, None))
-        blocks_per_node = np.minimum(outer, np.clip(n // np.maximum(outer_stride, 1), 1, None))
+        # a group is `a` members at stride s inside a block, repeated `outer` times a block apart (every
+        # degree, stride and block is at least 1)
+        span = s * p
+        past = s >= inner
+        a = np.where(span <= inner, p, np.where(past, 1, np.maximum(inner // s, 1)))
+        outer = np.maximum(p // a, 1)
+        outer_stride = np.where(past, (s // inner) * block_stride, block_stride)
+        reach = outer * outer_stride
+        intra = np.where(outer > 1, (reach <= n) & (n % reach == 0), (span <= n) & (n % span == 0))
+        q_inner = np.minimum(a, np.maximum(n // s, 1))
+        blocks_per_node = np.minimum(outer, np.maximum(n // outer_stride, 1))
         q = np.where(outer_stride < n, q_inner * blocks_per_node, q_inner)
         q = np.where(intra, p, np.minimum(q, p))
-        out[name] = {"size": p, "stride": s.copy(), "members_per_node": q, "intra": intra | (p == 1)}
-        stride = s * p
+        out[name] = {"size": p, "stride": s, "members_per_node": q, "intra": intra | (p == 1)}
+        stride = span
     return out
 
 

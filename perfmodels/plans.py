@@ -56,15 +56,27 @@ class PlanArrays:
     def degrees(self) -> dict[str, np.ndarray]:
         return {axis: getattr(self, name) for axis, name in AXIS_FIELDS.items()}
 
+    def _derived(self, name: str, compute) -> np.ndarray:
+        """A column derived from others, kept with these plans (read-only) until `with_columns`
+        replaces one it reads (`_DERIVED_FROM`): a mixture of experts' bounds read the same ones
+        over and over."""
+        cache = self.__dict__.setdefault("_derived_columns", {})
+        value = cache.get(name)
+        if value is None:
+            value = cache[name] = compute()
+            value.setflags(write=False)
+        return value
+
     @property
     def world_size(self) -> np.ndarray:
         """Ranks of each plan: the product of its six degrees (G_ep and G_etp re-divide a stage)."""
-        return self.G_data * self.G_inter * self.G_intra_d * self.G_intra_r * self.G_intra_c * self.G_cp
+        return self._derived("world_size", lambda: self.G_data * self.G_inter * self.G_intra_d
+                             * self.G_intra_r * self.G_intra_c * self.G_cp)
 
     @property
     def expert_tp(self) -> np.ndarray:
         """G_etp resolved: 0 (the Plan's None) is Megatron-Core's default, the tensor-parallel size."""
-        return np.where(self.G_etp > 0, self.G_etp, self.G_intra_r)
+        return self._derived("expert_tp", lambda: np.where(self.G_etp > 0, self.G_etp, self.G_intra_r))
 
     def num_microbatches(self, training: Training) -> np.ndarray:
         """Micro-batches per optimizer step on each (data, depth) replica."""
@@ -96,6 +108,10 @@ class PlanArrays:
         its per-field argument handling, which the search's bounds call thousands of times."""
         out = object.__new__(PlanArrays)
         out.__dict__.update(self.__dict__)
+        derived = self.__dict__.get("_derived_columns")
+        if derived:  # keep what the replaced columns do not change
+            out.__dict__["_derived_columns"] = {k: v for k, v in derived.items()
+                                                if not _DERIVED_FROM[k] & columns.keys()}
         n = len(self)
         for name, value in columns.items():
             if name not in _ARRAY_FIELDS:
@@ -129,6 +145,11 @@ class PlanArrays:
 
 
 _ARRAY_FIELDS = SCALAR_PLAN_FIELDS
+_DERIVED_FROM = {
+    "world_size": frozenset({"G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp"}),
+    "expert_tp": frozenset({"G_etp", "G_intra_r"}),
+}
+"""The columns each of `PlanArrays`' derived columns reads."""
 
 
 def context_degrees(arrays: PlanArrays) -> np.ndarray:

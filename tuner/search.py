@@ -464,8 +464,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
     while True:
         limit = best.threshold()
-        reach = ordered.reach(limit, expanded + 2 * grid_batch)
-        by_grid, grid_bounds = ordered.order, ordered.bounds
+        reach = ordered.reach(limit, expanded + 1)  # sorted further only as far as a round takes
+        grid_bounds = ordered.bounds
         open_pairs, open_families = pair_pool.open(limit), family_pool.open(limit)
         next_grid = grid_bounds[expanded] if expanded < reach else np.inf
         next_pair = pair_pool.bound[open_pairs[0]] if len(open_pairs) else np.inf
@@ -478,7 +478,8 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
             # the next `grid_batch` grids in bound order (a mixture of experts' grids whose states
             # cannot fit are bounded at infinity by the table, `tuner.families.grid_table`; the pairs'
             # own memory bound drops the few others that cannot fit)
-            subset = by_grid[expanded:min(reach, expanded + grid_batch)]
+            reach = ordered.reach(limit, expanded + grid_batch)
+            subset = ordered.order[expanded:min(reach, expanded + grid_batch)]
             expanded += len(subset)
             grid_batch *= 2  # each round costs a fixed overhead: fewer, larger ones as the search goes on
             pr = pairs(model, cluster, training, grids, table, subset, screen)
