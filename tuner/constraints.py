@@ -360,7 +360,8 @@ def expert_weights_fit(model: Model, cluster: Cluster, training: Training, cols:
 
 
 EXPERT_GRID_CONSTRAINTS = (expert_weights_fit,)
-"""Applied to grids once their expert degrees are set (`tuner.space.expert_rows`)."""
+"""Applied to grids once their expert degrees are set, on columns of shape (grids, expert pairs)
+before the rows are made (`tuner.search._valid_grids`): element-wise rules only."""
 GRID_CONSTRAINTS = (heads_split, query_groups_split, hidden_split, batch_split, context_split, enough_layers)
 """Applied to the degree grids before anything else; `enough_layers` with one virtual stage (no
 schedule puts fewer than one block on a stage), again per schedule in PLAN_CONSTRAINTS."""

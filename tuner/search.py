@@ -49,7 +49,8 @@ from tuner.space import (
     GRID_COLUMNS,
     cp_options,
     expand_options,
-    expert_rows,
+    expert_candidates,
+    expert_table,
     grid_rows,
     placements,
 )
@@ -90,14 +91,22 @@ def _valid_grids(model: Model, cluster: Cluster, training: Training, options: Se
     for fn in C.GRID_CONSTRAINTS:
         alive = pruned.apply(fn(model, cluster, training, gcols), alive)
     looked_at = len(alive)
-    grids = expert_rows(model, grids[alive], options)  # + G_ep, G_etp (one pair for a dense model)
+    grids = grids[alive]
+    pairs, keep = expert_candidates(model, grids, options)  # + G_ep, G_etp (one pair for a dense model)
     if model.is_moe and len(grids):
-        ecols = {name: grids[:, j] for j, name in enumerate((*GRID_COLUMNS, *EXPERT_COLUMNS))}
-        looked_at += len(grids) - int(alive.sum())
-        keep = np.ones(len(grids), dtype=bool)
+        looked_at += int(keep.sum()) - len(grids)
+        # the expert rules on every (grid, expert pair) before any row is made: columns broadcast to
+        # (grids, pairs), the rules' masks and examples read back flat
+        shape = keep.shape
+        ecols = {name: np.broadcast_to(grids[:, j, None], shape) for j, name in enumerate(GRID_COLUMNS)}
+        ecols.update(G_ep=np.broadcast_to(pairs[:, 0], shape), G_etp=np.broadcast_to(pairs[:, 1], shape))
+        flat = keep.ravel()
         for fn in C.EXPERT_GRID_CONSTRAINTS:
-            keep = pruned.apply(fn(model, cluster, training, ecols), keep)
-        grids = grids[keep]
+            rej = fn(model, cluster, training, ecols)
+            flat = pruned.apply(C.Rejection(np.broadcast_to(rej.mask, shape).ravel(), rej.reason,
+                                            lambda i, rej=rej: rej.example(np.unravel_index(i, shape))), flat)
+        keep = flat.reshape(shape)
+    grids = expert_table(grids, pairs, keep)
     return grids, looked_at
 
 

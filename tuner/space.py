@@ -116,6 +116,13 @@ def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.n
     """The grids (six degree columns) with a G_ep and a G_etp column: (1, 0) for a dense model
     unless pinned, else every (G_ep, G_etp) pair of the search (see the module docstring), each
     grid's pairs in a row (`tuner.families.grid_parents` relies on it)."""
+    return expert_table(grids, *expert_candidates(model, grids, options))
+
+
+def expert_candidates(model: Model, grids: np.ndarray, options: SearchOptions
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """((P, 2) the (G_ep, G_etp) pairs of the search, (grids, P) which pairs each grid may take):
+    `expert_rows` before its rows are made, so rules can drop some first (`expert_table`)."""
     if not model.is_moe:
         eps = options.G_ep or (1,)
         etps = options.G_etp or (0,)
@@ -132,10 +139,15 @@ def expert_rows(model: Model, grids: np.ndarray, options: SearchOptions) -> np.n
         keep = stage % (pairs[None, :, 0] * etp) == 0
         # G_etp=1 where the tensor-parallel size is 1 is the default again
         keep &= ~((pairs[None, :, 1] == 1) & (tp == 1) & (options.G_etp is None))
-    # grid-major: each grid's pairs in a row (its columns repeated, not gathered row by row)
+    return pairs, keep
+
+
+def expert_table(grids: np.ndarray, pairs: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The rows of `expert_rows` that `keep` (grids, pairs) holds: grid-major, each grid's pairs in a
+    row (its columns repeated, not gathered row by row)."""
     out = np.empty((int(keep.sum()), grids.shape[1] + 2), dtype=np.int64)
     out[:, : grids.shape[1]] = np.repeat(grids, keep.sum(axis=1), axis=0)
-    out[:, grids.shape[1]:] = pairs[np.nonzero(keep)[1]]
+    out[:, grids.shape[1]:] = pairs[np.flatnonzero(keep) % len(pairs)]
     return out
 
 
