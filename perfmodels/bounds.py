@@ -842,14 +842,18 @@ def schedule_in_flight(num_layers: int, stages: np.ndarray, microbatches: np.nda
 
 
 def memory_bound(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                 zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool]) -> MemoryBound:
+                 zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool],
+                 states_gib: np.ndarray | None = None) -> MemoryBound:
     """The memory bound of families given as one row each (grid and micro-batch size; the other
-    option columns are ignored)."""
+    option columns are ignored). `states_gib`: the rows' states where already known
+    (`states_bound` of their grids: the states do not depend on the micro-batch size)."""
     cluster, training = apply_constants(cluster, training)
 
     def one(cp: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         model_v, training_v, part = context.view(model, training, _rows(arrays, idx), cp)
-        return _memory_one_cp(model_v, cluster, training_v, part, zero_stages, recomputes, sequence_parallel)
+        known = None if states_gib is None else states_gib[:, idx]
+        return _memory_one_cp(model_v, cluster, training_v, part, zero_stages, recomputes, sequence_parallel,
+                              known)
 
     pieces = _by_context_degree(arrays, one)
     n = len(arrays)
@@ -865,14 +869,15 @@ def memory_bound(model: Model, cluster: Cluster, training: Training, arrays: Pla
 
 
 def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                   zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool]
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   zero_stages: list[int], recomputes: list[int], sequence_parallel: list[bool],
+                   states: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(states (Z, n), rest (R, P, n), each micro-batch in flight (R, P, n)) in GiB on the relaxed
     first stage. A mixture of experts' rows that differ only in their expert degrees hold the same
     units: those are evaluated once per run of such siblings, and the routed experts' share
     (`memory.expert_state_bytes`, `memory.expert_rest_bytes`) per row."""
     siblings = _expert_siblings(model, arrays, arrays)  # one set of rows
-    states = _states_one_cp(model, training, arrays, zero_stages, siblings)
+    if states is None:
+        states = _states_one_cp(model, training, arrays, zero_stages, siblings)
     if siblings is None:
         return (states, *_rest_parts(model, cluster, training, arrays, recomputes, sequence_parallel))
     first, run = siblings

@@ -184,6 +184,10 @@ class GridTable:
     out_of_memory: int = 0
     """Plans of the grids whose weights, gradients and optimizer state alone exceed the memory at
     every ZeRO stage they have (`_states_floor`)."""
+    states_gib: np.ndarray | None = None
+    """(ZeRO stages, grids) those states where the table worked them out (a mixture of experts' grids
+    the search may expand), which the pairs' memory bound reuses (they hold for every micro-batch
+    size)."""
     options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
 
 
@@ -227,12 +231,15 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     has = np.flatnonzero(sizes[parent] > 0)
     plans = counts * sizes * placed.sum(axis=0)  # (parents,) each grid's plans
     out_of_memory = 0
+    states_gib = None
     if len(has):
         smallest, largest, v_max = _extremes(grids, has, parent, mb, start, runs, lists)
         if model.is_moe:
-            fits, runnable = _states_floor(model, cluster, training, smallest, lists)
+            held, fits, runnable = _states_floor(model, cluster, training, smallest, lists)
             out_of_memory = int(plans[parent[has[~fits]]].sum())
             keep = np.flatnonzero(runnable)
+            states_gib = np.full((len(zero_opts), len(grids)), np.nan)
+            states_gib[:, has[keep]] = held[:, keep]
             # the largest rows from the smallest kept (their columns shared, as `_extremes` makes them)
             has, smallest, v_max = has[keep], smallest.take(keep), v_max[keep]
             largest = smallest.with_columns(micro_batch_size=largest.micro_batch_size[keep])
@@ -241,14 +248,14 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     children = np.bincount(parent, minlength=len(pg))
     return GridTable(bound_s=bound, parent=parent, counts=counts, runs=runs, placed=placed,
                      pair_micro_batch=mb, pair_start=start, total_plans=int((children * plans).sum()),
-                     out_of_memory=out_of_memory, options=lists)
+                     out_of_memory=out_of_memory, states_gib=states_gib, options=lists)
 
 
 def _states_floor(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
                   options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(whether the weights, gradients and optimizer state of each grid (`smallest`: a row of each)
-    may fit in memory at some ZeRO stage it has, and at some stage the stack runs):
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the (Z, n) weights, gradients and optimizer state of each grid (`smallest`: a row of each),
+    whether they may fit in memory at some ZeRO stage it has, and at some stage the stack runs):
     `perfmodels.bounds.states_bound`, which every plan's memory holds whatever its activations
     (`memory_floor` adds their least). Most of a large mixture of experts' grids hold too many
     experts per GPU for that: checked for all of them at once, they are never bounded or expanded."""
@@ -265,7 +272,7 @@ def _states_floor(model: Model, cluster: Cluster, training: Training, smallest: 
         elif z_ok[i].any():
             run = np.minimum(run, np.where(z_ok[i], held, np.inf))
     room = states.capacity_gib * (1.0 + BOUND_SLACK)
-    return least <= room, run <= room
+    return states.states_gib, least <= room, run <= room
 
 
 def _extremes(grids: np.ndarray, gi: np.ndarray, parent: np.ndarray, pair_micro_batch: np.ndarray,
@@ -323,7 +330,8 @@ def pairs(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
     z_max = np.where(grids[gi, 0] > 1, max(zero_opts), 0)
     reps = _representatives(grids, gi, mb, z_max)
     sps = [bool(x) for x in sp_opts]
-    mem = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps)
+    known = None if table.states_gib is None else table.states_gib[:, gi]
+    mem = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps, states_gib=known)
     has_zero = np.asarray([(z == 0) | (grids[gi, 0] > 1) for z in zero_opts])  # (Z, pairs)
     least = mem.states_gib[:, None, None, :] + mem.rest_gib[None, :, :, :]  # (Z, R, P, pairs)
     spare = np.where(has_zero[:, None, None, :], mem.capacity_gib * (1.0 + BOUND_SLACK) - least, -np.inf)

@@ -35,6 +35,7 @@ from perfmodels.steptime import memory_many, predict_many
 from tuner import SearchOptions, recommend
 from tuner import constraints as C
 from tuner import search as S
+from tuner.families import grid_table
 from tuner.space import expand_options, option_lists, placements
 
 MEGATRON = Training(global_batch_size=64, stack="megatron-core")
@@ -270,3 +271,45 @@ def test_deepseek_on_1024_gpus_matches_the_exhaustive_search():
     assert _rows(bounded) == _rows(full)
     assert bounded.num_evaluated + bounded.num_proved_slower == full.num_evaluated
     assert bounded.num_valid * 20 < full.num_valid
+
+
+@pytest.mark.parametrize("stack", ["gridtune", "megatron-core"])
+def test_the_grid_table_states_are_the_pairs_own(stack):
+    """A mixture of experts' grid table drops the grids whose states alone cannot fit and keeps the
+    others' states (`families.grid_table`), which the pairs' memory bound reuses at every micro-batch
+    size: the same values, to the bit, as the bound works out for each pair, and every dropped grid
+    is one whose states exceed the memory at every ZeRO stage the stack runs."""
+    model, cluster = presets.model("deepseek-v3"), presets.cluster("eos", 1024)
+    training = Training(global_batch_size=4096, stack=stack)
+    options = SearchOptions()
+    grids, _ = S._valid_grids(model, cluster, training, options, S._Pruned(0))
+    orders = S.stack_placements(training, placements(options, moe=True), pinned=False, model=model)
+    table = grid_table(model, cluster, training, grids, options, orders)
+    _, rc_opts, zero_opts, sp_opts = table.options
+    kept = np.isfinite(table.bound_s)
+    assert 0 < kept.sum() < len(grids)
+    # every pair of every kept grid, at its own micro-batch sizes and largest ZeRO stage
+    gi = np.flatnonzero(kept)
+    par = table.parent[gi]
+    sizes = table.pair_start[par + 1] - table.pair_start[par]
+    rows = np.repeat(gi, sizes)
+    mb = table.pair_micro_batch[np.concatenate([np.arange(table.pair_start[p], table.pair_start[p + 1])
+                                                for p in par])]
+    reps = from_columns(**{name: grids[rows, j] for j, name in enumerate(
+        ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "G_ep", "G_etp"))},
+        micro_batch_size=mb, zero_stage=np.where(grids[rows, 0] > 1, max(zero_opts), 0))
+    sps = [bool(x) for x in sp_opts]
+    own = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps)
+    reused = memory_bound(model, cluster, training, reps, zero_opts, rc_opts, sps,
+                          states_gib=table.states_gib[:, rows])
+    assert np.array_equal(own.states_gib, reused.states_gib)
+    assert np.array_equal(own.rest_gib, reused.rest_gib)
+    # the dropped grids (with micro-batch sizes): no ZeRO stage the stack runs leaves room for the states
+    dropped = np.flatnonzero(~kept & (table.pair_start[table.parent + 1] > table.pair_start[table.parent]))
+    one = from_columns(**{name: grids[dropped, j] for j, name in enumerate(
+        ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "G_ep", "G_etp"))})
+    states = states_bound(model, cluster, training, one, zero_opts)
+    runs = C.stack_runs_masks(training, one.G_inter, zero_opts, rc_opts, sps)[0]
+    has = np.asarray([(z == 0) | (one.G_data > 1) for z in zero_opts])
+    least = np.min(np.where(runs & has, states.states_gib, np.inf), axis=0)
+    assert len(dropped) and (least > states.capacity_gib).all()
