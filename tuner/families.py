@@ -235,7 +235,7 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     if len(has):
         smallest, largest, v_max = _extremes(grids, has, parent, mb, start, runs, lists)
         if model.is_moe:
-            held, fits, runnable = _states_floor(model, cluster, training, smallest, lists)
+            held, fits, runnable = _states_floor(model, cluster, training, smallest, lists, parent[has])
             out_of_memory = int(plans[parent[has[~fits]]].sum())
             keep = np.flatnonzero(runnable)
             states_gib = np.full((len(zero_opts), len(grids)), np.nan)
@@ -244,7 +244,7 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
             has, smallest, v_max = has[keep], smallest.take(keep), v_max[keep]
             largest = smallest.with_columns(micro_batch_size=largest.micro_batch_size[keep])
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
-                                  [bool(x) for x in sp_opts])
+                                  [bool(x) for x in sp_opts], parent[has] if model.is_moe else None)
     children = np.bincount(parent, minlength=len(pg))
     return GridTable(bound_s=bound, parent=parent, counts=counts, runs=runs, placed=placed,
                      pair_micro_batch=mb, pair_start=start, total_plans=int((children * plans).sum()),
@@ -252,15 +252,16 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
 
 
 def _states_floor(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
-                  options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+                  options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]], parents: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the (Z, n) weights, gradients and optimizer state of each grid (`smallest`: a row of each),
     whether they may fit in memory at some ZeRO stage it has, and at some stage the stack runs):
     `perfmodels.bounds.states_bound`, which every plan's memory holds whatever its activations
     (`memory_floor` adds their least). Most of a large mixture of experts' grids hold too many
-    experts per GPU for that: checked for all of them at once, they are never bounded or expanded."""
+    experts per GPU for that: checked for all of them at once, they are never bounded or expanded.
+    `parents`: each row's parent (its siblings' group)."""
     _, rc_opts, zero_opts, sp_opts = options
-    states = states_bound(model, cluster, training, smallest, zero_opts)
+    states = states_bound(model, cluster, training, smallest, zero_opts, parents)
     sharded = smallest.G_data > 1  # a ZeRO stage above 0 shards over G_data
     z_ok = stack_runs_masks(training, smallest.G_inter, zero_opts, rc_opts, [bool(x) for x in sp_opts])[0]
     least = run = np.full(len(smallest), np.inf)
