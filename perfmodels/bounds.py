@@ -257,9 +257,8 @@ def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: P
 def grid_bounds_by_option(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
                           largest: PlanArrays, max_virtual: np.ndarray, recomputes: list[int],
                           sequence_parallel: list[bool], groups: np.ndarray | None = None) -> np.ndarray:
-    """(R, P, n): `grid_bound_s` of the plans with each recomputation and sequence-parallel setting:
-    where memory rules out the cheaper ones (no recomputation), a grid's bound is the least over
-    those that may fit."""
+    """(R, P, n): `grid_bound_s` of the plans with each recomputation and sequence-parallel setting
+    (the least over them is `grid_bound_s`, at no recomputation)."""
     cluster, training = apply_constants(cluster, training)
     out = np.zeros((len(recomputes), len(sequence_parallel), len(smallest)))
     for cp in context_degrees(smallest):

@@ -256,10 +256,10 @@ def _states_floor(model: Model, cluster: Cluster, training: Training, smallest: 
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the (Z, n) weights, gradients and optimizer state of each grid (`smallest`: a row of each),
     whether they may fit in memory at some ZeRO stage it has, and at some stage the stack runs):
-    `perfmodels.bounds.states_bound`, which every plan's memory holds whatever its activations
-    (`memory_floor` adds their least). Most of a large mixture of experts' grids hold too many
-    experts per GPU for that: checked for all of them at once, they are never bounded or expanded.
-    `parents`: each row's parent (its siblings' group)."""
+    `perfmodels.bounds.states_bound`, which every plan's memory holds whatever its activations (the
+    pairs' memory bound adds those). Most of a large mixture of experts' cheapest-bound grids hold
+    too many experts per GPU for that: checked for all of them at once, they are never bounded or
+    expanded. `parents`: each row's parent (its siblings' group)."""
     _, rc_opts, zero_opts, sp_opts = options
     states = states_bound(model, cluster, training, smallest, zero_opts, parents)
     sharded = smallest.G_data > 1  # a ZeRO stage above 0 shards over G_data
