@@ -891,17 +891,8 @@ def _memory_one_cp(model: Model, cluster: Cluster, training: Training, arrays: P
     first, run = siblings
     rest, per_mb = (x[..., run] for x in _rest_parts(model, cluster, training, arrays.take(first), recomputes,
                                                      sequence_parallel, experts=False))
-    n = len(arrays)
-    m = arrays.num_microbatches(training).astype(np.float64)
-    stage, base = _relaxed_first(model, arrays)
-    plain = with_options(arrays, **base)
-    # each (recomputation, sequence parallelism) stacked in one evaluation
-    combos = _stacked([plain.with_columns(recompute=rc, sequence_parallel=sp)
-                       for rc in recomputes for sp in sequence_parallel])
-    k = len(recomputes) * len(sequence_parallel)
-    acts, comm, overhead, each = expert_rest_bytes(model, cluster, training, combos, _tiled(stage, k),
-                                                   np.tile(m, k), "first")
-    shape = (len(recomputes), len(sequence_parallel), n)
+    combos, stage, m, shape = _settings(model, training, arrays, recomputes, sequence_parallel)
+    acts, comm, overhead, each = expert_rest_bytes(model, cluster, training, combos, stage, m, "first")
     rest += ((acts + comm + overhead) / GIB).reshape(shape)
     per_mb += (each / GIB).reshape(shape)
     return states, rest, per_mb
@@ -1007,15 +998,24 @@ def _states_parts(model: Model, training: Training, arrays: PlanArrays, zero_sta
 def _rest_parts(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays, recomputes: list[int],
                 sequence_parallel: list[bool], experts: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """`_memory_one_cp`'s rest and each micro-batch in flight row by row (the routed experts left out
-    unless `experts`): every (recomputation, sequence-parallel) setting in one stacked evaluation."""
-    n = len(arrays)
-    m = arrays.num_microbatches(training).astype(np.float64)
-    first, base = _relaxed_first(model, arrays)
-    k = len(recomputes) * len(sequence_parallel)
-    combos = _stacked([with_options(arrays, **{**base, "recompute": rc, "sequence_parallel": sp})
-                       for rc in recomputes for sp in sequence_parallel])
-    first_k = _tiled(first, k)
-    acts, comm, overhead, each = rest_bytes(model, cluster, training, combos, first_k, np.tile(m, k), "first",
-                                            unit_parts(model, training, combos, first_k), experts=experts)
-    shape = (len(recomputes), len(sequence_parallel), n)
+    unless `experts`)."""
+    combos, stage, m, shape = _settings(model, training, arrays, recomputes, sequence_parallel)
+    acts, comm, overhead, each = rest_bytes(model, cluster, training, combos, stage, m, "first",
+                                            unit_parts(model, training, combos, stage), experts=experts)
     return ((acts + comm + overhead) / GIB).reshape(shape), (each / GIB).reshape(shape)
+
+
+def _settings(model: Model, training: Training, arrays: PlanArrays, recomputes: list[int],
+              sequence_parallel: list[bool]
+              ) -> tuple[PlanArrays, StageShape, np.ndarray, tuple[int, int, int]]:
+    """`arrays` on the relaxed first stage (`_relaxed_first`) at every (recomputation,
+    sequence-parallel) setting, stacked for one evaluation (a call costs a fixed overhead that grows
+    with the model): the rows, their stage and micro-batch counts, and the (R, P, n) shape the
+    results fold back into."""
+    first, base = _relaxed_first(model, arrays)
+    plain = with_options(arrays, **base)
+    combos = _stacked([plain.with_columns(recompute=rc, sequence_parallel=sp)
+                       for rc in recomputes for sp in sequence_parallel])
+    k = len(recomputes) * len(sequence_parallel)
+    m = arrays.num_microbatches(training).astype(np.float64)
+    return combos, _tiled(first, k), np.tile(m, k), (len(recomputes), len(sequence_parallel), len(arrays))

@@ -145,6 +145,8 @@ FIRST_PAIRS = 500
 FIRST_CHUNK_PLANS = 3_000
 """Plans of the most promising families scored first, to set a k-th best time the bounds can beat."""
 BOUND_CHUNK_PLANS = 80_000
+
+
 ROW_TIME_MARGIN = 2e-5
 """Relative margin above the k-th row's time within which a plan could still fold into a row: rows
 merge plans whose times agree to 6 significant digits (`_merge_placements`)."""
@@ -467,7 +469,7 @@ def _bounded(model: Model, cluster: Cluster, training: Training, options: Search
     table = grid_table(model, cluster, training, grids, options, orders)
     ordered = _GridOrder(table.bound_s, 2 * FIRST_GRIDS)
     pair_pool, family_pool = _Pool(), _Pool()
-    expanded = 0  # grids expanded into pairs, in `by_grid` order
+    expanded = 0  # grids expanded into pairs, in `ordered.order`
     evaluated = valid = 0
     memory_skipped, time_skipped = table.out_of_memory, 0
     grid_batch, pair_batch = FIRST_GRIDS, FIRST_PAIRS
