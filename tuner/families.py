@@ -23,6 +23,7 @@ import numpy as np
 from perfmodels.bounds import (
     BoundParts,
     PricedComm,
+    StatesBound,
     blocks_bound_s,
     bound_parts,
     grid_bound_s,
@@ -30,9 +31,9 @@ from perfmodels.bounds import (
     memory_bound,
     price_comm,
     schedule_in_flight,
-    states_bound,
 )
 from perfmodels.plans import SCHEDULE_CODE, PlanArrays, equal_runs, from_columns
+from perfmodels.sibling_bounds import Siblings, sibling_grid_bound_s, sibling_states_bound, siblings
 from perfmodels.specs import Cluster, Model, Training
 from tuner.constraints import stack_runs_masks, stack_runs_options
 from tuner.space import (
@@ -232,48 +233,75 @@ def grid_table(model: Model, cluster: Cluster, training: Training, grids: np.nda
     plans = counts * sizes * placed.sum(axis=0)  # (parents,) each grid's plans
     out_of_memory = 0
     states_gib = None
-    if len(has):
+    if len(has) and model.is_moe:
+        bound, states_gib, out_of_memory = _expert_grid_bounds(
+            model, cluster, training, grids, first, parent, has, plans, (mb, start, runs), lists)
+    elif len(has):
         smallest, largest, v_max = _extremes(grids, has, parent, mb, start, runs, lists)
-        if model.is_moe:
-            held, fits, runnable = _states_floor(model, cluster, training, smallest, lists, parent[has])
-            out_of_memory = int(plans[parent[has[~fits]]].sum())
-            keep = np.flatnonzero(runnable)
-            states_gib = np.full((len(zero_opts), len(grids)), np.nan)
-            states_gib[:, has[keep]] = held[:, keep]
-            # the largest rows from the smallest kept (their columns shared, as `_extremes` makes them)
-            has, smallest, v_max = has[keep], smallest.take(keep), v_max[keep]
-            largest = smallest.with_columns(micro_batch_size=largest.micro_batch_size[keep])
         bound[has] = grid_bound_s(model, cluster, training, smallest, largest, v_max,
-                                  [bool(x) for x in sp_opts], parent[has] if model.is_moe else None)
+                                  [bool(x) for x in sp_opts])
     children = np.bincount(parent, minlength=len(pg))
     return GridTable(bound_s=bound, parent=parent, counts=counts, runs=runs, placed=placed,
                      pair_micro_batch=mb, pair_start=start, total_plans=int((children * plans).sum()),
                      out_of_memory=out_of_memory, states_gib=states_gib, options=lists)
 
 
-def _states_floor(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
-                  options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]], parents: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(the (Z, n) weights, gradients and optimizer state of each grid (`smallest`: a row of each),
-    whether they may fit in memory at some ZeRO stage it has, and at some stage the stack runs):
-    `perfmodels.bounds.states_bound`, which every plan's memory holds whatever its activations (the
-    pairs' memory bound adds those). Most of a large mixture of experts' cheapest-bound grids hold
-    too many experts per GPU for that: checked for all of them at once, they are never bounded or
-    expanded. `parents`: each row's parent (its siblings' group)."""
+def _expert_grid_bounds(model: Model, cluster: Cluster, training: Training, grids: np.ndarray,
+                        first: np.ndarray, parent: np.ndarray, has: np.ndarray, plans: np.ndarray,
+                        per_parent: tuple[np.ndarray, np.ndarray, np.ndarray],
+                        options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+                        ) -> tuple[np.ndarray, np.ndarray, int]:
+    """A mixture of experts' grid bounds (`GridTable.bound_s`), the states the pairs reuse
+    (`GridTable.states_gib`) and the plans of the grids that cannot fit: `grids[has]` (those with a
+    micro-batch size) as their parents and expert degrees (`perfmodels.sibling_bounds`), the states
+    floor first (`_states_floor`), then the bound of the grids that may fit. `per_parent`: the
+    table's (pair_micro_batch, pair_start, runs)."""
+    zero_opts, sp_opts = options[2], options[3]
+    pair_micro_batch, pair_start, runs = per_parent
+    sizes = np.diff(pair_start)
+    with_pairs = np.flatnonzero(sizes > 0)
+    low, high, v_max = _extremes(grids, first[with_pairs], parent, pair_micro_batch, pair_start, runs,
+                                 options)
+    own = np.cumsum(sizes > 0) - 1  # each parent's row among `with_pairs`
+    every = len(has) == len(grids)
+    sib = siblings(low, high, v_max, own[parent[has]], grids[has, len(GRID_COLUMNS)],
+                   grids[has, len(GRID_COLUMNS) + 1])
+    states = sibling_states_bound(model, cluster, training, sib, zero_opts)
+    fits, runnable = _states_floor(training, states, sib, options)
+    out_of_memory = int(plans[parent[has[~fits]]].sum())
+    keep = np.flatnonzero(runnable)
+    bound = np.full(len(grids), np.inf)
+    if every:
+        held = np.where(runnable, states.states_gib, np.nan)
+    else:
+        held = np.full((len(zero_opts), len(grids)), np.nan)
+        held[:, has[keep]] = states.states_gib[:, keep]
+    bound[has[keep]] = sibling_grid_bound_s(model, cluster, training, sib.take(keep),
+                                            [bool(x) for x in sp_opts])
+    return bound, held, out_of_memory
+
+
+def _states_floor(training: Training, states: StatesBound, sib: Siblings,
+                  options: tuple[list[tuple[int, int]], list[int], list[int], list[bool]]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each grid's weights, gradients and optimizer state (`states`, which every plan's memory
+    holds whatever its activations: the pairs' memory bound adds those) may fit in memory at some
+    ZeRO stage it has, and at some stage the stack runs). Most of a large mixture of experts'
+    cheapest-bound grids hold too many experts per GPU for that: checked for all of them at once,
+    they are never bounded or expanded."""
     _, rc_opts, zero_opts, sp_opts = options
-    states = states_bound(model, cluster, training, smallest, zero_opts, parents)
-    sharded = smallest.G_data > 1  # a ZeRO stage above 0 shards over G_data
-    z_ok = stack_runs_masks(training, smallest.G_inter, zero_opts, rc_opts, [bool(x) for x in sp_opts])[0]
-    least = run = np.full(len(smallest), np.inf)
+    sharded = (sib.low.G_data > 1)[sib.parent]  # a ZeRO stage above 0 shards over G_data
+    z_ok = stack_runs_masks(training, sib.low.G_inter, zero_opts, rc_opts, [bool(x) for x in sp_opts])[0]
+    least = run = np.full(len(sib), np.inf)
     for i, z in enumerate(zero_opts):
         held = states.states_gib[i] if z == 0 else np.where(sharded, states.states_gib[i], np.inf)
         least = np.minimum(least, held)
         if z_ok[i].all():
             run = np.minimum(run, held)
         elif z_ok[i].any():
-            run = np.minimum(run, np.where(z_ok[i], held, np.inf))
+            run = np.minimum(run, np.where(z_ok[i][sib.parent], held, np.inf))
     room = states.capacity_gib * (1.0 + BOUND_SLACK)
-    return states.states_gib, least <= room, run <= room
+    return least <= room, run <= room
 
 
 def _extremes(grids: np.ndarray, gi: np.ndarray, parent: np.ndarray, pair_micro_batch: np.ndarray,

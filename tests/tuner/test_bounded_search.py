@@ -313,3 +313,32 @@ def test_the_grid_table_states_are_the_pairs_own(stack):
     has = np.asarray([(z == 0) | (one.G_data > 1) for z in zero_opts])
     least = np.min(np.where(runs & has, states.states_gib, np.inf), axis=0)
     assert len(dropped) and (least > states.capacity_gib).all()
+
+
+@pytest.mark.parametrize("stack,cp", [("gridtune", None), ("megatron-core", (1, 2))])
+def test_the_grid_table_bounds_siblings_as_the_general_path(stack, cp):
+    """A mixture of experts' grid table bounds its grids by parent and by expert layout
+    (`perfmodels.sibling_bounds`): the same time bounds and states, to the bit, as
+    `bounds.grid_bound_s` and `bounds.states_bound` work out on the grids' own rows, context-parallel
+    degrees apart in their views."""
+    model, cluster = presets.model("deepseek-v3"), presets.cluster("eos", 1024)
+    training = Training(global_batch_size=4096, stack=stack)
+    options = SearchOptions(G_cp=cp)
+    grids, _ = S._valid_grids(model, cluster, training, options, S._Pruned(0))
+    orders = S.stack_placements(training, placements(options, with_cp=cp is not None, moe=True), pinned=False,
+                                model=model)
+    table = grid_table(model, cluster, training, grids, options, orders)
+    sched_opts, _, zero_opts, sp_opts = table.options
+    gi = np.flatnonzero(np.isfinite(table.bound_s))
+    par = table.parent[gi]
+    assert len(np.unique(grids[gi, 5])) == (1 if cp is None else 2)
+    assert len(gi) > 5 * len(np.unique(par))  # siblings: several expert layouts per parent
+    low = from_columns(**{name: grids[gi, j] for j, name in enumerate(
+        ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "G_ep", "G_etp"))},
+        micro_batch_size=table.pair_micro_batch[table.pair_start[par]],
+        zero_stage=np.where(grids[gi, 0] > 1, max(zero_opts), 0))
+    high = low.with_columns(micro_batch_size=table.pair_micro_batch[table.pair_start[par + 1] - 1])
+    v = np.max(np.where(table.runs[par], [s[1] if s[0] == 2 else 1 for s in sched_opts], 1), axis=1)
+    general = grid_bound_s(model, cluster, training, low, high, v, [bool(x) for x in sp_opts])
+    assert np.array_equal(table.bound_s[gi], general)
+    assert np.array_equal(table.states_gib[:, gi], states_bound(model, cluster, training, low, zero_opts).states_gib)
