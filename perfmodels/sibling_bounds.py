@@ -93,8 +93,8 @@ class Siblings:
         """`one(model, training, siblings)` (an array over the grids, last axis) on the grids of each
         context-parallel degree in its view (`perfmodels.context.view`), put together."""
         cps = context_degrees(self.low)
-        if len(cps) == 1:
-            return one(*_viewed(model, training, self, int(cps[0])))
+        if len(cps) <= 1:  # one degree, or no grid
+            return one(*_viewed(model, training, self, int(cps[0]) if len(cps) else 1))
         out = None
         for cp in cps:
             index = np.flatnonzero(self.low.G_cp[self.parent] == cp)
@@ -102,8 +102,7 @@ class Siblings:
             if out is None:
                 out = np.zeros((*part.shape[:-1], len(self)))
             out[..., index] = part
-        assert out is not None
-        return out
+        return out  # type: ignore[return-value]
 
 
 def _viewed(model: Model, training: Training, sib: Siblings, cp: int) -> tuple[Model, Training, Siblings]:
