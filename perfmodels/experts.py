@@ -75,7 +75,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from perfmodels.layout import order_strides
+from perfmodels.layout import axis_stride
 from perfmodels.plans import PlanArrays, distinct_rows
 from perfmodels.specs import Cluster, Model, Training
 
@@ -250,7 +250,7 @@ def expert_geometry(arrays: PlanArrays, gpus_per_node: int, cp: int = 1) -> dict
     deg = expert_degrees(arrays)
     real = {**arrays.degrees(), "cp": np.full(len(arrays), cp), "data": arrays.G_data // cp}
     if arrays.placement_index is not None:  # each plan under its own placement
-        inner = order_strides(real, arrays.placements, arrays.placement_index)["inter"]
+        inner = axis_stride(real, arrays.placements, arrays.placement_index, "inter")
     else:
         order = arrays.placement
         inner = np.ones(len(arrays), dtype=np.int64)

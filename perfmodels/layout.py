@@ -124,6 +124,23 @@ def order_strides(degrees: Mapping[str, np.ndarray], orders: Sequence[Sequence[s
     return {a: strides[:, j] for j, a in enumerate(axes)}
 
 
+def axis_stride(degrees: Mapping[str, np.ndarray], orders: Sequence[Sequence[str]], which: np.ndarray,
+                axis: str) -> np.ndarray:
+    """`order_strides(degrees, orders, which)[axis]` alone: the product of the degrees each plan's
+    order places inside `axis`, one product per order picked per plan (no per-plan permutation)."""
+    which = np.asarray(which)
+    out = np.ones(len(which), dtype=np.int64)
+    for k, order in enumerate(orders):
+        inside = list(order[: list(order).index(axis)])
+        if not inside:
+            continue
+        product = np.asarray(degrees[inside[0]], dtype=np.int64)
+        for other in inside[1:]:
+            product = product * np.asarray(degrees[other], dtype=np.int64)
+        out = np.where(which == k, product, out)
+    return out
+
+
 def group_geometry_orders(degrees: Mapping[str, np.ndarray], orders: Sequence[Sequence[str]],
                           which: np.ndarray, gpus_per_node: int) -> dict[str, dict[str, np.ndarray]]:
     """`group_geometry` of plans that each take one of `orders` (`which`), in one pass (the same

@@ -144,11 +144,10 @@ def expert_candidates(model: Model, grids: np.ndarray, options: SearchOptions
 
 def expert_table(grids: np.ndarray, pairs: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """The rows of `expert_rows` that `keep` (grids, pairs) holds: grid-major, each grid's pairs in a
-    row (its columns repeated, not gathered row by row)."""
-    out = np.empty((int(keep.sum()), grids.shape[1] + 2), dtype=np.int64)
-    out[:, : grids.shape[1]] = np.repeat(grids, keep.sum(axis=1), axis=0)
-    out[:, grids.shape[1]:] = pairs[np.flatnonzero(keep) % len(pairs)]
-    return out
+    row (whole rows gathered, `np.take`: a fancy index over two axes costs several times as much)."""
+    at = np.flatnonzero(keep)
+    return np.concatenate([np.take(grids, at // len(pairs), axis=0), np.take(pairs, at % len(pairs), axis=0)],
+                          axis=1)
 
 
 @dataclass(frozen=True)

@@ -94,3 +94,8 @@ def test_group_geometry_orders_places_each_plan_under_its_own_order():
     strides = layout.order_strides(one, [AXES, tuple(reversed(AXES))], np.asarray([1]))
     assert {a: int(v[0]) for a, v in strides.items()} == {
         "data": 1, "inter": 5, "depth": 15, "cp": 120, "row": 120, "col": 480}
+    # one axis's stride alone (what the expert groups read of "inter") is the same
+    strides = layout.order_strides(degrees, orders, which)
+    for axis in AXES:
+        assert np.array_equal(layout.axis_stride(degrees, orders, which, axis), strides[axis]), axis
+    assert int(layout.axis_stride(one, [AXES, tuple(reversed(AXES))], np.asarray([1]), "depth")[0]) == 15
