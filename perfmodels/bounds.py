@@ -221,14 +221,18 @@ def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arra
     n = len(arrays)
     if not model.is_moe or training.moe_token_dispatcher == "flex":
         return np.zeros(n)
-    p = arrays.G_ep.astype(np.float64)
+    share, latency = all_to_all_floor_terms(cluster, arrays.G_ep)
+    return all_to_all_floor_from(model, cluster, training, arrays.G_ep, share, latency, arrays.G_inter,
+                                 arrays.num_microbatches(training), experts.tokens_per_rank(model, arrays),
+                                 max_virtual)
+
+
+def all_to_all_floor_terms(cluster: Cluster, G_ep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the seconds per byte on the slower link of a rank's all-to-all, the seconds of latency per
+    call and MoE layer-micro-batch) of `_all_to_all_floor_s` for each expert-parallel degree: what
+    reads only G_ep and the cluster (a grid table works them out once per degree)."""
+    p = np.asarray(G_ep).astype(np.float64)
     q_most = np.minimum(p, float(cluster.gpus_per_node_used))
-    S = arrays.G_inter.astype(np.float64)
-    m = arrays.num_microbatches(training).astype(np.float64)
-    moe_layers = model.num_layers / S * model.moe_fraction
-    tokens = experts.tokens_per_rank(model, arrays)
-    per_token = model.moe_router_topk * model.hidden_size * training.bytes_per_element
-    volume = 4.0 * moe_layers * m * tokens * per_token
     nvlink = cluster.intra_node_bandwidth_GBps * cluster.link_efficiency_intra * 1e9
     nic = cluster.inter_node_bandwidth_GBps * cluster.link_efficiency_inter * 1e9
     # (q - 1) / nvlink grows with q and (p - q) / nic falls: the slower of the two is least where
@@ -236,8 +240,22 @@ def _all_to_all_floor_s(model: Model, cluster: Cluster, training: Training, arra
     q = np.clip((p / nic + 1.0 / nvlink) / (1.0 / nvlink + 1.0 / nic), 1.0, q_most)
     share = np.maximum((q - 1.0) / nvlink, (p - q) / nic) / p
     alpha_us = min(cluster.intra_node_latency_us, cluster.inter_node_latency_us)
-    latency = collectives.latency_steps("all_to_all", p) * alpha_us * 1e-6 * 4.0 * moe_layers * m
-    seconds = experts.load_imbalance(training) * np.where(p > 1, volume * share + latency, 0.0)
+    return share, collectives.latency_steps("all_to_all", p) * alpha_us * 1e-6 * 4.0
+
+
+def all_to_all_floor_from(model: Model, cluster: Cluster, training: Training, G_ep: np.ndarray,
+                          share: np.ndarray, latency: np.ndarray, G_inter: np.ndarray,
+                          microbatches: np.ndarray, tokens: np.ndarray, max_virtual: np.ndarray
+                          ) -> np.ndarray:
+    """`_all_to_all_floor_s` from its per-degree terms (`all_to_all_floor_terms`), the stages, the
+    micro-batches and the tokens per rank (`experts.tokens_per_rank`) of each row."""
+    S = G_inter.astype(np.float64)
+    m = microbatches.astype(np.float64)
+    moe_layers = model.num_layers / S * model.moe_fraction
+    per_token = model.moe_router_topk * model.hidden_size * training.bytes_per_element
+    volume = 4.0 * moe_layers * m * tokens * per_token
+    seconds = experts.load_imbalance(training) * np.where(G_ep > 1, volume * share + latency * moe_layers * m,
+                                                          0.0)
     overlapped = training.effective_stack.overlap_ep_comm & (np.asarray(max_virtual) > 1) & (S > 1)
     seconds = np.where(overlapped, seconds / np.maximum(m, 1.0) * FIRST_GATHER_SHARE, seconds)
     return seconds * _corrections(cluster)("tp_comm")

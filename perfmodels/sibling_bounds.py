@@ -15,7 +15,7 @@ general path builds, several times over (`tuner.families.grid_table` calls it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,13 +23,14 @@ import numpy as np
 from perfmodels import context, experts
 from perfmodels.bounds import (
     StatesBound,
-    _all_to_all_floor_s,
     _corrections,
     _expert_states_gib,
     _relaxed_first,
     _relaxed_stage,
     _stacked,
     _states_parts,
+    all_to_all_floor_from,
+    all_to_all_floor_terms,
     with_options,
 )
 from perfmodels.compute import gemm_curve, hbm_rate, stage_computes
@@ -57,8 +58,14 @@ class Siblings:
     """(grids,) each grid's parent, ascending (each parent's grids in a row)."""
     G_ep: np.ndarray
     G_etp: np.ndarray
-    expert: np.ndarray
-    """(grids,) a number for each grid's (G_ep, G_etp) pair."""
+    layout: np.ndarray
+    """(grids,) each grid's expert layout: its parent's stages, tensor- and context-parallel degrees
+    and micro-batch sizes with its expert degrees, what the routed experts' terms read in a context
+    view (`layout_low`)."""
+    layout_low: PlanArrays
+    """(layouts,) a grid of each layout at its parent's smallest micro-batch size (as `low`)."""
+    layout_high: PlanArrays
+    """(layouts,) the same at its parent's largest micro-batch size (as `high`)."""
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -73,20 +80,13 @@ class Siblings:
         return Siblings(low=self.low.take(kept).with_columns(**experts_at),
                         high=self.high.take(kept).with_columns(**experts_at),
                         max_virtual=self.max_virtual[kept], parent=run, G_ep=self.G_ep[index],
-                        G_etp=self.G_etp[index], expert=self.expert[index])
+                        G_etp=self.G_etp[index], layout=self.layout[index], layout_low=self.layout_low,
+                        layout_high=self.layout_high)
 
-    def grids(self, parents: PlanArrays, index: np.ndarray | None = None) -> PlanArrays:
-        """`parents` (a row per parent) at the grids `index` (all of them by default): the parent's
-        columns with the grid's own expert degrees."""
-        if index is None:
-            return parents.take(self.parent).with_columns(G_ep=self.G_ep, G_etp=self.G_etp)
-        return parents.take(self.parent[index]).with_columns(G_ep=self.G_ep[index], G_etp=self.G_etp[index])
-
-    def layouts(self, parent_columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """(a grid of each distinct combination of `parent_columns` (per parent) and expert degrees,
-        each grid's combination): what a term that reads those columns is evaluated once for."""
-        number = distinct_rows(list(parent_columns))[1]
-        return distinct_rows([number[self.parent], self.expert])
+    def grids(self, parents: PlanArrays) -> PlanArrays:
+        """`parents` (a row per parent) at every grid: the parent's columns with the grid's own
+        expert degrees."""
+        return parents.take(self.parent).with_columns(G_ep=self.G_ep, G_etp=self.G_etp)
 
     def by_context_degree(self, model: Model, training: Training,
                           one: Callable[[Model, Training, Siblings], np.ndarray]) -> np.ndarray:
@@ -110,17 +110,24 @@ def _viewed(model: Model, training: Training, sib: Siblings, cp: int) -> tuple[M
         return model, training, sib
     model_v, training_v, low = context.view(model, training, sib.low, cp)
     high = context.view(model, training, sib.high, cp)[2]
-    return model_v, training_v, Siblings(low=low, high=high, max_virtual=sib.max_virtual, parent=sib.parent,
-                                         G_ep=sib.G_ep, G_etp=sib.G_etp, expert=sib.expert)
+    return model_v, training_v, Siblings(
+        low=low, high=high, max_virtual=sib.max_virtual, parent=sib.parent, G_ep=sib.G_ep, G_etp=sib.G_etp,
+        layout=sib.layout, layout_low=context.view(model, training, sib.layout_low, cp)[2],
+        layout_high=context.view(model, training, sib.layout_high, cp)[2])
 
 
 def siblings(low: PlanArrays, high: PlanArrays, max_virtual: np.ndarray, parent: np.ndarray,
              G_ep: np.ndarray, G_etp: np.ndarray) -> Siblings:
-    """`Siblings` of the parents' rows and the grids' parents and expert degrees."""
-    # a number per (G_ep, G_etp) pair, not necessarily consecutive (`layouts` numbers them again)
-    expert = G_ep * (int(G_etp.max(initial=0)) + 1) + G_etp
+    """`Siblings` of the parents' rows and the grids' parents and expert degrees, with their expert
+    layouts numbered (once for the states and the time bound: each reads a part of the layout)."""
+    number = distinct_rows([low.G_inter, low.G_intra_r, low.G_cp, low.micro_batch_size,
+                            high.micro_batch_size])[1]
+    expert = G_ep * (int(G_etp.max(initial=0)) + 1) + G_etp  # a number per pair, not consecutive
+    some, layout = distinct_rows([number[parent], expert])
+    experts_at = {"G_ep": G_ep[some], "G_etp": G_etp[some]}
     return Siblings(low=low, high=high, max_virtual=max_virtual, parent=parent, G_ep=G_ep, G_etp=G_etp,
-                    expert=expert)
+                    layout=layout, layout_low=low.take(parent[some]).with_columns(**experts_at),
+                    layout_high=high.take(parent[some]).with_columns(**experts_at))
 
 
 def sibling_states_bound(model: Model, cluster: Cluster, training: Training, sib: Siblings,
@@ -132,12 +139,10 @@ def sibling_states_bound(model: Model, cluster: Cluster, training: Training, sib
 
     def one(model_v: Model, training_v: Training, part: Siblings) -> np.ndarray:
         units = _states_parts(model_v, training_v, part.low, zero_stages, experts=False)
-        stage, base = _relaxed_first(model_v, part.low)
-        some, which = part.layouts([part.low.G_inter, part.low.G_intra_r])
-        reps = part.grids(with_options(part.low, **base), some)
-        blocks = np.asarray(stage.blocks)[part.parent[some]]
-        routed = _expert_states_gib(model_v, training_v, reps, blocks, zero_stages)
-        return np.take(units, part.parent, axis=1) + np.take(routed, which, axis=1)
+        stage, base = _relaxed_first(model_v, part.layout_low)
+        reps = with_options(part.layout_low, **base)
+        routed = _expert_states_gib(model_v, training_v, reps, np.asarray(stage.blocks), zero_stages)
+        return np.take(units, part.parent, axis=1) + np.take(routed, part.layout, axis=1)
 
     return StatesBound(states_gib=sib.by_context_degree(model, training, one),
                        capacity_gib=capacity_per_rank_gib(cluster))
@@ -177,35 +182,53 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, sib: 
                      for rows in row_sets for sp in sequence_parallel])
     shape = _joined([blocks_only] * k + [relaxed] * k)
     comp = stage_computes(model, cluster, training, reps, [shape])[0]
-    some, which = sib.layouts([low.micro_batch_size, high.micro_batch_size, low.G_intra_r])
-    forward = _stacked([with_options(sib.grids(rows, some), sequence_parallel=sp)
-                        for rows in row_sets for sp in sequence_parallel])
+    forward = _stacked([with_options(rows, sequence_parallel=sp)
+                        for rows in (sib.layout_low, sib.layout_high) for sp in sequence_parallel])
     gemm, mem = experts.layer_compute(model, training, forward, gemm_curve(cluster, training),
                                       hbm_rate(cluster))
-    routed_fwd = (gemm + mem).reshape(2 * k, len(some))
+    routed_fwd = (gemm + mem).reshape(2 * k, len(sib.layout_low))
     layers = (np.asarray(blocks_only.blocks, dtype=np.float64) * model.moe_fraction)[parent]
 
     def compute_s(e: int) -> np.ndarray:
         at = slice(e * n_par, (e + 1) * n_par)
         routed = np.asarray(comp.experts_fwd_s)[at]
         units = comp.fwd_s[at] + comp.bwd_s[at] - 3.0 * routed
-        return (units[parent] + layers * 3.0 * routed_fwd[e][which]) * c_compute
+        return (units[parent] + layers * 3.0 * routed_fwd[e][sib.layout]) * c_compute
 
-    # the all-to-alls' and the host's floors read the expert degrees: grid by grid, at the largest
-    # micro-batch size as the general path takes them (the host's does not read it)
-    grids = sib.grids(high)
-    host = _host_seconds_per_microbatch(model, cluster, training, with_options(grids, recompute=none),
+    # the host's floor reads the local experts: grid by grid
+    grids = with_options(sib.grids(low), recompute=none)
+    host = _host_seconds_per_microbatch(model, cluster, training, grids,
                                         relaxed.per_plan(lambda x: x[parent]))
     sync = experts.sync_wait_s(model, cluster, training, with_options(low, recompute=none),
                                relaxed.blocks)[parent]
-    max_virtual = sib.max_virtual[parent]
     out = np.full(len(sib), np.inf)
-    for j, sp in enumerate(sequence_parallel):
-        a2a = _all_to_all_floor_s(model, cluster, training, with_options(grids, sequence_parallel=sp),
-                                  max_virtual)
+    for j, a2a in enumerate(_all_to_all_floors(model, cluster, training, sib, sequence_parallel)):
         c_low, c_high = compute_s(j), compute_s(k + j)
         out = np.minimum(out, np.maximum(m_fewest * (c_high + sync) + a2a, m_fewest * host) + fill * c_low)
     return out
+
+
+def _all_to_all_floors(model: Model, cluster: Cluster, training: Training, sib: Siblings,
+                       sequence_parallel: list[bool]) -> list[np.ndarray]:
+    """`bounds._all_to_all_floor_s` of each grid at its parent's largest micro-batch size, for each
+    sequence-parallel setting: the terms that read G_ep once per degree, the parent's once per parent
+    (its tokens per rank split over the row ranks or not, `experts.sequence_split`: under sequence
+    parallelism, or where the expert tensor-parallel group is not the row group)."""
+    n, high, parent = len(sib), sib.high, sib.parent
+    if training.moe_token_dispatcher == "flex" or not n:
+        return [np.zeros(n) for _ in sequence_parallel]
+    degrees = np.flatnonzero(np.bincount(sib.G_ep))
+    share, latency = all_to_all_floor_terms(cluster, degrees)
+    number = np.zeros(int(degrees[-1]) + 1, dtype=np.int64)
+    number[degrees] = np.arange(len(degrees))
+    at = number[sib.G_ep]
+    split = experts.tokens_per_rank(model, with_options(high, sequence_parallel=True))[parent]
+    whole = experts.tokens_per_rank(model, with_options(high, sequence_parallel=False, G_etp=0))[parent]
+    folded = (sib.G_etp > 0) & (sib.G_etp != high.G_intra_r[parent])
+    args = (high.G_inter[parent], high.num_microbatches(training)[parent])
+    return [all_to_all_floor_from(model, cluster, training, sib.G_ep, share[at], latency[at], *args,
+                                  split if sp else np.where(folded, split, whole), sib.max_virtual[parent])
+            for sp in sequence_parallel]
 
 
 def _joined(shapes: list[StageShape]) -> StageShape:
