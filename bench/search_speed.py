@@ -1,6 +1,6 @@
 """How fast is the layout search, against a baseline commit, and is its answer the exhaustive one?
 
-    .venv/bin/python bench/search_speed.py [--baseline 7d17dd7] [--rounds 5] [--no-exhaustive]
+    .venv/bin/python bench/search_speed.py [--baseline 7d17dd7] [--rounds 5] [--no-exhaustive] [--pairs 21]
 
 For each case (GPT-3 175B on 1,024 and 16,384 Selene GPUs, Llama-3 405B on 16,384 Eos GPUs, and the
 mixture of experts DeepSeek-V3 on 16,384 Eos GPUs):
@@ -13,7 +13,10 @@ mixture of experts DeepSeek-V3 on 16,384 Eos GPUs):
   ZeRO stages) is the exhaustive search's (`SearchOptions(exhaustive=True)`), and how many plans each
   scored, checked, and proved out;
 - the whole `gridtune recommend --json` command (process start included), median of `--rounds`;
-- the MoE / dense ratio at 16,384 GPUs, and the minor page faults per search (`tuner.allocator`).
+- the MoE / dense ratio at 16,384 GPUs: of the medians above (each side timed in its own processes),
+  and of the two searches alternating in one interpreter (`--pairs`), which the machine's speed
+  drifting between processes does not move;
+- the minor page faults per search (`tuner.allocator`).
 
 The baseline is checked out into a temporary `git worktree` (removed at the end). Cases the
 baseline cannot express (a mixture of experts before the MoE work) show "-".
@@ -65,6 +68,40 @@ faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 3
 print(json.dumps({"s": statistics.median(times), "complete": getattr(rec, "complete", True),
                   "best_s": rec.best.prediction.iteration_time_s, "faults": faults}))
 """
+
+
+PAIRED = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from perfmodels import presets
+from perfmodels.specs import Training
+from tuner import recommend
+runs = []
+for name, cluster, gpus, batch in json.loads(sys.argv[3]):
+    args = (presets.model(name), presets.cluster(cluster, gpus), Training(global_batch_size=batch))
+    recommend(*args, top_k=10)
+    runs.append(args)
+seconds = [[], []]
+for _ in range(int(sys.argv[2])):
+    for k, args in enumerate(runs):
+        t0 = time.perf_counter()
+        recommend(*args, top_k=10)
+        seconds[k].append(time.perf_counter() - t0)
+print(json.dumps(seconds))
+"""
+
+
+def paired_ratio(tree: Path, moe: tuple, dense: tuple, pairs: int) -> tuple[float, float, float, float]:
+    """(MoE median s, dense median s, ratio of the medians, median of the pairs' ratios): the two
+    searches alternating in one interpreter, so that the machine's speed, which drifts between
+    processes, is the same for both sides of each ratio."""
+    out = subprocess.run([sys.executable, "-c", PAIRED, str(tree), str(pairs), json.dumps([moe, dense])],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if out.returncode != 0:
+        raise SystemExit(f"paired timing in {tree} failed:\n{out.stderr[-2000:]}")
+    m, d = json.loads(out.stdout.strip().splitlines()[-1])
+    return (statistics.median(m), statistics.median(d), statistics.median(m) / statistics.median(d),
+            statistics.median(a / b for a, b in zip(m, d)))
 
 
 def time_tree(tree: Path, case: tuple) -> dict:
@@ -119,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="7d17dd7", help="git ref to compare with (default 7d17dd7)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-exhaustive", action="store_true", help="skip the exhaustive comparison (slow)")
+    ap.add_argument("--pairs", type=int, default=21,
+                    help="MoE / dense pairs timed alternating in one interpreter (default 21)")
     args = ap.parse_args(argv)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
@@ -154,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     per_round = [m["s"] / d["s"] for m, d in zip(samples[CASES[3]]["this"], samples[CASES[1]]["this"])]
     print(f"DeepSeek-V3 / GPT-3 175B at 16,384 GPUs (this tree): {moe / dense:.2f}x of the medians, "
           f"{statistics.median(per_round):.2f}x the median of each round's ratio")
+    m_s, d_s, of_medians, of_pairs = paired_ratio(ROOT, CASES[3], CASES[1], args.pairs)
+    print(f"  the two alternating in one interpreter, {args.pairs} pairs: DeepSeek-V3 {m_s:.3f} s, "
+          f"GPT-3 175B {d_s:.3f} s, {of_medians:.2f}x of the medians, {of_pairs:.2f}x the median of the "
+          "pairs' ratios")
     for case in CASES:
         faults = {w: statistics.median(r.get("faults", float("nan")) for r in samples[case][w])
                   for w in ("base", "this") if any("s" in r for r in samples[case][w])}
