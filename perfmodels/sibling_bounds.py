@@ -133,8 +133,8 @@ def siblings(low: PlanArrays, high: PlanArrays, max_virtual: np.ndarray, parent:
 def sibling_states_bound(model: Model, cluster: Cluster, training: Training, sib: Siblings,
                          zero_stages: list[int]) -> StatesBound:
     """`bounds.states_bound` of each grid ((Z, grids) GiB, at its smallest micro-batch size): the
-    units' states once per parent, the routed experts' once per (G_inter, G_intra_r, G_ep, G_etp)
-    layout (`bounds._expert_states_gib` reads the stage's blocks and the expert degrees)."""
+    units' states once per parent, the routed experts' once per expert layout (`Siblings.layout`;
+    `bounds._expert_states_gib` reads the stage's blocks and the expert degrees)."""
     cluster, training = apply_constants(cluster, training)
 
     def one(model_v: Model, training_v: Training, part: Siblings) -> np.ndarray:
