@@ -343,4 +343,5 @@ def test_the_grid_table_bounds_siblings_as_the_general_path(name, gpus, stack, c
     v = np.max(np.where(table.runs[par], [s[1] if s[0] == 2 else 1 for s in sched_opts], 1), axis=1)
     general = grid_bound_s(model, cluster, training, low, high, v, [bool(x) for x in sp_opts])
     assert np.array_equal(table.bound_s[gi], general)
-    assert np.array_equal(table.states_gib[:, gi], states_bound(model, cluster, training, low, zero_opts).states_gib)
+    states = states_bound(model, cluster, training, low, zero_opts).states_gib
+    assert np.array_equal(table.states_gib[:, gi], states)
