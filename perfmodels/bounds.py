@@ -262,19 +262,17 @@ def all_to_all_floor_from(model: Model, cluster: Cluster, training: Training, G_
 
 
 def grid_bound_s(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
-                 largest: PlanArrays, max_virtual: np.ndarray, sequence_parallel: list[bool],
-                 groups: np.ndarray | None = None) -> np.ndarray:
+                 largest: PlanArrays, max_virtual: np.ndarray, sequence_parallel: list[bool]) -> np.ndarray:
     """Seconds per step no plan of each grid can beat, under any micro-batch size between the
-    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring).
-    `groups`: each row's sibling group where the caller knows it (`_expert_siblings`)."""
+    `smallest` and the `largest` rows' (the same grids), placement or option (module docstring)."""
     none = [RECOMPUTE_CODE["none"]]
     return grid_bounds_by_option(model, cluster, training, smallest, largest, max_virtual, none,
-                                 sequence_parallel, groups).min(axis=(0, 1))
+                                 sequence_parallel).min(axis=(0, 1))
 
 
 def grid_bounds_by_option(model: Model, cluster: Cluster, training: Training, smallest: PlanArrays,
                           largest: PlanArrays, max_virtual: np.ndarray, recomputes: list[int],
-                          sequence_parallel: list[bool], groups: np.ndarray | None = None) -> np.ndarray:
+                          sequence_parallel: list[bool]) -> np.ndarray:
     """(R, P, n): `grid_bound_s` of the plans with each recomputation and sequence-parallel setting
     (the least over them is `grid_bound_s`, at no recomputation)."""
     cluster, training = apply_constants(cluster, training)
@@ -283,15 +281,14 @@ def grid_bounds_by_option(model: Model, cluster: Cluster, training: Training, sm
         idx = np.flatnonzero(smallest.G_cp == cp)
         model_v, training_v, low = context.view(model, training, _rows(smallest, idx), int(cp))
         high = context.view(model, training, _rows(largest, idx), int(cp))[2]
-        known = None if groups is None else groups[idx]
         out[..., idx] = _grid_bound_one_cp(model_v, cluster, training_v, low, high, max_virtual[idx],
-                                           recomputes, sequence_parallel, known)
+                                           recomputes, sequence_parallel)
     return out
 
 
 def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: PlanArrays, high: PlanArrays,
-                       max_virtual: np.ndarray, recomputes: list[int], sequence_parallel: list[bool],
-                       groups: np.ndarray | None = None) -> np.ndarray:
+                       max_virtual: np.ndarray, recomputes: list[int], sequence_parallel: list[bool]
+                       ) -> np.ndarray:
     """(R, P, n): the bound at each recomputation and sequence-parallel setting; with `high` the same
     object as `low`, the bound of that one micro-batch size. Recomputation adds its own compute (what
     it reruns) and host passes; "none" is the least of all."""
@@ -309,7 +306,7 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     # forward and backward do not depend on recomputation, which only adds `recompute_s`: one
     # evaluation per recomputation that repeats something (and one for "none" alone)
     evaluated: dict[tuple[int, bool, bool], list[tuple[np.ndarray, np.ndarray | float]]] = {}
-    siblings = _expert_siblings(model, low, high, groups)
+    siblings = _expert_siblings(model, low, high)
 
     def first_of(rc: int) -> int:
         return next((r for r in recomputes if r != none), none) if rc == none else rc
@@ -363,20 +360,14 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, low: 
     return out
 
 
-def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays, groups: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray] | None:
+def _expert_siblings(model: Model, low: PlanArrays, high: PlanArrays) -> tuple[np.ndarray, np.ndarray] | None:
     """(first row of each run of rows that differ at most in their expert degrees, each row's run),
-    for a mixture of experts where the runs are long enough to pay; else None. `groups`: a label per
-    row, equal within such a run, where the caller knows them (the grid table's parents): one column
-    to compare instead of every degree and micro-batch size."""
+    for a mixture of experts where the runs are long enough to pay; else None."""
     if not model.is_moe:
         return None
-    if groups is not None:
-        first, run = equal_runs([groups])
-    else:
-        names = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "micro_batch_size")
-        sets = (low,) if high is low else (low, high)
-        first, run = equal_runs([getattr(arrays, name) for arrays in sets for name in names])
+    names = ("G_data", "G_inter", "G_intra_d", "G_intra_r", "G_intra_c", "G_cp", "micro_batch_size")
+    sets = (low,) if high is low else (low, high)
+    first, run = equal_runs([getattr(arrays, name) for arrays in sets for name in names])
     return (first, run) if len(first) * 2 <= len(low) else None
 
 
@@ -926,20 +917,17 @@ class StatesBound:
 
 
 def states_bound(model: Model, cluster: Cluster, training: Training, arrays: PlanArrays,
-                 zero_stages: list[int], groups: np.ndarray | None = None) -> StatesBound:
+                 zero_stages: list[int]) -> StatesBound:
     """`memory_bound`'s states alone, (Z, n) GiB, the same values: what a search checks for every grid
     of a mixture of experts before it bounds their time (`tuner.families.grid_table`). A grid's
     states do not depend on its micro-batch size, recomputation or schedule, and the units' share is
     evaluated once per run of sibling grids, the routed experts' once per expert layout
-    (`_expert_states_gib`), so this costs far less than the whole memory bound. `groups`: each row's
-    sibling group where the caller knows it (`_expert_siblings`)."""
+    (`_expert_states_gib`), so this costs far less than the whole memory bound."""
     cluster, training = apply_constants(cluster, training)
 
     def one(cp: int, idx: np.ndarray) -> np.ndarray:
         model_v, training_v, part = context.view(model, training, _rows(arrays, idx), cp)
-        known = None if groups is None else groups[idx]
-        siblings = _expert_siblings(model_v, part, part, known)
-        return _states_one_cp(model_v, training_v, part, zero_stages, siblings)
+        return _states_one_cp(model_v, training_v, part, zero_stages, _expert_siblings(model_v, part, part))
 
     states = np.zeros((len(zero_stages), len(arrays)))
     for idx, s in _by_context_degree(arrays, one):

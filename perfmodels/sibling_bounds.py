@@ -177,9 +177,8 @@ def _grid_bound_one_cp(model: Model, cluster: Cluster, training: Training, sib: 
     # the units: the blocks alone at the smallest size, the relaxed stage at the largest, at every
     # sequence-parallel setting, in one evaluation (a call costs a fixed overhead that grows with
     # the model); the routed experts of the parent's first grid taken out, each grid's own put in
-    row_sets = (low, high)
     reps = _stacked([with_options(rows, recompute=none, sequence_parallel=sp)
-                     for rows in row_sets for sp in sequence_parallel])
+                     for rows in (low, high) for sp in sequence_parallel])
     shape = _joined([blocks_only] * k + [relaxed] * k)
     comp = stage_computes(model, cluster, training, reps, [shape])[0]
     forward = _stacked([with_options(rows, sequence_parallel=sp)
